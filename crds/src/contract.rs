@@ -1,0 +1,143 @@
+//! Every name shared between Baton's parts: labels, annotations, env vars,
+//! ports, paths on the shared volume, container and volume names.
+//!
+//! This module is deliberately kube-free (plain `&str`/`u16` constants) so the
+//! sidecar can depend on it without pulling in kube: the webhook writes these
+//! names into pods, the sidecar reads them back, and the operator watches them.
+//! Changing a value here is a wire-compatibility change between versions.
+
+/// API group of every Baton CRD.
+pub const GROUP: &str = "baton.dev";
+/// API version of every Baton CRD.
+pub const VERSION: &str = "v1alpha1";
+/// Namespace the control plane is installed into; never injected.
+pub const SYSTEM_NAMESPACE: &str = "baton-system";
+/// Namespaces that are never injected, whatever their labels say.
+pub const NEVER_INJECT_NAMESPACES: &[&str] = &["kube-system", "kube-public", SYSTEM_NAMESPACE];
+
+/// Field manager used for server-side apply by Baton's controllers.
+pub const FIELD_MANAGER: &str = "baton.dev/operator";
+
+pub mod labels {
+    //! Labels users (and Baton) put on namespaces and pods.
+
+    /// `enabled` on a namespace or pod opts in; `disabled` on a pod opts out.
+    pub const INJECT: &str = "baton.dev/inject";
+    pub const INJECT_ENABLED: &str = "enabled";
+    pub const INJECT_DISABLED: &str = "disabled";
+    /// Set on injected pods so controllers can select them cheaply.
+    pub const INJECTED: &str = "baton.dev/injected";
+    /// Name of the SidecarRelease an injected pod follows.
+    pub const RELEASE: &str = "baton.dev/release";
+}
+
+pub mod annotations {
+    //! Annotations recording what an injected pod runs, and user knobs.
+
+    /// Name of the SidecarRelease that injected the pod.
+    pub const RELEASE: &str = "baton.dev/release";
+    /// Sidecar version currently running in the active slot.
+    pub const VERSION: &str = "baton.dev/version";
+    /// Hash of the injected sidecar spec (idempotence and drift detection).
+    pub const CONFIG_HASH: &str = "baton.dev/config-hash";
+    /// Which slot (`a` or `b`) holds the serving sidecar.
+    pub const ACTIVE_SLOT: &str = "baton.dev/active-slot";
+    /// Injection status (`injected`), written once by the webhook.
+    pub const STATUS: &str = "baton.dev/status";
+    /// Capture mode: `transparent` (iptables) or `explicit`.
+    pub const CAPTURE_MODE: &str = "baton.dev/capture-mode";
+    /// Comma-separated inbound ports not redirected to the sidecar.
+    pub const EXCLUDE_INBOUND_PORTS: &str = "baton.dev/exclude-inbound-ports";
+    /// Comma-separated outbound ports not redirected to the sidecar.
+    pub const EXCLUDE_OUTBOUND_PORTS: &str = "baton.dev/exclude-outbound-ports";
+    /// Comma-separated outbound CIDRs not redirected to the sidecar.
+    pub const EXCLUDE_OUTBOUND_CIDRS: &str = "baton.dev/exclude-outbound-cidrs";
+    /// Private-key offload decision: `qat`, `software-fallback` or `disabled`.
+    pub const OFFLOAD: &str = "baton.dev/offload";
+    /// Why offload fell back to software (free text, for `kubectl describe`).
+    pub const OFFLOAD_FALLBACK_REASON: &str = "baton.dev/offload-fallback-reason";
+    /// AcceleratorPool that granted the device, if any.
+    pub const ACCELERATOR_POOL: &str = "baton.dev/accelerator-pool";
+}
+
+pub mod containers {
+    //! Container names the webhook injects.
+
+    /// Active slot: runs the release image.
+    pub const SLOT_A: &str = "baton-sidecar-a";
+    /// Standby slot: runs the empty image until a hot upgrade.
+    pub const SLOT_B: &str = "baton-sidecar-b";
+    /// Init container that programs iptables for transparent capture.
+    pub const INIT: &str = "baton-init";
+}
+
+pub mod volumes {
+    //! Volumes the webhook injects and the paths the sidecar uses on them.
+
+    /// emptyDir shared by both slots: handoff socket and status files.
+    pub const SHARED: &str = "baton-shared";
+    /// Where the shared volume is mounted in both slots.
+    pub const SHARED_MOUNT_PATH: &str = "/var/run/baton";
+    /// Unix socket the serving sidecar listens on for handoff requests.
+    pub const HANDOFF_SOCKET: &str = "/var/run/baton/handoff.sock";
+    /// JSON file the new sidecar writes when a handoff completes.
+    pub const HANDOFF_STATUS_FILE: &str = "/var/run/baton/handoff-status.json";
+    /// Projected ServiceAccount token with the mesh audience.
+    pub const TOKEN: &str = "baton-token";
+    pub const TOKEN_MOUNT_PATH: &str = "/var/run/secrets/baton.dev/identity";
+    pub const TOKEN_FILE: &str = "token";
+    /// Audience of the projected token, checked by the identity service.
+    pub const TOKEN_AUDIENCE: &str = "identity.baton.dev";
+    pub const TOKEN_EXPIRATION_SECONDS: i64 = 86_400;
+}
+
+pub mod ports {
+    //! Well-known sidecar ports.
+
+    /// Outbound listener: app → mesh (iptables REDIRECT target in transparent mode).
+    pub const OUTBOUND: u16 = 15001;
+    /// Inbound listener: mesh → app.
+    pub const INBOUND: u16 = 15006;
+    /// Admin listener: /metrics, /ready, /live, /config, /log-level, /shutdown.
+    pub const ADMIN: u16 = 15020;
+    /// Name of the admin port on the injected container.
+    pub const ADMIN_NAME: &str = "baton-admin";
+}
+
+pub mod env {
+    //! Environment variables the webhook sets and the sidecar reads.
+
+    pub const POD_NAME: &str = "BATON_POD_NAME";
+    pub const POD_NAMESPACE: &str = "BATON_POD_NAMESPACE";
+    pub const POD_IP: &str = "BATON_POD_IP";
+    pub const SERVICE_ACCOUNT: &str = "BATON_SERVICE_ACCOUNT";
+    /// `a` or `b`: which slot this process runs in.
+    pub const SLOT: &str = "BATON_SLOT";
+    /// Sidecar version the release asked for (informational).
+    pub const VERSION: &str = "BATON_VERSION";
+    /// Path of a standalone YAML config (overrides the operator stream).
+    pub const CONFIG: &str = "BATON_CONFIG";
+    pub const LOG: &str = "BATON_LOG";
+    /// Private-key offload engine chosen at injection: `openssl`, `software`.
+    pub const OFFLOAD_ENGINE: &str = "BATON_OFFLOAD_ENGINE";
+    /// Offload mode from the TlsPolicy: `Disabled`, `Preferred`, `Required`.
+    pub const OFFLOAD_MODE: &str = "BATON_OFFLOAD_MODE";
+    /// Explicit capture: the app sends outbound traffic to this `host:port`.
+    pub const OUTBOUND_PROXY: &str = "BATON_OUTBOUND_PROXY";
+    /// Explicit capture for HTTP clients that honour it.
+    pub const HTTP_PROXY: &str = "HTTP_PROXY";
+    /// Comma-separated exclusions passed to `baton-sidecar init`.
+    pub const EXCLUDE_INBOUND_PORTS: &str = "BATON_EXCLUDE_INBOUND_PORTS";
+    pub const EXCLUDE_OUTBOUND_PORTS: &str = "BATON_EXCLUDE_OUTBOUND_PORTS";
+    pub const EXCLUDE_OUTBOUND_CIDRS: &str = "BATON_EXCLUDE_OUTBOUND_CIDRS";
+}
+
+/// UID the sidecar runs as; iptables exempts its traffic from capture.
+pub const SIDECAR_UID: i64 = 2137;
+
+/// Default extended resource name of Intel QAT crypto devices.
+pub const DEFAULT_QAT_RESOURCE: &str = "qat.intel.com/cy";
+
+/// Handoff protocol version spoken by this build. Adjacent versions
+/// (N-1, N, N+1) must interoperate in both directions.
+pub const HANDOFF_PROTOCOL_VERSION: u32 = 1;

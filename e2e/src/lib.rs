@@ -1,0 +1,1 @@
+//! End-to-end test support against a real local Kubernetes cluster (skeleton).

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Debian packages the build and the tests need; installs only what is missing.
+set -euo pipefail
+pkgs=(build-essential pkg-config libssl-dev iptables iproute2 openssl curl jq)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

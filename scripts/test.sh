@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The one test command (README "Run the tests"; .ci/run calls it too).
+# Installs what the tests need, runs the gates, the workspace tests, and the
+# end-to-end suite on a local Kubernetes cluster that is always torn down.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TERM_COLOR=never
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "system packages"
+scripts/deps.sh
+
+step "cargo fmt --check"
+cargo fmt --all --check
+
+step "cargo clippy (deny warnings)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "the sidecar never depends on kube"
+if cargo tree -p baton-sidecar -e normal,build --locked --prefix none | grep -E '^(kube|k8s-openapi)[ -]'; then
+  echo "baton-sidecar depends on kube or k8s-openapi: forbidden (one-way dependencies)" >&2
+  exit 1
+fi
+
+step "CRD drift: manifests/crds must equal crdgen's output"
+scripts/crd-drift.sh
+
+step "workspace tests"
+cargo test --workspace --locked
+
+if [ "${BATON_SKIP_E2E:-0}" != 1 ]; then
+  step "end-to-end suite on a local cluster"
+  e2e/run.sh
+fi
