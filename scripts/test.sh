@@ -23,6 +23,9 @@ if cargo tree -p baton-sidecar -e normal,build --locked --prefix none | grep -E 
   exit 1
 fi
 
+step "Dockerfile copies only binaries the workspace builds"
+scripts/check-dockerfile.sh
+
 step "CRD drift: manifests/crds must equal crdgen's output"
 scripts/crd-drift.sh
 

@@ -1,0 +1,48 @@
+# syntax=docker/dockerfile:1
+# One builder compiles every binary once; each runtime stage copies only its own.
+# Build a component with:  docker build --target sidecar -t baton/sidecar:0.1.0 .
+# (targets: operator, webhook, sidecar, empty). The e2e harness builds the same
+# images as OCI tarballs without Docker (e2e/images.sh); keep the two in step —
+# scripts/check-dockerfile.sh verifies every binary copied here is one the
+# workspace builds.
+
+ARG RUST_VERSION=1.95
+FROM rust:${RUST_VERSION}-bookworm AS builder
+WORKDIR /src
+RUN apt-get update && apt-get install -y --no-install-recommends libssl-dev pkg-config \
+    && rm -rf /var/lib/apt/lists/*
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --bins \
+    && mkdir -p /out \
+    && cp target/release/baton-operator target/release/baton-webhook \
+          target/release/baton-sidecar target/release/baton-empty /out/
+
+# Minimal runtime: Debian slim with CA certificates and the OpenSSL 3 runtime
+# (the sidecar's `openssl` offload engine loads providers such as Intel's QAT
+# provider through OPENSSL_CONF). Every image runs as a non-root user.
+FROM debian:bookworm-slim AS runtime
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates libssl3 \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --uid 2137 --no-create-home --shell /usr/sbin/nologin baton
+USER 2137:2137
+
+FROM runtime AS operator
+COPY --from=builder /out/baton-operator /usr/local/bin/baton-operator
+ENTRYPOINT ["/usr/local/bin/baton-operator"]
+
+FROM runtime AS webhook
+COPY --from=builder /out/baton-webhook /usr/local/bin/baton-webhook
+ENTRYPOINT ["/usr/local/bin/baton-webhook"]
+
+FROM runtime AS sidecar
+COPY --from=builder /out/baton-sidecar /usr/local/bin/baton-sidecar
+ENTRYPOINT ["/usr/local/bin/baton-sidecar"]
+CMD ["run"]
+
+# The standby slot's idle image: waits for a hot upgrade swaps it for the
+# release image, using almost no memory or CPU meanwhile.
+FROM runtime AS empty
+COPY --from=builder /out/baton-empty /usr/local/bin/baton-empty
+ENTRYPOINT ["/usr/local/bin/baton-empty"]
