@@ -132,6 +132,60 @@ pub mod env {
     pub const EXCLUDE_OUTBOUND_CIDRS: &str = "BATON_EXCLUDE_OUTBOUND_CIDRS";
 }
 
+pub mod webhook {
+    //! Names of the admission webhook's Kubernetes objects and endpoints,
+    //! shared by the manifests, the webhook (which patches `caBundle` into the
+    //! configurations) and the e2e tests.
+
+    /// Service (and Deployment) of the webhook in [`super::SYSTEM_NAMESPACE`].
+    pub const SERVICE: &str = "baton-webhook";
+    /// Port the webhook Service exposes (and the container's HTTPS port).
+    pub const PORT: u16 = 8443;
+    /// Admin port of the webhook process: /ready, /live, /metrics.
+    pub const ADMIN_PORT: u16 = 9443;
+    /// MutatingWebhookConfiguration holding the pod injector.
+    pub const MUTATING_CONFIGURATION: &str = "baton-sidecar-injector";
+    /// Name of the injector webhook inside that configuration.
+    pub const MUTATING_WEBHOOK: &str = "inject.baton.dev";
+    /// ValidatingWebhookConfiguration for Baton's CRDs.
+    pub const VALIDATING_CONFIGURATION: &str = "baton-validator";
+    /// Name of the validating webhook inside that configuration.
+    pub const VALIDATING_WEBHOOK: &str = "validate.baton.dev";
+    /// Secret (in [`super::SYSTEM_NAMESPACE`]) holding the self-managed CA.
+    pub const CA_SECRET: &str = "baton-webhook-ca";
+    /// Keys of that Secret.
+    pub const CA_CERT_KEY: &str = "ca.crt";
+    pub const CA_KEY_KEY: &str = "ca.key";
+    /// Every CA certificate still trusted (current first, then the previous
+    /// one until it expires), which is what goes into `caBundle`.
+    pub const CA_BUNDLE_KEY: &str = "ca-bundle.crt";
+    /// HTTP path of pod injection.
+    pub const MUTATE_PODS_PATH: &str = "/mutate-pods";
+    /// HTTP path of Baton CRD validation.
+    pub const VALIDATE_PATH: &str = "/validate";
+    /// Event reason when no SidecarRelease selects an opted-in pod.
+    pub const EVENT_REASON_NO_RELEASE: &str = "NoSidecarRelease";
+    /// Event reason when QAT offload is Required but no device is free.
+    pub const EVENT_REASON_OFFLOAD_DENIED: &str = "OffloadUnavailable";
+}
+
+pub mod commands {
+    //! `baton-sidecar` subcommands the webhook writes into pod specs.
+
+    /// `baton-sidecar init`: programs iptables for transparent capture.
+    pub const INIT: &str = "init";
+    /// `baton-sidecar wait-ready`: blocks until the local admin port answers
+    /// `/ready` 200 (postStart hook of the active slot on servers without
+    /// native sidecars, so app containers start after the proxy is ready).
+    pub const WAIT_READY: &str = "wait-ready";
+    /// Admin path that makes the sidecar exit 0 (Jobs on servers without
+    /// native sidecars call it when the app finishes).
+    pub const SHUTDOWN_PATH: &str = "/shutdown";
+    /// Admin readiness / liveness paths.
+    pub const READY_PATH: &str = "/ready";
+    pub const LIVE_PATH: &str = "/live";
+}
+
 /// UID the sidecar runs as; iptables exempts its traffic from capture.
 pub const SIDECAR_UID: i64 = 2137;
 
