@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# Build Baton's container images as OCI image-layout tarballs, without a
+# Docker engine, and import them into the e2e cluster's containerd under
+# fully-qualified names (docker.io/baton/<name>:$BATON_IMAGE_TAG, default
+# `e2e`). Pods use them with imagePullPolicy: Never.
+#
+#   e2e/images.sh [all|NAME...]    NAME: pause empty sidecar operator webhook
+#                                  demo-http-echo demo-tcp-echo demo-load nettools
+#
+# Each image is one layer: a rootfs with the release binary, the shared
+# libraries `ldd` lists for it (the workspace builds glibc binaries; no musl
+# target is installed), /etc/passwd and /tmp. The runtime stages of the repo's
+# Dockerfile describe the same images (same binary, path, entrypoint, user).
+# Tarballs are written to $BATON_CACHE/images/ (set BATON_IMAGES_NO_IMPORT=1
+# to only build them).
+set -euo pipefail
+E2E_DIR="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=e2e/scripts/common.sh
+. "$E2E_DIR/scripts/common.sh"
+
+OUT="$CACHE/images"
+RELEASE="${CARGO_TARGET_DIR:-$REPO/target}/release"
+UID_BATON=2137
+mkdir -p "$OUT"
+
+names=("$@")
+if [ ${#names[@]} -eq 0 ] || [ "${names[0]}" = all ]; then
+  names=(pause empty sidecar operator webhook demo-http-echo demo-tcp-echo demo-load nettools)
+fi
+
+skipped=()
+built=()
+
+# copy_bin ROOTFS SRC DEST: the binary plus every shared library it needs.
+copy_bin() {
+  local rootfs=$1 src=$2 dest=$3 lib
+  install -D -m 0755 "$src" "$rootfs$dest"
+  if ldd "$src" >/dev/null 2>&1; then
+    while read -r lib; do
+      [ -n "$lib" ] && [ -e "$lib" ] || continue
+      install -D -m 0755 "$(readlink -f "$lib")" "$rootfs$lib"
+    done < <(ldd "$src" | awk '/=>/ { print $3 } !/=>/ && $1 ~ /^\// { print $1 }')
+  fi
+}
+
+base_rootfs() { # ROOTFS
+  local rootfs=$1
+  mkdir -p "$rootfs/etc" "$rootfs/tmp" "$rootfs/proc" "$rootfs/sys" "$rootfs/dev" "$rootfs/var/run/baton"
+  chmod 1777 "$rootfs/tmp"
+  printf 'root:x:0:0:root:/:/sbin/nologin\nbaton:x:%s:%s:baton:/:/sbin/nologin\n' $UID_BATON $UID_BATON >"$rootfs/etc/passwd"
+  printf 'root:x:0:\nbaton:x:%s:\n' $UID_BATON >"$rootfs/etc/group"
+  printf 'hosts: files\n' >"$rootfs/etc/nsswitch.conf"
+  if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+    install -D -m 0644 /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ssl/certs/ca-certificates.crt"
+  fi
+}
+
+sha() { sha256sum "$1" | cut -d' ' -f1; }
+
+# oci_tar NAME ROOTFS ENTRYPOINT_JSON CMD_JSON USER: writes $OUT/NAME.tar and imports it.
+oci_tar() {
+  local name=$1 rootfs=$2 entrypoint=$3 cmd=$4 user=$5
+  local ref="$IMAGE_REPO/$name:$IMAGE_TAG"
+  local dir
+  dir="$(mktemp -d)"
+  mkdir -p "$dir/blobs/sha256"
+  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$rootfs" -cf "$dir/layer.tar" .
+  local layer_digest layer_size
+  layer_digest="$(sha "$dir/layer.tar")"
+  layer_size="$(stat -c %s "$dir/layer.tar")"
+  mv "$dir/layer.tar" "$dir/blobs/sha256/$layer_digest"
+  jq -n --argjson ep "$entrypoint" --argjson cmd "$cmd" --arg user "$user" --arg diff "sha256:$layer_digest" '{
+      architecture: "amd64", os: "linux",
+      config: ({Entrypoint: $ep, Env: ["PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"], WorkingDir: "/"}
+               + (if $cmd == null then {} else {Cmd: $cmd} end)
+               + (if $user == "" then {} else {User: $user} end)),
+      rootfs: {type: "layers", diff_ids: [$diff]},
+      history: [{created_by: "baton e2e/images.sh"}]
+    }' >"$dir/config.json"
+  local config_digest config_size
+  config_digest="$(sha "$dir/config.json")"
+  config_size="$(stat -c %s "$dir/config.json")"
+  mv "$dir/config.json" "$dir/blobs/sha256/$config_digest"
+  jq -n --arg cd "sha256:$config_digest" --argjson cs "$config_size" \
+    --arg ld "sha256:$layer_digest" --argjson ls "$layer_size" '{
+      schemaVersion: 2, mediaType: "application/vnd.oci.image.manifest.v1+json",
+      config: {mediaType: "application/vnd.oci.image.config.v1+json", digest: $cd, size: $cs},
+      layers: [{mediaType: "application/vnd.oci.image.layer.v1.tar", digest: $ld, size: $ls}]
+    }' >"$dir/manifest.json"
+  local manifest_digest manifest_size
+  manifest_digest="$(sha "$dir/manifest.json")"
+  manifest_size="$(stat -c %s "$dir/manifest.json")"
+  mv "$dir/manifest.json" "$dir/blobs/sha256/$manifest_digest"
+  jq -n --arg md "sha256:$manifest_digest" --argjson ms "$manifest_size" --arg ref "$ref" --arg tag "$IMAGE_TAG" '{
+      schemaVersion: 2,
+      manifests: [{mediaType: "application/vnd.oci.image.manifest.v1+json", digest: $md, size: $ms,
+                   annotations: {"io.containerd.image.name": $ref, "org.opencontainers.image.ref.name": $tag}}]
+    }' >"$dir/index.json"
+  printf '{"imageLayoutVersion":"1.0.0"}' >"$dir/oci-layout"
+  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$dir" -cf "$OUT/$name.tar" oci-layout index.json blobs
+  rm -rf "$dir"
+  if [ "${BATON_IMAGES_NO_IMPORT:-0}" != 1 ]; then
+    ctr_k8s images import "$OUT/$name.tar" >/dev/null
+  fi
+  built+=("$ref")
+}
+
+# cargo_bins PACKAGE: release-build a workspace package's binaries; false if it fails.
+declare -A cargo_done=()
+cargo_bins() {
+  local pkg=$1
+  if [ -z "${cargo_done[$pkg]:-}" ]; then
+    log "cargo build --release -p $pkg"
+    if (cd "$REPO" && cargo build --release --locked -p "$pkg" --bins >&2); then
+      cargo_done[$pkg]=ok
+    else
+      cargo_done[$pkg]=failed
+    fi
+  fi
+  [ "${cargo_done[$pkg]}" = ok ]
+}
+
+# rust_image NAME PACKAGE BINARY ENTRYPOINT_JSON CMD_JSON USER
+rust_image() {
+  local name=$1 pkg=$2 bin=$3 ep=$4 cmd=$5 user=$6
+  if ! cargo_bins "$pkg" || [ ! -x "$RELEASE/$bin" ]; then
+    skipped+=("$name (release build of $pkg failed or has no binary $bin)")
+    return 0
+  fi
+  local rootfs
+  rootfs="$(mktemp -d)"
+  base_rootfs "$rootfs"
+  copy_bin "$rootfs" "$RELEASE/$bin" "/usr/local/bin/$bin"
+  # OpenSSL providers are loaded at run time (QAT offload via OPENSSL_CONF).
+  if ldd "$RELEASE/$bin" 2>/dev/null | grep -q libssl && [ -d /usr/lib/x86_64-linux-gnu/ossl-modules ]; then
+    mkdir -p "$rootfs/usr/lib/x86_64-linux-gnu"
+    cp -r /usr/lib/x86_64-linux-gnu/ossl-modules "$rootfs/usr/lib/x86_64-linux-gnu/"
+  fi
+  oci_tar "$name" "$rootfs" "$ep" "$cmd" "$user"
+  rm -rf "$rootfs"
+}
+
+for name in "${names[@]}"; do
+  case "$name" in
+    pause)
+      bin_dir="$(k8s_bin)"
+      rootfs="$(mktemp -d)"
+      install -D -m 0755 "$bin_dir/pause" "$rootfs/pause"
+      oci_tar pause "$rootfs" '["/pause"]' null "65535:65535"
+      rm -rf "$rootfs"
+      ;;
+    empty) rust_image empty baton-sidecar baton-empty '["/usr/local/bin/baton-empty"]' null "$UID_BATON:$UID_BATON" ;;
+    sidecar) rust_image sidecar baton-sidecar baton-sidecar '["/usr/local/bin/baton-sidecar"]' '["run"]' "$UID_BATON:$UID_BATON" ;;
+    operator) rust_image operator baton-operator baton-operator '["/usr/local/bin/baton-operator"]' null "$UID_BATON:$UID_BATON" ;;
+    webhook) rust_image webhook baton-webhook baton-webhook '["/usr/local/bin/baton-webhook"]' null "$UID_BATON:$UID_BATON" ;;
+    demo-http-echo | demo-tcp-echo | demo-load)
+      rust_image "$name" baton-e2e "$name" "[\"/usr/local/bin/$name\"]" null "$UID_BATON:$UID_BATON"
+      ;;
+    nettools)
+      # Test-only image: busybox (sh, nc, wget, ip) and iptables with its
+      # extensions, for init containers that program the pod's netns.
+      rootfs="$(mktemp -d)"
+      base_rootfs "$rootfs"
+      copy_bin "$rootfs" "$(command -v busybox)" /bin/busybox
+      for applet in sh nc wget ip cat echo sleep ls grep head; do ln -s busybox "$rootfs/bin/$applet"; done
+      xt="$(readlink -f /usr/sbin/xtables-nft-multi)"
+      copy_bin "$rootfs" "$xt" /usr/sbin/xtables-nft-multi
+      for t in iptables iptables-save iptables-restore ip6tables; do ln -s xtables-nft-multi "$rootfs/usr/sbin/$t"; done
+      mkdir -p "$rootfs/usr/lib/x86_64-linux-gnu"
+      cp -r /usr/lib/x86_64-linux-gnu/xtables "$rootfs/usr/lib/x86_64-linux-gnu/"
+      for so in "$rootfs"/usr/lib/x86_64-linux-gnu/xtables/*.so; do
+        while read -r lib; do
+          if [ -n "$lib" ] && [ -e "$lib" ] && [ ! -e "$rootfs$lib" ]; then
+            install -D -m 0755 "$(readlink -f "$lib")" "$rootfs$lib"
+          fi
+        done < <(ldd "$so" 2>/dev/null | awk '/=>/ { print $3 }')
+      done
+      oci_tar nettools "$rootfs" '["/bin/sh"]' null ""
+      rm -rf "$rootfs"
+      ;;
+    *) die "unknown image $name" ;;
+  esac
+done
+
+for r in "${built[@]}"; do log "image $r"; done
+if [ ${#skipped[@]} -gt 0 ]; then
+  for s in "${skipped[@]}"; do log "SKIPPED image: $s"; done
+  # Reported, never silent: the caller decides whether a skip is fatal.
+  printf '%s\n' "${skipped[@]}" >"$OUT/skipped"
+  exit 3
+fi
+rm -f "$OUT/skipped"

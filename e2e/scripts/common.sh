@@ -1,0 +1,56 @@
+# Shared settings of the e2e cluster scripts (sourced, not executed).
+# Every path and port the harness uses is defined here, once.
+
+CACHE="${BATON_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/baton}"
+RUN="${BATON_E2E_RUN_DIR:-/tmp/baton-e2e}"
+REPO="$(cd "$E2E_DIR/.." && pwd)"
+
+PKI="$RUN/pki"
+LOGS="$RUN/logs"
+PIDS="$RUN/pids"
+STATE="$RUN/state"
+KUBECONFIG_ADMIN="$RUN/admin.kubeconfig"
+
+NODE_NAME="$(hostname)"
+BRIDGE=baton0
+POD_SUBNET=10.88.0.0/16
+POD_GATEWAY=10.88.0.1
+SERVICE_RANGE=10.96.0.0/16
+SERVICE_API_IP=10.96.0.1
+
+ETCD_CLIENT_PORT=23791
+ETCD_PEER_PORT=23801
+APISERVER_PORT=6443
+# Never answered: docker.io is pointed here so an accidental pull dies on loopback.
+DEAD_REGISTRY=127.0.0.1:1
+
+CONTAINERD_SOCK="$RUN/containerd/containerd.sock"
+KUBELET_ROOT=/var/lib/kubelet
+# Host paths the kubelet / libcni write outside the run dir; removed on down
+# unless they existed before `up` (recorded in $STATE/preexisting).
+HOST_PATHS=("$KUBELET_ROOT" /var/log/pods /var/log/containers /var/lib/cni)
+
+# Sysctls the bridge plugin and the kubelet may change; recorded on up,
+# restored on down.
+SYSCTLS=(net/ipv4/ip_forward vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops
+  kernel/keys/root_maxkeys kernel/keys/root_maxbytes net/ipv4/conf/all/route_localnet
+  net/bridge/bridge-nf-call-iptables net/bridge/bridge-nf-call-ip6tables)
+
+GUARD_FWD=BATON-E2E-FWD
+GUARD_OUT=BATON-E2E-OUT
+
+IMAGE_REPO=docker.io/baton
+IMAGE_TAG="${BATON_IMAGE_TAG:-e2e}"
+PAUSE_IMAGE="$IMAGE_REPO/pause:$IMAGE_TAG"
+
+log() { printf '[e2e %s] %s\n' "$(date +%T)" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+ctr_k8s() { ctr --address "$CONTAINERD_SOCK" -n k8s.io "$@"; }
+kc() { kubectl --kubeconfig "$KUBECONFIG_ADMIN" "$@"; }
+
+# The directory holding the cached Kubernetes binaries (provisions if needed).
+k8s_bin() { "$E2E_DIR/scripts/provision.sh"; }
+
+pid_alive() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null; }
+recorded_pid() { cat "$PIDS/$1.pid" 2>/dev/null || true; }
