@@ -1,1 +1,2 @@
 //! baton-sidecar (skeleton).
+pub mod handoff;

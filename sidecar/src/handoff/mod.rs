@@ -1,0 +1,2 @@
+//! Lossless handoff between two `baton-sidecar` processes.
+pub mod fd;
