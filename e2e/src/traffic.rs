@@ -1,0 +1,485 @@
+//! A bounded traffic driver: byte-checked TCP streams, HTTP/1.1 requests and
+//! HTTP/2 streams against one address (a pod IP on the bridge, or loopback),
+//! with a [`Report`] that says exactly which exchange failed, at which stage
+//! and, for corrupted data, at which byte offset.
+//!
+//! Payloads are deterministic per (seed, exchange index) so a byte that comes
+//! back from the wrong stream is detected, not just a short read. Every run is
+//! bounded in count ([`Load::exchanges`]) and time ([`Load::timeout`] per
+//! exchange, [`Load::deadline`] overall).
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::stream::{self, StreamExt};
+use http::{Method, Request, StatusCode, Version};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Protocol of a traffic run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// Raw TCP: write the payload, half-close, read the echo back.
+    Tcp,
+    /// One HTTP/1.1 connection per exchange, `POST` echoing the payload.
+    Http1,
+    /// One shared HTTP/2 (h2c, prior knowledge) connection; one stream per
+    /// exchange.
+    Http2,
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Http1 => "http/1.1",
+            Protocol::Http2 => "http/2",
+        })
+    }
+}
+
+impl std::str::FromStr for Protocol {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "tcp" => Ok(Protocol::Tcp),
+            "http1" | "http/1.1" => Ok(Protocol::Http1),
+            "http2" | "h2" | "http/2" => Ok(Protocol::Http2),
+            other => Err(format!("unknown protocol {other:?} (tcp, http1, http2)")),
+        }
+    }
+}
+
+/// How much traffic to send. All fields are bounds.
+#[derive(Debug, Clone)]
+pub struct Load {
+    pub protocol: Protocol,
+    /// Number of exchanges (streams / requests).
+    pub exchanges: usize,
+    /// Exchanges in flight at once.
+    pub concurrency: usize,
+    /// Payload bytes per exchange.
+    pub payload_bytes: usize,
+    /// Time limit of one exchange.
+    pub timeout: Duration,
+    /// Time limit of the whole run; exchanges not started by then are
+    /// reported as [`Stage::NotStarted`].
+    pub deadline: Duration,
+    /// Seed of the payload generator.
+    pub seed: u64,
+}
+
+impl Load {
+    /// A small default run: 20 exchanges of 4 KiB, 4 at a time.
+    pub fn new(protocol: Protocol) -> Self {
+        Self {
+            protocol,
+            exchanges: 20,
+            concurrency: 4,
+            payload_bytes: 4096,
+            timeout: Duration::from_secs(5),
+            deadline: Duration::from_secs(60),
+            seed: 0xba70,
+        }
+    }
+    pub fn exchanges(mut self, n: usize) -> Self {
+        self.exchanges = n;
+        self
+    }
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n.max(1);
+        self
+    }
+    pub fn payload_bytes(mut self, n: usize) -> Self {
+        self.payload_bytes = n;
+        self
+    }
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = t;
+        self
+    }
+    pub fn deadline(mut self, t: Duration) -> Self {
+        self.deadline = t;
+        self
+    }
+}
+
+/// Where an exchange failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stage {
+    Connect,
+    Handshake,
+    Write,
+    Read,
+    /// The HTTP status was not 200.
+    Status(u16),
+    /// The server spoke another HTTP version than asked for.
+    Version(String),
+    /// Fewer or more bytes came back than were sent.
+    Length { sent: usize, received: usize },
+    /// The first differing byte.
+    Mismatch { offset: usize, expected: u8, received: u8 },
+    Timeout,
+    /// The run's deadline passed before the exchange began.
+    NotStarted,
+}
+
+/// One failed exchange.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub index: usize,
+    pub stage: Stage,
+    pub detail: String,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "exchange #{} failed at {:?}", self.index, self.stage)?;
+        if !self.detail.is_empty() {
+            write!(f, ": {}", self.detail)?;
+        }
+        Ok(())
+    }
+}
+
+/// Outcome of a run.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub target: SocketAddr,
+    pub protocol: Protocol,
+    pub attempted: usize,
+    pub succeeded: usize,
+    pub bytes_echoed: u64,
+    pub failures: Vec<Failure>,
+    pub elapsed: Duration,
+    /// Response headers of the first successful HTTP exchange (empty for TCP).
+    pub first_headers: Vec<(String, String)>,
+}
+
+impl Report {
+    pub fn ok(&self) -> bool {
+        self.failures.is_empty() && self.succeeded == self.attempted
+    }
+
+    /// Value of a response header of the first successful HTTP exchange.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.first_headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Panics with every failure listed when any exchange failed.
+    #[track_caller]
+    pub fn assert_all_ok(&self) {
+        assert!(self.ok(), "{self}");
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} to {}: {}/{} exchanges ok, {} bytes echoed in {:?}",
+            self.protocol, self.target, self.succeeded, self.attempted, self.bytes_echoed, self.elapsed
+        )?;
+        for failure in self.failures.iter().take(20) {
+            write!(f, "\n  {failure}")?;
+        }
+        if self.failures.len() > 20 {
+            write!(f, "\n  ... and {} more failures", self.failures.len() - 20)?;
+        }
+        Ok(())
+    }
+}
+
+/// The payload of exchange `index`: deterministic, distinct per index.
+pub fn payload(seed: u64, index: usize, len: usize) -> Vec<u8> {
+    // xorshift64*: cheap, and a byte from another exchange never matches.
+    let mut state = seed ^ ((index as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 56) as u8
+        })
+        .collect()
+}
+
+/// Compares an echo with what was sent.
+pub fn check_echo(sent: &[u8], received: &[u8]) -> Result<(), Stage> {
+    if let Some(offset) = sent.iter().zip(received).position(|(a, b)| a != b) {
+        return Err(Stage::Mismatch {
+            offset,
+            expected: sent[offset],
+            received: received[offset],
+        });
+    }
+    if sent.len() != received.len() {
+        return Err(Stage::Length {
+            sent: sent.len(),
+            received: received.len(),
+        });
+    }
+    Ok(())
+}
+
+type Headers = Vec<(String, String)>;
+
+fn fail(index: usize, stage: Stage, detail: impl fmt::Display) -> Failure {
+    Failure {
+        index,
+        stage,
+        detail: detail.to_string(),
+    }
+}
+
+/// Runs `load` against `target` and reports every exchange's outcome.
+pub async fn run(target: SocketAddr, load: &Load) -> Report {
+    let started = Instant::now();
+    let deadline = started + load.deadline;
+    let h2 = if load.protocol == Protocol::Http2 {
+        match connect_h2(target, load.timeout).await {
+            Ok(sender) => Some(Ok(sender)),
+            Err(failure) => Some(Err(failure)),
+        }
+    } else {
+        None
+    };
+    if let Some(Err(failure)) = &h2 {
+        let mut failures = vec![failure.clone()];
+        failures.extend((1..load.exchanges).map(|i| fail(i, Stage::NotStarted, "no HTTP/2 connection")));
+        return Report {
+            target,
+            protocol: load.protocol,
+            attempted: load.exchanges,
+            succeeded: 0,
+            bytes_echoed: 0,
+            failures,
+            elapsed: started.elapsed(),
+            first_headers: Vec::new(),
+        };
+    }
+    let h2 = h2.and_then(Result::ok);
+
+    let results: Vec<(usize, Result<(usize, Headers), Failure>)> = stream::iter(0..load.exchanges)
+        .map(|index| {
+            let h2 = h2.clone();
+            async move {
+                if Instant::now() >= deadline {
+                    return (index, Err(fail(index, Stage::NotStarted, "run deadline passed")));
+                }
+                let body = payload(load.seed, index, load.payload_bytes);
+                let exchange = async {
+                    match load.protocol {
+                        Protocol::Tcp => tcp_exchange(target, index, &body).await,
+                        Protocol::Http1 => http1_exchange(target, index, body.clone()).await,
+                        Protocol::Http2 => {
+                            let sender = h2.expect("an HTTP/2 run has a connection");
+                            http2_exchange(sender, target, index, body.clone()).await
+                        }
+                    }
+                };
+                let result = match tokio::time::timeout(load.timeout, exchange).await {
+                    Ok(result) => result,
+                    Err(_) => Err(fail(index, Stage::Timeout, format!("no complete echo within {:?}", load.timeout))),
+                };
+                (index, result.map(|headers| (body.len(), headers)))
+            }
+        })
+        .buffer_unordered(load.concurrency.max(1))
+        .collect()
+        .await;
+
+    let mut report = Report {
+        target,
+        protocol: load.protocol,
+        attempted: load.exchanges,
+        succeeded: 0,
+        bytes_echoed: 0,
+        failures: Vec::new(),
+        elapsed: started.elapsed(),
+        first_headers: Vec::new(),
+    };
+    let mut results = results;
+    results.sort_by_key(|(index, _)| *index);
+    for (_, result) in results {
+        match result {
+            Ok((bytes, headers)) => {
+                report.succeeded += 1;
+                report.bytes_echoed += bytes as u64;
+                if report.first_headers.is_empty() {
+                    report.first_headers = headers;
+                }
+            }
+            Err(failure) => report.failures.push(failure),
+        }
+    }
+    report
+}
+
+async fn tcp_exchange(target: SocketAddr, index: usize, body: &[u8]) -> Result<Headers, Failure> {
+    let mut stream = TcpStream::connect(target)
+        .await
+        .map_err(|e| fail(index, Stage::Connect, e))?;
+    let (mut reader, mut writer) = stream.split();
+    // Write and read concurrently: a large payload would otherwise deadlock
+    // against the echo filling its send buffer.
+    let write = async {
+        writer.write_all(body).await?;
+        writer.shutdown().await
+    };
+    let read = async {
+        let mut received = Vec::with_capacity(body.len());
+        reader.read_to_end(&mut received).await.map(|_| received)
+    };
+    let (written, received) = tokio::join!(write, read);
+    written.map_err(|e| fail(index, Stage::Write, e))?;
+    let received = received.map_err(|e| fail(index, Stage::Read, e))?;
+    check_echo(body, &received).map_err(|stage| fail(index, stage, ""))?;
+    Ok(Vec::new())
+}
+
+fn echo_request(target: SocketAddr, body: Vec<u8>, version: Version) -> Request<Full<Bytes>> {
+    let builder = Request::builder().method(Method::POST).version(version);
+    let builder = if version == Version::HTTP_2 {
+        builder.uri(format!("http://{target}/echo"))
+    } else {
+        builder.uri("/echo").header(http::header::HOST, target.to_string())
+    };
+    builder
+        .body(Full::new(Bytes::from(body)))
+        .expect("static request parts are valid")
+}
+
+async fn check_response(
+    index: usize,
+    response: http::Response<hyper::body::Incoming>,
+    expected_version: Version,
+    sent: &[u8],
+) -> Result<Headers, Failure> {
+    if response.status() != StatusCode::OK {
+        return Err(fail(index, Stage::Status(response.status().as_u16()), ""));
+    }
+    if response.version() != expected_version {
+        return Err(fail(index, Stage::Version(format!("{:?}", response.version())), ""));
+    }
+    let headers: Headers = response
+        .headers()
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.to_str().unwrap_or("<binary>").to_owned()))
+        .collect();
+    let received = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| fail(index, Stage::Read, e))?
+        .to_bytes();
+    check_echo(sent, &received).map_err(|stage| fail(index, stage, ""))?;
+    Ok(headers)
+}
+
+async fn http1_exchange(target: SocketAddr, index: usize, body: Vec<u8>) -> Result<Headers, Failure> {
+    let stream = TcpStream::connect(target)
+        .await
+        .map_err(|e| fail(index, Stage::Connect, e))?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| fail(index, Stage::Handshake, e))?;
+    let conn = tokio::spawn(conn);
+    let sent = body.clone();
+    let response = sender
+        .send_request(echo_request(target, body, Version::HTTP_11))
+        .await
+        .map_err(|e| fail(index, Stage::Write, e))?;
+    let result = check_response(index, response, Version::HTTP_11, &sent).await;
+    conn.abort();
+    result
+}
+
+type H2Sender = hyper::client::conn::http2::SendRequest<Full<Bytes>>;
+
+async fn connect_h2(target: SocketAddr, timeout: Duration) -> Result<H2Sender, Failure> {
+    let connect = async {
+        let stream = TcpStream::connect(target)
+            .await
+            .map_err(|e| fail(0, Stage::Connect, e))?;
+        let (sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .map_err(|e| fail(0, Stage::Handshake, e))?;
+        tokio::spawn(async move {
+            if let Err(error) = conn.await {
+                tracing::debug!(%error, "http/2 client connection ended");
+            }
+        });
+        Ok(sender)
+    };
+    tokio::time::timeout(timeout, connect)
+        .await
+        .unwrap_or_else(|_| Err(fail(0, Stage::Timeout, "HTTP/2 connection not established")))
+}
+
+async fn http2_exchange(
+    mut sender: H2Sender,
+    target: SocketAddr,
+    index: usize,
+    body: Vec<u8>,
+) -> Result<Headers, Failure> {
+    sender.ready().await.map_err(|e| fail(index, Stage::Handshake, e))?;
+    let sent = body.clone();
+    let response = sender
+        .send_request(echo_request(target, body, Version::HTTP_2))
+        .await
+        .map_err(|e| fail(index, Stage::Write, e))?;
+    check_response(index, response, Version::HTTP_2, &sent).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_differ_between_exchanges_and_repeat_for_the_same_one() {
+        assert_eq!(payload(1, 3, 64), payload(1, 3, 64));
+        assert_ne!(payload(1, 3, 64), payload(1, 4, 64));
+        assert_ne!(payload(1, 3, 64), payload(2, 3, 64));
+    }
+
+    #[test]
+    fn check_echo_reports_the_first_differing_offset() {
+        let sent = payload(7, 0, 100);
+        let mut received = sent.clone();
+        received[42] ^= 0xff;
+        assert_eq!(
+            check_echo(&sent, &received),
+            Err(Stage::Mismatch {
+                offset: 42,
+                expected: sent[42],
+                received: sent[42] ^ 0xff
+            })
+        );
+    }
+
+    #[test]
+    fn check_echo_reports_a_short_echo_as_a_length_failure() {
+        let sent = payload(7, 0, 100);
+        assert_eq!(
+            check_echo(&sent, &sent[..60]),
+            Err(Stage::Length { sent: 100, received: 60 })
+        );
+        assert_eq!(check_echo(&sent, &sent), Ok(()));
+    }
+
+    #[test]
+    fn protocols_parse_from_their_cli_names() {
+        assert_eq!("tcp".parse::<Protocol>(), Ok(Protocol::Tcp));
+        assert_eq!("http1".parse::<Protocol>(), Ok(Protocol::Http1));
+        assert_eq!("h2".parse::<Protocol>(), Ok(Protocol::Http2));
+        assert!("udp".parse::<Protocol>().is_err());
+    }
+}
