@@ -67,7 +67,11 @@ impl FdStream {
         let mut offset = 0;
         for (i, batch) in batches.iter().enumerate() {
             // All but the last batch ride on exactly one byte each.
-            let end = if i + 1 < batches.len() { i + 1 } else { data.len() };
+            let end = if i + 1 < batches.len() {
+                i + 1
+            } else {
+                data.len()
+            };
             let n = self.send_some(&data[offset..end], batch).await?;
             offset += n;
         }
@@ -86,7 +90,8 @@ impl FdStream {
                 let iov = [IoSlice::new(data)];
                 let cmsg = [ControlMessage::ScmRights(fds)];
                 let cmsgs: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &cmsg };
-                sendmsg::<()>(raw, &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None).map_err(io::Error::from)
+                sendmsg::<()>(raw, &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None)
+                    .map_err(io::Error::from)
             })
             .await
     }
@@ -104,8 +109,13 @@ impl FdStream {
 fn recv_once(raw: RawFd, buf: &mut [u8], fds: &mut VecDeque<OwnedFd>) -> io::Result<usize> {
     let mut cmsg_space = nix::cmsg_space!([RawFd; SCM_MAX_FD]);
     let mut iov = [IoSliceMut::new(buf)];
-    let msg = recvmsg::<()>(raw, &mut iov, Some(&mut cmsg_space), MsgFlags::MSG_CMSG_CLOEXEC)
-        .map_err(io::Error::from)?;
+    let msg = recvmsg::<()>(
+        raw,
+        &mut iov,
+        Some(&mut cmsg_space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(io::Error::from)?;
     let mut received = Vec::new();
     for cmsg in msg.cmsgs().map_err(io::Error::from)? {
         if let ControlMessageOwned::ScmRights(raw_fds) = cmsg {
@@ -163,12 +173,9 @@ mod tests {
         // must be readable through the passed descriptor.
         client.write_all(b"before-move").await.unwrap();
 
-        a.send(
-            b"hello",
-            &[listener.as_raw_fd(), server_side.as_raw_fd()],
-        )
-        .await
-        .unwrap();
+        a.send(b"hello", &[listener.as_raw_fd(), server_side.as_raw_fd()])
+            .await
+            .unwrap();
         drop(listener);
         drop(server_side);
 

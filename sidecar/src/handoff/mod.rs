@@ -7,3 +7,4 @@
 //!   connection in another process from its extracted secrets.
 pub mod fd;
 pub mod protocol;
+pub mod tls_record;

@@ -52,14 +52,20 @@ impl VersionRange {
     /// N→N+1 (upgrade) and N+1→N (rollback) both negotiate N.
     pub fn this_build() -> Self {
         let v = baton_crds::contract::HANDOFF_PROTOCOL_VERSION;
-        Self { min: v.saturating_sub(1).max(1), max: v }
+        Self {
+            min: v.saturating_sub(1).max(1),
+            max: v,
+        }
     }
 }
 
 /// Picks the highest version both ranges contain, or explains why none.
 pub fn negotiate(ours: VersionRange, theirs: VersionRange) -> Result<u32, String> {
     if theirs.min > theirs.max {
-        return Err(format!("peer sent an empty version range {}..={}", theirs.min, theirs.max));
+        return Err(format!(
+            "peer sent an empty version range {}..={}",
+            theirs.min, theirs.max
+        ));
     }
     let hi = ours.max.min(theirs.max);
     let lo = ours.min.max(theirs.min);
@@ -130,9 +136,15 @@ impl std::fmt::Debug for DirectionSecrets {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Message {
     /// new → old: first message.
-    Hello { versions: VersionRange, sidecar_version: String },
+    Hello {
+        versions: VersionRange,
+        sidecar_version: String,
+    },
     /// old → new: accepted, speaking `protocol_version`.
-    Welcome { protocol_version: u32, sidecar_version: String },
+    Welcome {
+        protocol_version: u32,
+        sidecar_version: String,
+    },
     /// old → new: refused; the old process keeps serving.
     Refuse { reason: String },
     /// old → new: listening sockets, one descriptor each, in order.
@@ -326,7 +338,11 @@ impl Decoder {
                 blob.len()
             )));
         }
-        Ok(Some(RawFrame { msg, blob, fd_count }))
+        Ok(Some(RawFrame {
+            msg,
+            blob,
+            fd_count,
+        }))
     }
 }
 
@@ -349,7 +365,12 @@ impl Channel {
         }
     }
 
-    pub async fn send(&self, msg: &Message, blob: &[u8], fds: &[RawFd]) -> Result<(), ProtocolError> {
+    pub async fn send(
+        &self,
+        msg: &Message,
+        blob: &[u8],
+        fds: &[RawFd],
+    ) -> Result<(), ProtocolError> {
         let bytes = encode(msg, blob, fds.len())?;
         self.stream.send(&bytes, fds).await?;
         Ok(())
@@ -369,7 +390,11 @@ impl Channel {
                     });
                 }
                 let fds = self.fds.drain(..raw.fd_count).collect();
-                return Ok(Frame { msg: raw.msg, blob: raw.blob, fds });
+                return Ok(Frame {
+                    msg: raw.msg,
+                    blob: raw.blob,
+                    fds,
+                });
             }
             let n = self.stream.recv(&mut self.read_buf, &mut self.fds).await?;
             if n == 0 {
@@ -406,11 +431,22 @@ mod tests {
     #[test]
     fn every_message_survives_a_byte_at_a_time_roundtrip() {
         let msgs = vec![
-            Message::Hello { versions: VersionRange { min: 1, max: 2 }, sidecar_version: "0.1.0".into() },
-            Message::Welcome { protocol_version: 1, sidecar_version: "0.1.0".into() },
-            Message::Refuse { reason: "no".into() },
+            Message::Hello {
+                versions: VersionRange { min: 1, max: 2 },
+                sidecar_version: "0.1.0".into(),
+            },
+            Message::Welcome {
+                protocol_version: 1,
+                sidecar_version: "0.1.0".into(),
+            },
+            Message::Refuse {
+                reason: "no".into(),
+            },
             Message::Listeners {
-                listeners: vec![ListenerInfo { name: "outbound".into(), addr: "127.0.0.1:15001".into() }],
+                listeners: vec![ListenerInfo {
+                    name: "outbound".into(),
+                    addr: "127.0.0.1:15001".into(),
+                }],
             },
             Message::Accepting,
             Message::State(StateSnapshot {
@@ -420,7 +456,10 @@ mod tests {
                 counters: [("requests_total".to_string(), 42u64)].into(),
             }),
             Message::Ack { id: 9 },
-            Message::Nack { id: 9, reason: "x".into() },
+            Message::Nack {
+                id: 9,
+                reason: "x".into(),
+            },
             Message::Done { connections: 3 },
             Message::Complete,
         ];
@@ -439,8 +478,18 @@ mod tests {
             tls: Some(TlsWireState {
                 version: 0x0304,
                 aead: "aes_128_gcm".into(),
-                tx: DirectionSecrets { seq: 5, key: vec![1; 16], iv: vec![2; 12], traffic_secret: Some(vec![3; 32]) },
-                rx: DirectionSecrets { seq: 6, key: vec![4; 16], iv: vec![5; 12], traffic_secret: None },
+                tx: DirectionSecrets {
+                    seq: 5,
+                    key: vec![1; 16],
+                    iv: vec![2; 12],
+                    traffic_secret: Some(vec![3; 32]),
+                },
+                rx: DirectionSecrets {
+                    seq: 6,
+                    key: vec![4; 16],
+                    iv: vec![5; 12],
+                    traffic_secret: None,
+                },
                 server: true,
             }),
             meta: serde_json::json!({"listener": "outbound"}),
@@ -470,13 +519,19 @@ mod tests {
         d.feed(&u32::MAX.to_be_bytes());
         d.feed(&0u32.to_be_bytes());
         d.feed(&0u16.to_be_bytes());
-        assert!(matches!(d.next_frame(), Err(ProtocolError::HeaderTooLarge(_))));
+        assert!(matches!(
+            d.next_frame(),
+            Err(ProtocolError::HeaderTooLarge(_))
+        ));
 
         let mut d = Decoder::default();
         d.feed(&2u32.to_be_bytes());
         d.feed(&u32::MAX.to_be_bytes());
         d.feed(&0u16.to_be_bytes());
-        assert!(matches!(d.next_frame(), Err(ProtocolError::BlobTooLarge(_))));
+        assert!(matches!(
+            d.next_frame(),
+            Err(ProtocolError::BlobTooLarge(_))
+        ));
 
         let mut d = Decoder::default();
         d.feed(&2u32.to_be_bytes());
@@ -487,7 +542,11 @@ mod tests {
 
     #[test]
     fn garbage_json_and_unknown_message_types_are_malformed() {
-        for header in [&b"{not json"[..], br#"{"type":"teleport"}"#, br#"{"type":"ack"}"#] {
+        for header in [
+            &b"{not json"[..],
+            br#"{"type":"teleport"}"#,
+            br#"{"type":"ack"}"#,
+        ] {
             let mut bytes = Vec::new();
             bytes.extend_from_slice(&(header.len() as u32).to_be_bytes());
             bytes.extend_from_slice(&0u32.to_be_bytes());
@@ -546,7 +605,12 @@ mod tests {
 
     #[test]
     fn key_material_never_appears_in_debug_output() {
-        let s = DirectionSecrets { seq: 1, key: vec![0xAB; 16], iv: vec![0xCD; 12], traffic_secret: None };
+        let s = DirectionSecrets {
+            seq: 1,
+            key: vec![0xAB; 16],
+            iv: vec![0xCD; 12],
+            traffic_secret: None,
+        };
         let dbg = format!("{s:?}");
         assert!(!dbg.contains("171") && !dbg.contains("AB"), "{dbg}");
     }
@@ -559,9 +623,13 @@ mod tests {
         let mut b = Channel::new(b);
         let (r, w) = nix::unistd::pipe().unwrap();
         a.send(&Message::Ack { id: 1 }, b"", &[]).await.unwrap();
-        a.send(&Message::Listeners { listeners: vec![] }, b"xy", &[r.as_raw_fd(), w.as_raw_fd()])
-            .await
-            .unwrap();
+        a.send(
+            &Message::Listeners { listeners: vec![] },
+            b"xy",
+            &[r.as_raw_fd(), w.as_raw_fd()],
+        )
+        .await
+        .unwrap();
         let f1 = b.recv().await.unwrap();
         assert_eq!((f1.msg, f1.fds.len()), (Message::Ack { id: 1 }, 0));
         let f2 = b.recv().await.unwrap();
