@@ -1,1 +1,4 @@
-fn main() -> anyhow::Result<()> { Ok(()) }
+//! `baton-webhook` binary: parse flags, run the library.
+fn main() -> anyhow::Result<()> {
+    Ok(())
+}

@@ -1,0 +1,576 @@
+//! Self-managed certificates: a CA kept in a Secret, serving certificates
+//! issued from it, and the CA bundle patched into Baton's webhook
+//! configurations (the Linkerd approach, without an external issuer).
+//!
+//! ```text
+//!  Secret baton-system/baton-webhook-ca      Mutating/ValidatingWebhookConfiguration
+//!   ca.crt ca.key ca-bundle.crt ─────────────► webhooks[*].clientConfig.caBundle
+//!        │ signs (per replica, in memory)
+//!        ▼
+//!   serving cert (SANs: service DNS names + --extra-san) ──► CertStore ──► TLS
+//! ```
+//!
+//! Every replica runs the same loop ([`run`]); the Secret is created with
+//! `create` (a concurrent creator loses with 409 and reads the winner's), and
+//! replaced with a resourceVersion precondition, so replicas always converge
+//! on one CA. Rotation order keeps every handshake verifiable: a new CA
+//! enters the bundle (next to the old one, which stays until it expires)
+//! before any serving certificate it signed is used.
+//!
+//! The pure half (generate, issue, renew decisions, bundle merging) is
+//! tested without an API server; [`run`] is the thin I/O around it.
+
+use std::{collections::BTreeMap, net::IpAddr, sync::Arc, time::Duration};
+
+use baton_crds::contract::{SYSTEM_NAMESPACE, webhook as names};
+use k8s_openapi::{
+    ByteString,
+    api::{
+        admissionregistration::v1::{
+            MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+        },
+        core::v1::Secret,
+    },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use kube::{
+    Api, Client,
+    api::{PostParams, ResourceExt},
+};
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
+    IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    error::{Error, Result},
+    tls::CertStore,
+};
+
+/// Validity periods and renewal points. Renewal happens once two thirds of
+/// a certificate's life have passed (the cert-manager default).
+#[derive(Debug, Clone)]
+pub struct Lifetimes {
+    pub ca: Duration,
+    pub serving: Duration,
+}
+
+impl Default for Lifetimes {
+    fn default() -> Self {
+        Self {
+            ca: Duration::from_secs(10 * 365 * 86_400),
+            serving: Duration::from_secs(30 * 86_400),
+        }
+    }
+}
+
+/// A CA certificate and its key, PEM encoded, plus the trusted bundle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaMaterial {
+    pub cert_pem: String,
+    pub key_pem: String,
+    /// Current CA first, then older CAs that have not expired yet.
+    pub bundle_pem: String,
+}
+
+/// A serving certificate (leaf only; the CA is in the bundle) and its key.
+#[derive(Debug, Clone)]
+pub struct ServingCert {
+    pub cert_pem: String,
+    pub key_pem: String,
+    pub not_before: OffsetDateTime,
+    pub not_after: OffsetDateTime,
+}
+
+/// The DNS names a Service is reachable by, as the API server dials it.
+pub fn service_dns_names(service: &str, namespace: &str) -> Vec<String> {
+    vec![
+        service.to_owned(),
+        format!("{service}.{namespace}"),
+        format!("{service}.{namespace}.svc"),
+        format!("{service}.{namespace}.svc.cluster.local"),
+    ]
+}
+
+/// Creates a fresh self-signed CA valid from `now` for `validity`.
+pub fn generate_ca(now: OffsetDateTime, validity: Duration) -> Result<CaMaterial> {
+    let key = KeyPair::generate()?;
+    let params = ca_params(now, validity);
+    let cert = params.self_signed(&key)?;
+    let cert_pem = cert.pem();
+    Ok(CaMaterial {
+        bundle_pem: cert_pem.clone(),
+        cert_pem,
+        key_pem: key.serialize_pem(),
+    })
+}
+
+fn ca_params(now: OffsetDateTime, validity: Duration) -> CertificateParams {
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, "baton-webhook-ca");
+    dn.push(DnType::OrganizationName, "baton.dev");
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    // Backdate a little: API server clocks may lag ours.
+    params.not_before = now - time::Duration::minutes(5);
+    params.not_after = now + validity;
+    params
+}
+
+/// Issues a serving certificate for `dns_names` and `ips`, signed by `ca`.
+pub fn issue_serving(
+    ca: &CaMaterial,
+    dns_names: &[String],
+    ips: &[IpAddr],
+    now: OffsetDateTime,
+    validity: Duration,
+) -> Result<ServingCert> {
+    let ca_key = KeyPair::from_pem(&ca.key_pem)?;
+    let issuer = Issuer::from_ca_cert_pem(&ca.cert_pem, ca_key)?;
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(
+        DnType::CommonName,
+        dns_names.first().map_or("baton-webhook", String::as_str),
+    );
+    params.distinguished_name = dn;
+    params.subject_alt_names = dns_names
+        .iter()
+        .map(|n| n.clone().try_into().map(SanType::DnsName))
+        .chain(ips.iter().map(|ip| Ok(SanType::IpAddress(*ip))))
+        .collect::<Result<_, _>>()?;
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    params.use_authority_key_identifier_extension = true;
+    params.not_before = now - time::Duration::minutes(5);
+    params.not_after = now + validity;
+    let cert = params.signed_by(&key, &issuer)?;
+    Ok(ServingCert {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+        not_before: params.not_before,
+        not_after: params.not_after,
+    })
+}
+
+/// Validity window of the first certificate in `pem`.
+pub fn validity(pem: &str) -> Result<(OffsetDateTime, OffsetDateTime)> {
+    let der = pem_blocks(pem)
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::Pem("no CERTIFICATE block".into()))?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der)
+        .map_err(|e| Error::Pem(format!("certificate does not parse: {e}")))?;
+    let v = cert.validity();
+    Ok((v.not_before.to_datetime(), v.not_after.to_datetime()))
+}
+
+/// True once two thirds of `[not_before, not_after]` have passed.
+pub fn needs_renewal(not_before: OffsetDateTime, not_after: OffsetDateTime, now: OffsetDateTime) -> bool {
+    let life = not_after - not_before;
+    now >= not_before + life * 2 / 3
+}
+
+/// When a certificate valid over `[not_before, not_after]` is due.
+pub fn renewal_time(not_before: OffsetDateTime, not_after: OffsetDateTime) -> OffsetDateTime {
+    not_before + (not_after - not_before) * 2 / 3
+}
+
+fn pem_blocks(pem: &str) -> Vec<Vec<u8>> {
+    use rustls_pki_types::{CertificateDer, pem::PemObject};
+    CertificateDer::pem_slice_iter(pem.as_bytes())
+        .filter_map(Result::ok)
+        .map(|c| c.to_vec())
+        .collect()
+}
+
+/// Splits PEM text into its CERTIFICATE blocks, keeping each block's text
+/// next to its DER (so a bundle can be rebuilt without re-encoding).
+fn pem_text_blocks(pem: &str) -> Vec<(String, Vec<u8>)> {
+    use rustls_pki_types::{CertificateDer, pem::PemObject};
+    const END: &str = "-----END CERTIFICATE-----";
+    let mut out = Vec::new();
+    let mut rest = pem;
+    while let Some(start) = rest.find("-----BEGIN CERTIFICATE-----") {
+        let Some(end) = rest[start..].find(END) else { break };
+        let text = &rest[start..start + end + END.len()];
+        if let Ok(der) = CertificateDer::from_pem_slice(text.as_bytes()) {
+            out.push((format!("{text}\n"), der.to_vec()));
+        }
+        rest = &rest[start + end + END.len()..];
+    }
+    out
+}
+
+/// The bundle after rotating to `new_ca_pem`: the new CA first, then every
+/// certificate of `old_bundle` that is still valid at `now` and differs from
+/// the new one.
+pub fn merge_bundle(new_ca_pem: &str, old_bundle: &str, now: OffsetDateTime) -> String {
+    let mut out = new_ca_pem.trim_end().to_owned();
+    out.push('\n');
+    let new_der = pem_blocks(new_ca_pem);
+    for (text, der) in pem_text_blocks(old_bundle) {
+        if new_der.contains(&der) {
+            continue;
+        }
+        let still_valid = x509_parser::parse_x509_certificate(&der)
+            .map(|(_, c)| c.validity().not_after.to_datetime() > now)
+            .unwrap_or(false);
+        if still_valid {
+            out.push_str(&text);
+        }
+    }
+    out
+}
+
+/// Reads the CA material out of the Secret.
+pub fn ca_from_secret(secret: &Secret) -> Result<CaMaterial> {
+    let name = secret.name_any();
+    let data = secret.data.as_ref();
+    let field = |key: &str| {
+        data.and_then(|d| d.get(key))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            .ok_or_else(|| Error::CaSecret(name.clone(), format!("key {key} missing")))
+    };
+    let cert_pem = field(names::CA_CERT_KEY)?;
+    let key_pem = field(names::CA_KEY_KEY)?;
+    let bundle_pem = field(names::CA_BUNDLE_KEY).unwrap_or_else(|_| cert_pem.clone());
+    Ok(CaMaterial {
+        cert_pem,
+        key_pem,
+        bundle_pem,
+    })
+}
+
+/// The Secret holding `ca` (resourceVersion left to the caller).
+pub fn secret_for(ca: &CaMaterial, namespace: &str) -> Secret {
+    let bytes = |s: &str| ByteString(s.as_bytes().to_vec());
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(names::CA_SECRET.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/part-of".to_owned(),
+                "baton".to_owned(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        type_: Some("Opaque".to_owned()),
+        data: Some(BTreeMap::from([
+            (names::CA_CERT_KEY.to_owned(), bytes(&ca.cert_pem)),
+            (names::CA_KEY_KEY.to_owned(), bytes(&ca.key_pem)),
+            (names::CA_BUNDLE_KEY.to_owned(), bytes(&ca.bundle_pem)),
+        ])),
+        ..Secret::default()
+    }
+}
+
+/// What the self-managed loop needs to know.
+#[derive(Debug, Clone)]
+pub struct SelfManaged {
+    pub namespace: String,
+    pub dns_names: Vec<String>,
+    pub ips: Vec<IpAddr>,
+    pub lifetimes: Lifetimes,
+    /// How often caBundle is re-checked (self-heals a reapplied manifest).
+    pub sync_interval: Duration,
+}
+
+impl SelfManaged {
+    pub fn new(service: &str, namespace: &str, ips: Vec<IpAddr>) -> Self {
+        Self {
+            namespace: namespace.to_owned(),
+            dns_names: service_dns_names(service, namespace),
+            ips,
+            lifetimes: Lifetimes::default(),
+            sync_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Default for SelfManaged {
+    fn default() -> Self {
+        Self::new(names::SERVICE, SYSTEM_NAMESPACE, Vec::new())
+    }
+}
+
+fn is_status(err: &kube::Error, code: u16) -> bool {
+    matches!(err, kube::Error::Api(status) if status.code == code)
+}
+
+/// Loads the CA from its Secret, creating or rotating it as needed.
+pub async fn ensure_ca(api: &Api<Secret>, cfg: &SelfManaged) -> Result<CaMaterial> {
+    for _attempt in 0..5 {
+        let now = OffsetDateTime::now_utc();
+        let existing = match api.get(names::CA_SECRET).await {
+            Ok(secret) => Some(secret),
+            Err(e) if is_status(&e, 404) => None,
+            Err(e) => return Err(e.into()),
+        };
+        let Some(secret) = existing else {
+            let ca = generate_ca(now, cfg.lifetimes.ca)?;
+            match api.create(&PostParams::default(), &secret_for(&ca, &cfg.namespace)).await {
+                Ok(_) => {
+                    tracing::info!(secret = names::CA_SECRET, "created webhook CA");
+                    return Ok(ca);
+                }
+                // Another replica won the race: read its CA on the next turn.
+                Err(e) if is_status(&e, 409) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let current = ca_from_secret(&secret)?;
+        let (not_before, not_after) = validity(&current.cert_pem)?;
+        if !needs_renewal(not_before, not_after, now) {
+            return Ok(current);
+        }
+        let mut rotated = generate_ca(now, cfg.lifetimes.ca)?;
+        rotated.bundle_pem = merge_bundle(&rotated.cert_pem, &current.bundle_pem, now);
+        let mut replacement = secret_for(&rotated, &cfg.namespace);
+        replacement.metadata.resource_version = secret.resource_version();
+        match api
+            .replace(names::CA_SECRET, &PostParams::default(), &replacement)
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(secret = names::CA_SECRET, "rotated webhook CA");
+                return Ok(rotated);
+            }
+            Err(e) if is_status(&e, 409) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(Error::CaSecret(
+        names::CA_SECRET.to_owned(),
+        "kept conflicting with concurrent writers".to_owned(),
+    ))
+}
+
+/// Sets `caBundle` on every webhook of Baton's two configurations. Missing
+/// configurations are skipped (installed later or not at all); unchanged
+/// ones are not written. Returns how many configurations were updated.
+pub async fn patch_ca_bundles(client: &Client, bundle_pem: &str) -> Result<usize> {
+    let bundle = ByteString(bundle_pem.as_bytes().to_vec());
+    let mut updated = 0;
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    match mutating.get_opt(names::MUTATING_CONFIGURATION).await? {
+        Some(mut config) => {
+            let mut changed = false;
+            for hook in config.webhooks.iter_mut().flatten() {
+                if hook.client_config.ca_bundle.as_ref() != Some(&bundle) {
+                    hook.client_config.ca_bundle = Some(bundle.clone());
+                    changed = true;
+                }
+            }
+            if changed {
+                mutating
+                    .replace(names::MUTATING_CONFIGURATION, &PostParams::default(), &config)
+                    .await?;
+                updated += 1;
+            }
+        }
+        None => tracing::debug!(name = names::MUTATING_CONFIGURATION, "not installed; caBundle not patched"),
+    }
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    match validating.get_opt(names::VALIDATING_CONFIGURATION).await? {
+        Some(mut config) => {
+            let mut changed = false;
+            for hook in config.webhooks.iter_mut().flatten() {
+                if hook.client_config.ca_bundle.as_ref() != Some(&bundle) {
+                    hook.client_config.ca_bundle = Some(bundle.clone());
+                    changed = true;
+                }
+            }
+            if changed {
+                validating
+                    .replace(names::VALIDATING_CONFIGURATION, &PostParams::default(), &config)
+                    .await?;
+                updated += 1;
+            }
+        }
+        None => tracing::debug!(name = names::VALIDATING_CONFIGURATION, "not installed; caBundle not patched"),
+    }
+    Ok(updated)
+}
+
+/// One pass of the loop: make sure the CA is current, the bundle is in the
+/// configurations, and `store` serves a certificate from the current CA that
+/// is not due for renewal. Returns when the next pass is due.
+pub async fn reconcile(
+    client: &Client,
+    cfg: &SelfManaged,
+    store: &CertStore,
+    serving: &mut Option<(ServingCert, String)>,
+) -> Result<OffsetDateTime> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &cfg.namespace);
+    let ca = ensure_ca(&secrets, cfg).await?;
+    // Bundle first: a certificate from a new CA must be trusted before use.
+    if let Err(error) = patch_ca_bundles(client, &ca.bundle_pem).await {
+        // Not fatal for serving (the API server may still trust the old
+        // bundle); retried on the next pass.
+        tracing::warn!(%error, "could not patch caBundle");
+    }
+    let now = OffsetDateTime::now_utc();
+    let due = match serving {
+        Some((cert, issuer)) => {
+            *issuer != ca.cert_pem || needs_renewal(cert.not_before, cert.not_after, now)
+        }
+        None => true,
+    };
+    if due {
+        let cert = issue_serving(&ca, &cfg.dns_names, &cfg.ips, now, cfg.lifetimes.serving)?;
+        store.store_pem(cert.cert_pem.as_bytes(), cert.key_pem.as_bytes())?;
+        tracing::info!(not_after = %cert.not_after, "serving certificate issued");
+        *serving = Some((cert, ca.cert_pem.clone()));
+    }
+    let next = serving
+        .as_ref()
+        .map(|(c, _)| renewal_time(c.not_before, c.not_after))
+        .unwrap_or(now);
+    Ok(next)
+}
+
+/// Runs [`reconcile`] until `stop`, sleeping until the earlier of the next
+/// renewal and the next bundle sync; errors back off and retry.
+pub async fn run(client: Client, cfg: SelfManaged, store: Arc<CertStore>, stop: CancellationToken) {
+    let mut serving = None;
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        let wait = match reconcile(&client, &cfg, &store, &mut serving).await {
+            Ok(next_renewal) => {
+                backoff = Duration::from_secs(1);
+                let until_renewal = (next_renewal - OffsetDateTime::now_utc())
+                    .try_into()
+                    .unwrap_or(Duration::ZERO);
+                until_renewal.min(cfg.sync_interval).max(Duration::from_millis(100))
+            }
+            Err(error) => {
+                tracing::warn!(%error, label = error.metric_label(), "certificate reconcile failed");
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+                backoff
+            }
+        };
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rustls::client::danger::ServerCertVerifier;
+
+    use super::*;
+
+    fn at(secs: i64) -> OffsetDateTime {
+        OffsetDateTime::from_unix_timestamp(1_800_000_000 + secs).unwrap()
+    }
+
+    #[test]
+    fn service_names_cover_every_form_the_api_server_dials() {
+        let names = service_dns_names("baton-webhook", "baton-system");
+        assert!(names.contains(&"baton-webhook.baton-system.svc".to_owned()));
+        assert!(names.contains(&"baton-webhook.baton-system.svc.cluster.local".to_owned()));
+    }
+
+    #[test]
+    fn a_generated_ca_is_a_ca_and_round_trips_through_its_secret() {
+        let ca = generate_ca(at(0), Duration::from_secs(3600)).unwrap();
+        let der = pem_blocks(&ca.cert_pem).remove(0);
+        let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+        assert!(cert.is_ca());
+        let secret = secret_for(&ca, "baton-system");
+        assert_eq!(secret.metadata.name.as_deref(), Some(names::CA_SECRET));
+        assert_eq!(ca_from_secret(&secret).unwrap(), ca);
+    }
+
+    #[test]
+    fn a_secret_missing_the_key_is_reported_by_name() {
+        let ca = generate_ca(at(0), Duration::from_secs(3600)).unwrap();
+        let mut secret = secret_for(&ca, "baton-system");
+        secret.data.as_mut().unwrap().remove(names::CA_KEY_KEY);
+        let err = ca_from_secret(&secret).unwrap_err().to_string();
+        assert!(err.contains("ca.key missing"), "{err}");
+    }
+
+    #[test]
+    fn serving_certificates_carry_the_sans_and_chain_to_the_ca() {
+        let now = OffsetDateTime::now_utc();
+        let ca = generate_ca(now, Duration::from_secs(3600)).unwrap();
+        let dns = service_dns_names("baton-webhook", "baton-system");
+        let ips: Vec<IpAddr> = vec!["127.0.0.1".parse().unwrap()];
+        let cert = issue_serving(&ca, &dns, &ips, now, Duration::from_secs(600)).unwrap();
+        let der = pem_blocks(&cert.cert_pem).remove(0);
+        let (_, parsed) = x509_parser::parse_x509_certificate(&der).unwrap();
+        let sans = parsed.subject_alternative_name().unwrap().unwrap().value;
+        let rendered = format!("{:?}", sans.general_names);
+        assert!(rendered.contains("baton-webhook.baton-system.svc"), "{rendered}");
+        assert!(rendered.contains("IPAddress([127, 0, 0, 1])"), "{rendered}");
+        // Verify the chain with webpki, the same verifier rustls clients use.
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(pem_blocks(&ca.cert_pem).remove(0).into()).unwrap();
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots),
+            crate::tls::provider(),
+        )
+        .build()
+        .unwrap();
+        let name = rustls_pki_types::ServerName::try_from("baton-webhook.baton-system.svc").unwrap();
+        verifier
+            .verify_server_cert(
+                &der.into(),
+                &[],
+                &name,
+                &[],
+                rustls_pki_types::UnixTime::now(),
+            )
+            .unwrap();
+        crate::tls::certified_key(cert.cert_pem.as_bytes(), cert.key_pem.as_bytes()).unwrap();
+    }
+
+    #[test]
+    fn renewal_is_due_after_two_thirds_of_the_lifetime() {
+        assert!(!needs_renewal(at(0), at(300), at(199)));
+        assert!(needs_renewal(at(0), at(300), at(200)));
+        assert_eq!(renewal_time(at(0), at(300)), at(200));
+    }
+
+    #[test]
+    fn validity_is_read_back_from_the_pem() {
+        let ca = generate_ca(at(0), Duration::from_secs(3600)).unwrap();
+        let (nb, na) = validity(&ca.cert_pem).unwrap();
+        assert_eq!(na, at(3600));
+        assert_eq!(nb, at(-300));
+        assert!(validity("garbage").is_err());
+    }
+
+    #[test]
+    fn a_rotated_bundle_keeps_the_old_ca_until_it_expires() {
+        let old = generate_ca(at(0), Duration::from_secs(1000)).unwrap();
+        let new = generate_ca(at(700), Duration::from_secs(1000)).unwrap();
+        let bundle = merge_bundle(&new.cert_pem, &old.bundle_pem, at(700));
+        assert_eq!(pem_blocks(&bundle).len(), 2);
+        assert_eq!(pem_blocks(&bundle)[0], pem_blocks(&new.cert_pem)[0]);
+        // Rotating again after the first CA expired drops it.
+        let newer = generate_ca(at(1400), Duration::from_secs(1000)).unwrap();
+        let bundle = merge_bundle(&newer.cert_pem, &bundle, at(1400));
+        let blocks = pem_blocks(&bundle);
+        assert_eq!(blocks.len(), 2);
+        assert!(!blocks.contains(&pem_blocks(&old.cert_pem)[0]));
+        // Merging the same CA twice does not duplicate it.
+        assert_eq!(pem_blocks(&merge_bundle(&newer.cert_pem, &newer.cert_pem, at(1400))).len(), 1);
+    }
+}

@@ -1,0 +1,90 @@
+//! Injection settings that come from the webhook's flags, not from the
+//! cluster (those come from the SidecarRelease and TlsPolicies).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::{
+    api::core::v1::ResourceRequirements, apimachinery::pkg::api::resource::Quantity,
+};
+
+/// How app traffic reaches the sidecar.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum CaptureMode {
+    /// iptables REDIRECT programmed by the `baton-init` init container.
+    #[default]
+    Transparent,
+    /// No iptables: the app is pointed at the sidecar by env vars.
+    Explicit,
+}
+
+impl CaptureMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Transparent => "transparent",
+            Self::Explicit => "explicit",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "transparent" => Some(Self::Transparent),
+            "explicit" => Some(Self::Explicit),
+            _ => None,
+        }
+    }
+}
+
+/// Whether sidecars are injected as native sidecars.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum NativeSidecars {
+    /// From the API server version (>= 1.29).
+    #[default]
+    Auto,
+    Always,
+    Never,
+}
+
+/// Everything `mutate` needs that is not in the pod or the cluster.
+#[derive(Clone, Debug)]
+pub struct InjectConfig {
+    /// Capture mode when the pod has no `baton.dev/capture-mode` annotation.
+    pub default_capture: CaptureMode,
+    pub native_sidecars: NativeSidecars,
+    /// Path of the sidecar binary inside the sidecar image (exec hooks).
+    pub sidecar_binary: String,
+    /// Requests of the active slot when the release sets none.
+    pub default_resources: ResourceRequirements,
+    /// Requests of the standby slot: it idles until a hot upgrade, and
+    /// only one slot serves at a time, so it must not double the pod's
+    /// requests (limits follow the release so an upgraded sidecar can run).
+    pub standby_requests: BTreeMap<String, Quantity>,
+    /// Seconds the postStart hook waits for `/ready` (pre-1.29 servers).
+    pub wait_ready_timeout_seconds: u32,
+    /// `imagePullPolicy` of injected containers (`None`: the default).
+    pub image_pull_policy: Option<String>,
+}
+
+fn quantities(pairs: &[(&str, &str)]) -> BTreeMap<String, Quantity> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned())))
+        .collect()
+}
+
+impl Default for InjectConfig {
+    fn default() -> Self {
+        Self {
+            default_capture: CaptureMode::Transparent,
+            native_sidecars: NativeSidecars::Auto,
+            sidecar_binary: "/usr/local/bin/baton-sidecar".to_owned(),
+            default_resources: ResourceRequirements {
+                requests: Some(quantities(&[("cpu", "50m"), ("memory", "32Mi")])),
+                limits: Some(quantities(&[("memory", "128Mi")])),
+                ..ResourceRequirements::default()
+            },
+            standby_requests: quantities(&[("cpu", "1m"), ("memory", "4Mi")]),
+            wait_ready_timeout_seconds: 60,
+            image_pull_policy: None,
+        }
+    }
+}
