@@ -1,0 +1,553 @@
+//! Client of the operator's identity service: the sidecar's certificate
+//! comes from a CSR authenticated with the pod's projected ServiceAccount
+//! token.
+//!
+//! Wire protocol (the server side belongs to the operator; see docs/tls.md):
+//!
+//! ```text
+//! POST <url>
+//! Authorization: Bearer <projected token, audience identity.baton.dev>
+//! Content-Type: application/json
+//! {"csr": "<PEM CERTIFICATE REQUEST with the SPIFFE URI SAN>"}
+//!
+//! 200 {"certificateChain": "<PEM leaf + intermediates>", "trustBundle": "<PEM roots>"}
+//! ```
+//!
+//! The private key never leaves the process. Renewal happens at 2/3 of the
+//! certificate's lifetime, jittered by ±5 % of the lifetime so a fleet that
+//! started together does not renew together; failed requests are retried
+//! with capped, jittered exponential back-off. The token is re-read on every
+//! request because the kubelet rotates it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpStream;
+
+use super::TlsError;
+use super::context::TlsContext;
+use super::material::Material;
+use super::metrics::TlsMetrics;
+use super::offload::Offload;
+use super::settings::{CertSource, KeyType, TlsSettings};
+use super::spiffe::SpiffeId;
+
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityClientError {
+    #[error("invalid identity service URL {0:?} (want http(s)://host[:port]/path)")]
+    Url(String),
+    #[error("read token {path}: {source}")]
+    Token {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("CA bundle: {0}")]
+    CaBundle(String),
+    #[error("key generation / CSR: {0}")]
+    Csr(String),
+    #[error("connect: {0}")]
+    Connect(std::io::Error),
+    #[error("http: {0}")]
+    Http(String),
+    #[error("identity service answered {status}: {body}")]
+    Status { status: u16, body: String },
+    #[error("invalid response: {0}")]
+    Response(String),
+    #[error("request timed out")]
+    Timeout,
+    #[error("the issued certificate does not carry identity {0}")]
+    WrongIdentity(SpiffeId),
+    #[error("settings: {0}")]
+    Settings(String),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SignRequest {
+    pub csr: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SignResponse {
+    pub certificate_chain: String,
+    pub trust_bundle: String,
+}
+
+/// Bounded retry schedule for one issuance round.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy {
+    pub attempts: u32,
+    pub base: Duration,
+    pub max: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 8,
+            base: Duration::from_millis(200),
+            max: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Delay before retry `attempt` (0-based): `base·2^attempt` capped at `max`,
+/// scaled by `jitter01 ∈ [0,1)` into [50 %, 100 %] ("equal jitter"). Pure.
+pub fn backoff(attempt: u32, base: Duration, max: Duration, jitter01: f64) -> Duration {
+    let exp = base.saturating_mul(1u32 << attempt.min(20)).min(max);
+    exp.mul_f64(0.5 + 0.5 * jitter01.clamp(0.0, 1.0))
+}
+
+/// Time to wait before renewing a certificate valid in
+/// `[not_before, not_after]`: at 2/3 of its lifetime, shifted by
+/// `jitter ∈ [-1,1]` × 5 % of the lifetime; never negative. Pure.
+pub fn renewal_delay(not_before: SystemTime, not_after: SystemTime, now: SystemTime, jitter: f64) -> Duration {
+    let lifetime = not_after
+        .duration_since(not_before)
+        .unwrap_or(Duration::ZERO);
+    let base = lifetime.mul_f64(2.0 / 3.0);
+    let shift = lifetime.mul_f64(0.05 * jitter.abs().min(1.0));
+    let offset = if jitter >= 0.0 {
+        base + shift
+    } else {
+        base.saturating_sub(shift)
+    };
+    let at = not_before + offset;
+    at.duration_since(now).unwrap_or(Duration::ZERO)
+}
+
+/// Talks to the identity service.
+#[derive(Debug, Clone)]
+pub struct IdentityClient {
+    uri: http::Uri,
+    https: Option<Arc<rustls::ClientConfig>>,
+    token_path: PathBuf,
+    identity: SpiffeId,
+    key_type: KeyType,
+    timeout: Duration,
+}
+
+impl IdentityClient {
+    pub fn new(
+        url: &str,
+        ca_bundle: Option<&Path>,
+        token_path: Option<PathBuf>,
+        identity: SpiffeId,
+        key_type: KeyType,
+    ) -> Result<Self, IdentityClientError> {
+        let uri: http::Uri = url
+            .parse()
+            .map_err(|_| IdentityClientError::Url(url.to_string()))?;
+        if uri.host().is_none() {
+            return Err(IdentityClientError::Url(url.to_string()));
+        }
+        let https = match uri.scheme_str() {
+            Some("http") => None,
+            Some("https") => {
+                let mut roots = rustls::RootCertStore::empty();
+                let path = ca_bundle.ok_or_else(|| {
+                    IdentityClientError::CaBundle("https needs ca_bundle".into())
+                })?;
+                let pem = std::fs::read(path)
+                    .map_err(|e| IdentityClientError::CaBundle(format!("{}: {e}", path.display())))?;
+                use rustls_pki_types::pem::PemObject;
+                for c in CertificateDer::pem_slice_iter(&pem) {
+                    let c = c.map_err(|e| IdentityClientError::CaBundle(e.to_string()))?;
+                    roots
+                        .add(c)
+                        .map_err(|e| IdentityClientError::CaBundle(e.to_string()))?;
+                }
+                let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+                    rustls::crypto::ring::default_provider(),
+                ))
+                .with_safe_default_protocol_versions()
+                .map_err(|e| IdentityClientError::CaBundle(e.to_string()))?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+                Some(Arc::new(cfg))
+            }
+            _ => return Err(IdentityClientError::Url(url.to_string())),
+        };
+        Ok(IdentityClient {
+            uri,
+            https,
+            token_path: token_path.unwrap_or_else(|| {
+                Path::new(baton_crds::contract::volumes::TOKEN_MOUNT_PATH)
+                    .join(baton_crds::contract::volumes::TOKEN_FILE)
+            }),
+            identity,
+            key_type,
+            timeout: Duration::from_secs(10),
+        })
+    }
+
+    /// From the `identity_service` source of the settings.
+    pub fn from_settings(settings: &TlsSettings) -> Result<Self, IdentityClientError> {
+        let Some(CertSource::IdentityService {
+            url,
+            ca_bundle,
+            token_path,
+            key_type,
+        }) = &settings.source
+        else {
+            return Err(IdentityClientError::Settings(
+                "source is not identity_service".into(),
+            ));
+        };
+        let local = settings
+            .identity
+            .local
+            .as_deref()
+            .ok_or_else(|| IdentityClientError::Settings("identity.local is required".into()))?;
+        let identity = local
+            .parse()
+            .map_err(|e| IdentityClientError::Settings(format!("identity.local: {e}")))?;
+        IdentityClient::new(
+            url,
+            ca_bundle.as_deref(),
+            token_path.clone(),
+            identity,
+            *key_type,
+        )
+    }
+
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    pub fn identity(&self) -> &SpiffeId {
+        &self.identity
+    }
+
+    /// Generates a fresh key and CSR (PEM). Pure apart from randomness.
+    pub fn make_csr(&self) -> Result<(PrivateKeyDer<'static>, String), IdentityClientError> {
+        let csr_err = |e: String| IdentityClientError::Csr(e);
+        let kp = match self.key_type {
+            KeyType::EcdsaP256 => rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256),
+            KeyType::EcdsaP384 => rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384),
+            KeyType::Rsa2048 | KeyType::Rsa3072 => {
+                // ring cannot generate RSA keys; OpenSSL can.
+                let bits = if self.key_type == KeyType::Rsa2048 { 2048 } else { 3072 };
+                let pem = openssl::rsa::Rsa::generate(bits)
+                    .and_then(openssl::pkey::PKey::from_rsa)
+                    .and_then(|k| k.private_key_to_pem_pkcs8())
+                    .map_err(|e| csr_err(e.to_string()))?;
+                rcgen::KeyPair::from_pem(&String::from_utf8_lossy(&pem))
+            }
+        }
+        .map_err(|e| csr_err(e.to_string()))?;
+        let mut params = rcgen::CertificateParams::default();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, self.identity.service_account.clone());
+        params.subject_alt_names = vec![rcgen::SanType::URI(
+            self.identity
+                .to_string()
+                .try_into()
+                .map_err(|e: rcgen::Error| csr_err(e.to_string()))?,
+        )];
+        let csr = params
+            .serialize_request(&kp)
+            .and_then(|c| c.pem())
+            .map_err(|e| csr_err(e.to_string()))?;
+        Ok((PrivateKeyDer::Pkcs8(kp.serialize_der().into()), csr))
+    }
+
+    /// One issuance attempt: key, CSR, POST, validate.
+    pub async fn issue(&self) -> Result<Material, IdentityClientError> {
+        let token = std::fs::read_to_string(&self.token_path).map_err(|source| {
+            IdentityClientError::Token {
+                path: self.token_path.clone(),
+                source,
+            }
+        })?;
+        let (key, csr) = self.make_csr()?;
+        let body = serde_json::to_vec(&SignRequest { csr }).expect("serializable");
+        let (status, resp) = tokio::time::timeout(self.timeout, self.post(body, token.trim()))
+            .await
+            .map_err(|_| IdentityClientError::Timeout)??;
+        if status != 200 {
+            return Err(IdentityClientError::Status {
+                status,
+                body: String::from_utf8_lossy(&resp[..resp.len().min(512)]).into_owned(),
+            });
+        }
+        let r: SignResponse =
+            serde_json::from_slice(&resp).map_err(|e| IdentityClientError::Response(e.to_string()))?;
+        let key_pem = {
+            // Material::from_pem wants PEM for all three parts.
+            let PrivateKeyDer::Pkcs8(k) = &key else {
+                unreachable!("make_csr returns PKCS#8")
+            };
+            pem_encode("PRIVATE KEY", k.secret_pkcs8_der())
+        };
+        let material = Material::from_pem(
+            r.certificate_chain.as_bytes(),
+            key_pem.as_bytes(),
+            r.trust_bundle.as_bytes(),
+        )
+        .map_err(|e| IdentityClientError::Response(e.to_string()))?;
+        if material.identity().as_ref() != Some(&self.identity) {
+            return Err(IdentityClientError::WrongIdentity(self.identity.clone()));
+        }
+        Ok(material)
+    }
+
+    /// Up to `policy.attempts` attempts with jittered back-off.
+    pub async fn issue_with_retries(&self, policy: RetryPolicy) -> Result<Material, IdentityClientError> {
+        let mut attempt = 0;
+        loop {
+            match self.issue().await {
+                Ok(m) => return Ok(m),
+                Err(e) if attempt + 1 >= policy.attempts => return Err(e),
+                Err(e) => {
+                    let delay = backoff(attempt, policy.base, policy.max, rand::random::<f64>());
+                    tracing::warn!(error = %e, attempt, ?delay, "certificate request failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    /// Renews for as long as `ctx` lives and `stop` stays false.
+    pub async fn run(self, ctx: std::sync::Weak<TlsContext>, mut stop: tokio::sync::watch::Receiver<bool>, policy: RetryPolicy) {
+        let mut failures = 0u32;
+        loop {
+            let Some(current) = ctx.upgrade() else { return };
+            let validity = current.current_validity();
+            drop(current);
+            let delay = match validity {
+                Some((nb, na)) if failures == 0 => {
+                    renewal_delay(nb, na, SystemTime::now(), rand::random::<f64>() * 2.0 - 1.0)
+                }
+                _ => backoff(failures, policy.base, policy.max, rand::random::<f64>()),
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                r = stop.wait_for(|s| *s) => { let _ = r; return; }
+            }
+            match self.issue_with_retries(policy).await {
+                Ok(m) => {
+                    let Some(ctx) = ctx.upgrade() else { return };
+                    match ctx.update_material(m) {
+                        Ok(generation) => {
+                            failures = 0;
+                            tracing::info!(generation, identity = %self.identity, "certificate renewed");
+                        }
+                        Err(e) => {
+                            failures += 1;
+                            tracing::error!(error = %e, "renewed certificate refused");
+                        }
+                    }
+                }
+                Err(e) => {
+                    failures += 1;
+                    tracing::error!(error = %e, "certificate renewal failed; keeping the current certificate");
+                }
+            }
+        }
+    }
+
+    async fn post(&self, body: Vec<u8>, token: &str) -> Result<(u16, Bytes), IdentityClientError> {
+        let host = self.uri.host().unwrap_or_default().trim_matches(|c| c == '[' || c == ']');
+        let port = self
+            .uri
+            .port_u16()
+            .unwrap_or(if self.https.is_some() { 443 } else { 80 });
+        let tcp = TcpStream::connect((host, port))
+            .await
+            .map_err(IdentityClientError::Connect)?;
+        let authority = self
+            .uri
+            .authority()
+            .map(|a| a.as_str().to_string())
+            .unwrap_or_default();
+        let req = http::Request::post(
+            self.uri
+                .path_and_query()
+                .map(|p| p.as_str())
+                .unwrap_or("/"),
+        )
+        .header(http::header::HOST, authority)
+        .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| IdentityClientError::Http(e.to_string()))?;
+        match &self.https {
+            None => send(TokioIo::new(tcp), req).await,
+            Some(cfg) => {
+                let name = ServerName::try_from(host.to_string())
+                    .map_err(|e| IdentityClientError::Url(e.to_string()))?;
+                let tls = tokio_rustls::TlsConnector::from(cfg.clone())
+                    .connect(name, tcp)
+                    .await
+                    .map_err(IdentityClientError::Connect)?;
+                send(TokioIo::new(tls), req).await
+            }
+        }
+    }
+}
+
+async fn send<IO>(io: IO, req: http::Request<Full<Bytes>>) -> Result<(u16, Bytes), IdentityClientError>
+where
+    IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let http = |e: hyper::Error| IdentityClientError::Http(e.to_string());
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.map_err(http)?;
+    // The connection task ends when `sender` is dropped.
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let resp = sender.send_request(req).await.map_err(http)?;
+    let status = resp.status().as_u16();
+    // Responses are a few KiB; refuse anything absurd.
+    let body = http_body_util::Limited::new(resp.into_body(), 1 << 20)
+        .collect()
+        .await
+        .map_err(|e| IdentityClientError::Http(e.to_string()))?
+        .to_bytes();
+    Ok((status, body))
+}
+
+fn pem_encode(label: &str, der: &[u8]) -> String {
+    use std::fmt::Write;
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut b64 = String::with_capacity(der.len() * 4 / 3 + 4);
+    for chunk in der.chunks(3) {
+        let n = chunk.len();
+        let v = (u32::from(chunk[0]) << 16)
+            | (u32::from(*chunk.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*chunk.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= n {
+                b64.push(T[((v >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                b64.push('=');
+            }
+        }
+    }
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        let _ = writeln!(out, "{}", std::str::from_utf8(line).unwrap_or_default());
+    }
+    let _ = writeln!(out, "-----END {label}-----");
+    out
+}
+
+/// Identity-service start: select the offload engine, obtain the first
+/// certificate (with retries), build the context, and spawn the renewal
+/// task (stopped by `stop` or when the context is dropped).
+pub async fn bootstrap(
+    settings: &TlsSettings,
+    metrics: TlsMetrics,
+    stop: tokio::sync::watch::Receiver<bool>,
+    policy: RetryPolicy,
+) -> Result<Arc<TlsContext>, TlsError> {
+    let client = IdentityClient::from_settings(settings)
+        .map_err(|e| TlsError::Io(std::io::Error::other(e)))?;
+    let material = client
+        .issue_with_retries(policy)
+        .await
+        .map_err(|e| TlsError::Io(std::io::Error::other(e)))?;
+    let offload = Arc::new(Offload::select(
+        &settings.offload,
+        &|k| std::env::var(k).ok(),
+        metrics.clone(),
+    ));
+    let ctx = TlsContext::new(settings, material, offload, metrics)?;
+    tokio::spawn(client.run(Arc::downgrade(&ctx), stop, policy));
+    Ok(ctx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renewal_is_at_two_thirds_of_the_lifetime_without_jitter() {
+        let nb = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let na = nb + Duration::from_secs(300);
+        assert_eq!(renewal_delay(nb, na, nb, 0.0), Duration::from_secs(200));
+        assert_eq!(
+            renewal_delay(nb, na, nb + Duration::from_secs(50), 0.0),
+            Duration::from_secs(150)
+        );
+    }
+
+    #[test]
+    fn renewal_jitter_stays_within_five_percent_of_the_lifetime() {
+        let nb = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let na = nb + Duration::from_secs(1000);
+        let lo = renewal_delay(nb, na, nb, -1.0).as_secs_f64();
+        let hi = renewal_delay(nb, na, nb, 1.0).as_secs_f64();
+        assert!((lo - (666.666 - 50.0)).abs() < 0.01, "{lo}");
+        assert!((hi - (666.666 + 50.0)).abs() < 0.01, "{hi}");
+    }
+
+    #[test]
+    fn an_overdue_certificate_renews_immediately() {
+        let nb = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let na = nb + Duration::from_secs(30);
+        assert_eq!(
+            renewal_delay(nb, na, na + Duration::from_secs(5), 0.3),
+            Duration::ZERO
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_and_is_capped() {
+        let b = Duration::from_millis(100);
+        let m = Duration::from_secs(2);
+        assert_eq!(backoff(0, b, m, 1.0), Duration::from_millis(100));
+        assert_eq!(backoff(3, b, m, 1.0), Duration::from_millis(800));
+        assert_eq!(backoff(10, b, m, 1.0), m);
+        assert_eq!(backoff(30, b, m, 0.0), m / 2);
+    }
+
+    #[test]
+    fn the_csr_carries_the_spiffe_identity_for_every_key_type() {
+        for kt in [KeyType::EcdsaP256, KeyType::EcdsaP384, KeyType::Rsa2048] {
+            let c = IdentityClient::new(
+                "http://127.0.0.1:1/sign",
+                None,
+                Some("/nonexistent".into()),
+                "spiffe://td/ns/n/sa/s".parse().unwrap(),
+                kt,
+            )
+            .unwrap();
+            let (_key, pem) = c.make_csr().unwrap();
+            let parsed = rcgen::CertificateSigningRequestParams::from_pem(&pem).unwrap();
+            assert!(
+                parsed.params.subject_alt_names.iter().any(|s| matches!(
+                    s, rcgen::SanType::URI(u) if u.as_str() == "spiffe://td/ns/n/sa/s"
+                )),
+                "{kt:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn pem_encoding_round_trips_through_the_pem_parser() {
+        use rustls_pki_types::pem::PemObject;
+        let kp = rcgen::KeyPair::generate().unwrap();
+        let der = kp.serialize_der();
+        let pem = pem_encode("PRIVATE KEY", &der);
+        let back = PrivateKeyDer::from_pem_slice(pem.as_bytes()).unwrap();
+        assert_eq!(back.secret_der(), der.as_slice());
+    }
+
+    #[test]
+    fn non_http_urls_are_refused() {
+        let id: SpiffeId = "spiffe://td/ns/n/sa/s".parse().unwrap();
+        assert!(IdentityClient::new("ftp://x/y", None, None, id.clone(), KeyType::EcdsaP256).is_err());
+        assert!(IdentityClient::new("https://x/y", None, None, id, KeyType::EcdsaP256).is_err());
+    }
+}

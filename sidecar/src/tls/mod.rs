@@ -1,0 +1,92 @@
+//! Mesh TLS for the sidecar: mutual TLS between sidecars with SPIFFE
+//! identities, TlsPolicy enforcement, certificate rotation, and asynchronous
+//! private-key offload.
+//!
+//! Layout (pure logic first, I/O last):
+//!
+//! - [`settings`]: the serde `TlsSettings` carried in the config snapshot and
+//!   its compilation into rustls objects (version, suite, group and ALPN
+//!   policy). Pure and exhaustively tested.
+//! - [`spiffe`]: SPIFFE identities (`spiffe://<td>/ns/<ns>/sa/<sa>`) and their
+//!   extraction from a certificate's URI SAN.
+//! - [`verify`]: the client-certificate verifier (WebPKI chain + trust-domain
+//!   check) and the server verifier that checks the peer's SPIFFE identity
+//!   instead of a DNS name.
+//! - [`material`]: certificate material (chain, key, trust bundle), the
+//!   arc-swap backed store the rustls resolvers read, PEM loading and the file
+//!   watcher.
+//! - [`offload`]: private-key offload engines (`software`, `openssl`), the
+//!   bounded crypto worker pool and engine selection.
+//! - [`stream`]: a rustls stream whose handshake steps run on the offload pool
+//!   so the event loop never signs; afterwards it is a plain AsyncRead/Write.
+//! - [`context`]: `TlsContext` ties the above together and hands out the
+//!   [`Acceptor`] (inbound: TLS or plaintext per mode, verified peer identity)
+//!   and the [`Connector`] (outbound mTLS to a peer with an expected identity).
+//! - [`identity_client`]: the CSR client for the operator's identity service
+//!   (projected ServiceAccount token, renewal at 2/3 lifetime with jitter).
+//! - [`metrics`]: Prometheus metrics; the admin registry calls [`register`].
+//!
+//! See docs/tls.md for the design, in particular why offload is done per
+//! handshake step rather than inside `Signer::sign`.
+
+pub mod context;
+pub mod identity_client;
+pub mod material;
+pub mod metrics;
+pub mod offload;
+pub mod settings;
+pub mod spiffe;
+pub mod stream;
+pub mod verify;
+
+pub use context::{Accepted, Acceptor, Connector, PeerInfo, TlsContext};
+pub use material::{CertStore, Material};
+pub use metrics::{TlsMetrics, register};
+pub use offload::{EngineKind, Offload, OffloadMode, OffloadSettings};
+pub use settings::{CertSource, TlsMode, TlsSettings, TlsVersion};
+pub use spiffe::SpiffeId;
+pub use stream::TlsStream;
+
+/// Every failure the TLS layer reports. Leaf errors keep their source so the
+/// data plane can log the chain; `metric_label` gives a bounded label.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("invalid TLS settings: {0}")]
+    Settings(#[from] settings::SettingsError),
+    #[error("certificate material: {0}")]
+    Material(#[from] material::MaterialError),
+    #[error("private-key offload: {0}")]
+    Offload(#[from] offload::OffloadError),
+    #[error("rustls: {0}")]
+    Rustls(#[from] rustls::Error),
+    #[error("verifier: {0}")]
+    Verifier(#[from] rustls::server::VerifierBuilderError),
+    #[error("plaintext connection refused by Strict mTLS")]
+    PlaintextRefused,
+    #[error("TLS is disabled by policy")]
+    Disabled,
+    #[error("handshake timed out")]
+    HandshakeTimeout,
+    #[error("handshake: {0}")]
+    Handshake(#[source] std::io::Error),
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl TlsError {
+    /// Bounded label for metrics (`error` label values).
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            TlsError::Settings(_) => "settings",
+            TlsError::Material(_) => "material",
+            TlsError::Offload(_) => "offload",
+            TlsError::Rustls(_) => "rustls",
+            TlsError::Verifier(_) => "verifier",
+            TlsError::PlaintextRefused => "plaintext_refused",
+            TlsError::Disabled => "disabled",
+            TlsError::HandshakeTimeout => "handshake_timeout",
+            TlsError::Handshake(_) => "handshake",
+            TlsError::Io(_) => "io",
+        }
+    }
+}

@@ -1,0 +1,652 @@
+//! Asynchronous private-key offload.
+//!
+//! rustls signs synchronously (`Signer::sign` inside `process_new_packets`),
+//! so "asynchronous" is achieved one level up: the handshake driver in
+//! [`super::stream`] submits each handshake step (`process_new_packets` while
+//! handshaking) to the engine's [`CryptoPool`] and awaits the result. The
+//! tokio worker that owns the connection keeps serving other connections
+//! while the signature (and the key exchange and certificate verification in
+//! the same step) runs on a crypto thread. The signature itself is produced
+//! by the engine's key ([`EngineKey`]):
+//!
+//! - `software`: ring, the same code rustls would run inline;
+//! - `openssl`: OpenSSL 3 `EVP_PKEY` signing through whatever provider is
+//!   loaded (`OPENSSL_CONF`, or `offload.opensslProvider` — Intel's
+//!   `qatprovider` on a QAT node; OpenSSL's default provider here).
+//!
+//! Selection ([`Offload::select`]): mode and engine come from the settings,
+//! overridden by `BATON_OFFLOAD_MODE` / `BATON_OFFLOAD_ENGINE` which the
+//! webhook sets from the device the operator allocated. An engine must pass a
+//! sign-and-verify self test to be used. `Required` without a working engine
+//! leaves the sidecar not ready with the reason; `Preferred` falls back to
+//! the software pool, counts it and reports it; a signature that fails at
+//! run time under `Preferred` is redone in software (counted too).
+
+use std::fmt;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use rustls::sign::{Signer, SigningKey};
+use rustls::{SignatureAlgorithm, SignatureScheme};
+use rustls_pki_types::PrivateKeyDer;
+
+use super::metrics::{EngineMetrics, TlsMetrics};
+pub use super::settings::{EngineKind, OffloadMode, OffloadSettings};
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum OffloadError {
+    #[error("engine {engine} unavailable: {reason}")]
+    Unavailable { engine: &'static str, reason: String },
+    #[error("engine {engine} cannot use this key: {reason}")]
+    Key { engine: &'static str, reason: String },
+    #[error("engine {engine} failed to sign: {reason}")]
+    Sign { engine: &'static str, reason: String },
+    #[error("engine {engine} self-test failed: {reason}")]
+    SelfTest { engine: &'static str, reason: String },
+    #[error("crypto worker pool is shut down")]
+    PoolClosed,
+    #[error("crypto worker lost the job (panicked)")]
+    WorkerLost,
+}
+
+/// An offload engine: turns a private key into something that signs.
+pub trait Engine: Send + Sync + fmt::Debug {
+    fn kind(&self) -> EngineKind;
+    /// Short name for metrics and logs (`software`, `openssl`, …).
+    fn name(&self) -> &'static str {
+        self.kind().as_str()
+    }
+    fn load_key(&self, key: &PrivateKeyDer<'_>) -> Result<Arc<dyn EngineKey>, OffloadError>;
+}
+
+/// A private key held by an engine.
+pub trait EngineKey: Send + Sync + fmt::Debug {
+    fn algorithm(&self) -> SignatureAlgorithm;
+    /// Schemes this key can produce, in preference order.
+    fn schemes(&self) -> &[SignatureScheme];
+    /// Signs `message` (unhashed) with `scheme`; output in TLS wire format.
+    fn sign(&self, scheme: SignatureScheme, message: &[u8]) -> Result<Vec<u8>, OffloadError>;
+}
+
+const ALL_SCHEMES: &[SignatureScheme] = &[
+    SignatureScheme::ECDSA_NISTP384_SHA384,
+    SignatureScheme::ECDSA_NISTP256_SHA256,
+    SignatureScheme::ED25519,
+    SignatureScheme::RSA_PSS_SHA512,
+    SignatureScheme::RSA_PSS_SHA384,
+    SignatureScheme::RSA_PSS_SHA256,
+    SignatureScheme::RSA_PKCS1_SHA512,
+    SignatureScheme::RSA_PKCS1_SHA384,
+    SignatureScheme::RSA_PKCS1_SHA256,
+];
+
+// ---------------------------------------------------------------- software
+
+/// ring through rustls's own provider signer.
+#[derive(Debug, Default)]
+pub struct SoftwareEngine;
+
+#[derive(Debug)]
+struct SoftwareKey {
+    key: Arc<dyn SigningKey>,
+    schemes: Vec<SignatureScheme>,
+}
+
+impl Engine for SoftwareEngine {
+    fn kind(&self) -> EngineKind {
+        EngineKind::Software
+    }
+
+    fn load_key(&self, key: &PrivateKeyDer<'_>) -> Result<Arc<dyn EngineKey>, OffloadError> {
+        let key = rustls::crypto::ring::sign::any_supported_type(key).map_err(|e| OffloadError::Key {
+            engine: "software",
+            reason: e.to_string(),
+        })?;
+        let schemes = ALL_SCHEMES
+            .iter()
+            .copied()
+            .filter(|s| key.choose_scheme(&[*s]).is_some())
+            .collect();
+        Ok(Arc::new(SoftwareKey { key, schemes }))
+    }
+}
+
+impl EngineKey for SoftwareKey {
+    fn algorithm(&self) -> SignatureAlgorithm {
+        self.key.algorithm()
+    }
+
+    fn schemes(&self) -> &[SignatureScheme] {
+        &self.schemes
+    }
+
+    fn sign(&self, scheme: SignatureScheme, message: &[u8]) -> Result<Vec<u8>, OffloadError> {
+        let err = |reason: String| OffloadError::Sign {
+            engine: "software",
+            reason,
+        };
+        self.key
+            .choose_scheme(&[scheme])
+            .ok_or_else(|| err(format!("scheme {scheme:?} not supported by key")))?
+            .sign(message)
+            .map_err(|e| err(e.to_string()))
+    }
+}
+
+// ----------------------------------------------------------------- openssl
+
+/// OpenSSL 3 EVP signing. Holding the provider keeps it loaded.
+pub struct OpensslEngine {
+    provider: Option<openssl::provider::Provider>,
+    provider_name: Option<String>,
+}
+
+impl fmt::Debug for OpensslEngine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpensslEngine")
+            .field("provider", &self.provider_name)
+            .field("loaded", &self.provider.is_some())
+            .finish()
+    }
+}
+
+impl OpensslEngine {
+    /// Initialises OpenSSL and, if `provider` is given, loads it (keeping the
+    /// default provider as a fallback for algorithms it does not cover).
+    pub fn new(provider: Option<&str>) -> Result<Self, OffloadError> {
+        openssl::init();
+        let loaded = match provider {
+            Some(name) => Some(openssl::provider::Provider::try_load(None, name, true).map_err(
+                |e| OffloadError::Unavailable {
+                    engine: "openssl",
+                    reason: format!("load provider {name:?}: {e}"),
+                },
+            )?),
+            None => None,
+        };
+        Ok(OpensslEngine {
+            provider: loaded,
+            provider_name: provider.map(str::to_string),
+        })
+    }
+}
+
+struct OpensslKey {
+    pkey: openssl::pkey::PKey<openssl::pkey::Private>,
+    algorithm: SignatureAlgorithm,
+    schemes: Vec<SignatureScheme>,
+}
+
+impl fmt::Debug for OpensslKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpensslKey")
+            .field("algorithm", &self.algorithm)
+            .field("bits", &self.pkey.bits())
+            .finish()
+    }
+}
+
+impl Engine for OpensslEngine {
+    fn kind(&self) -> EngineKind {
+        EngineKind::Openssl
+    }
+
+    fn load_key(&self, key: &PrivateKeyDer<'_>) -> Result<Arc<dyn EngineKey>, OffloadError> {
+        use openssl::pkey::{Id, PKey};
+        let err = |reason: String| OffloadError::Key {
+            engine: "openssl",
+            reason,
+        };
+        let pkey = match key {
+            PrivateKeyDer::Pkcs8(k) => PKey::private_key_from_pkcs8(k.secret_pkcs8_der()),
+            PrivateKeyDer::Pkcs1(k) => openssl::rsa::Rsa::private_key_from_der(k.secret_pkcs1_der())
+                .and_then(PKey::from_rsa),
+            PrivateKeyDer::Sec1(k) => openssl::ec::EcKey::private_key_from_der(k.secret_sec1_der())
+                .and_then(PKey::from_ec_key),
+            _ => return Err(err("unsupported private key encoding".into())),
+        }
+        .map_err(|e| err(e.to_string()))?;
+        let (algorithm, schemes) = match pkey.id() {
+            Id::RSA => (
+                SignatureAlgorithm::RSA,
+                vec![
+                    SignatureScheme::RSA_PSS_SHA512,
+                    SignatureScheme::RSA_PSS_SHA384,
+                    SignatureScheme::RSA_PSS_SHA256,
+                    SignatureScheme::RSA_PKCS1_SHA512,
+                    SignatureScheme::RSA_PKCS1_SHA384,
+                    SignatureScheme::RSA_PKCS1_SHA256,
+                ],
+            ),
+            Id::EC => {
+                let ec = pkey.ec_key().map_err(|e| err(e.to_string()))?;
+                match ec.group().curve_name() {
+                    Some(openssl::nid::Nid::X9_62_PRIME256V1) => (
+                        SignatureAlgorithm::ECDSA,
+                        vec![SignatureScheme::ECDSA_NISTP256_SHA256],
+                    ),
+                    Some(openssl::nid::Nid::SECP384R1) => (
+                        SignatureAlgorithm::ECDSA,
+                        vec![SignatureScheme::ECDSA_NISTP384_SHA384],
+                    ),
+                    other => return Err(err(format!("unsupported curve {other:?}"))),
+                }
+            }
+            other => return Err(err(format!("unsupported key type {other:?}"))),
+        };
+        Ok(Arc::new(OpensslKey {
+            pkey,
+            algorithm,
+            schemes,
+        }))
+    }
+}
+
+impl EngineKey for OpensslKey {
+    fn algorithm(&self) -> SignatureAlgorithm {
+        self.algorithm
+    }
+
+    fn schemes(&self) -> &[SignatureScheme] {
+        &self.schemes
+    }
+
+    fn sign(&self, scheme: SignatureScheme, message: &[u8]) -> Result<Vec<u8>, OffloadError> {
+        use openssl::hash::MessageDigest;
+        use openssl::rsa::Padding;
+        use openssl::sign::RsaPssSaltlen;
+        let err = |reason: String| OffloadError::Sign {
+            engine: "openssl",
+            reason,
+        };
+        if !self.schemes.contains(&scheme) {
+            return Err(err(format!("scheme {scheme:?} not supported by key")));
+        }
+        let (md, pss) = match scheme {
+            SignatureScheme::RSA_PSS_SHA256 => (MessageDigest::sha256(), true),
+            SignatureScheme::RSA_PSS_SHA384 => (MessageDigest::sha384(), true),
+            SignatureScheme::RSA_PSS_SHA512 => (MessageDigest::sha512(), true),
+            SignatureScheme::RSA_PKCS1_SHA256 | SignatureScheme::ECDSA_NISTP256_SHA256 => {
+                (MessageDigest::sha256(), false)
+            }
+            SignatureScheme::RSA_PKCS1_SHA384 | SignatureScheme::ECDSA_NISTP384_SHA384 => {
+                (MessageDigest::sha384(), false)
+            }
+            SignatureScheme::RSA_PKCS1_SHA512 => (MessageDigest::sha512(), false),
+            other => return Err(err(format!("scheme {other:?} not supported"))),
+        };
+        let sign = || -> Result<Vec<u8>, openssl::error::ErrorStack> {
+            let mut signer = openssl::sign::Signer::new(md, &self.pkey)?;
+            if self.algorithm == SignatureAlgorithm::RSA {
+                if pss {
+                    signer.set_rsa_padding(Padding::PKCS1_PSS)?;
+                    signer.set_rsa_pss_saltlen(RsaPssSaltlen::DIGEST_LENGTH)?;
+                    signer.set_rsa_mgf1_md(md)?;
+                } else {
+                    signer.set_rsa_padding(Padding::PKCS1)?;
+                }
+            }
+            // ECDSA signatures come out DER-encoded, which is the TLS format.
+            signer.sign_oneshot_to_vec(message)
+        };
+        sign().map_err(|e| err(e.to_string()))
+    }
+}
+
+// --------------------------------------------------------- self test
+
+/// Signs with a throwaway P-256 key through `engine` and verifies the result
+/// with ring: an engine is only used after it produced one valid signature.
+pub fn self_test(engine: &dyn Engine) -> Result<(), OffloadError> {
+    let fail = |reason: String| OffloadError::SelfTest {
+        engine: engine.name(),
+        reason,
+    };
+    let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+        .map_err(|e| fail(e.to_string()))?;
+    let der = PrivateKeyDer::Pkcs8(kp.serialize_der().into());
+    let key = engine.load_key(&der)?;
+    let msg = b"baton offload self-test";
+    let sig = key.sign(SignatureScheme::ECDSA_NISTP256_SHA256, msg)?;
+    ring::signature::UnparsedPublicKey::new(&ring::signature::ECDSA_P256_SHA256_ASN1, kp.public_key_raw())
+        .verify(msg, &sig)
+        .map_err(|_| fail("signature did not verify".into()))
+}
+
+// ------------------------------------------------------------- the pool
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// A dedicated, bounded pool of crypto threads. At most `workers + queue`
+/// steps are admitted; further submitters wait asynchronously for a slot, so
+/// a handshake burst becomes back-pressure on accept, never an unbounded
+/// queue or a blocked event loop.
+pub struct CryptoPool {
+    tx: mpsc::SyncSender<Job>,
+    slots: Arc<tokio::sync::Semaphore>,
+    metrics: EngineMetrics,
+    name: &'static str,
+}
+
+impl fmt::Debug for CryptoPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CryptoPool")
+            .field("engine", &self.name)
+            .field("free_slots", &self.slots.available_permits())
+            .finish()
+    }
+}
+
+impl CryptoPool {
+    pub fn new(name: &'static str, workers: usize, queue: usize, metrics: EngineMetrics) -> std::io::Result<Self> {
+        let capacity = workers + queue;
+        let (tx, rx) = mpsc::sync_channel::<Job>(capacity);
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..workers {
+            let rx = rx.clone();
+            std::thread::Builder::new()
+                .name(format!("baton-crypto-{name}-{i}"))
+                .spawn(move || {
+                    loop {
+                        // Hold the lock only to receive, not to run.
+                        let job = match rx.lock() {
+                            Ok(guard) => guard.recv(),
+                            Err(_) => return,
+                        };
+                        match job {
+                            Ok(job) => {
+                                // A panicking step drops its result sender,
+                                // which the submitter sees as WorkerLost.
+                                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                            }
+                            // Every sender dropped: the pool is gone.
+                            Err(_) => return,
+                        }
+                    }
+                })?;
+        }
+        Ok(CryptoPool {
+            tx,
+            slots: Arc::new(tokio::sync::Semaphore::new(capacity)),
+            metrics,
+            name,
+        })
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// Runs `f` on a crypto thread and awaits its result without blocking
+    /// the calling task's thread.
+    pub async fn run<R, F>(&self, f: F) -> Result<R, OffloadError>
+    where
+        F: FnOnce() -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        let permit = self
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| OffloadError::PoolClosed)?;
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let m = self.metrics.clone();
+        m.queue_depth.inc();
+        let submitted = Instant::now();
+        let job: Job = Box::new(move || {
+            m.queue_depth.dec();
+            m.in_flight.inc();
+            let r = f();
+            m.in_flight.dec();
+            m.wait_seconds.observe(submitted.elapsed().as_secs_f64());
+            let _ = done_tx.send(r);
+            drop(permit);
+        });
+        if self.tx.try_send(job).is_err() {
+            // Unreachable while slots == channel capacity; be safe anyway.
+            self.metrics.queue_depth.dec();
+            return Err(OffloadError::PoolClosed);
+        }
+        done_rx.await.map_err(|_| OffloadError::WorkerLost)
+    }
+}
+
+// ------------------------------------------------- rustls-facing key
+
+/// What rustls sees: a `SigningKey` whose signatures go to the engine key,
+/// with latency/error metrics and (under `Preferred`) a software fallback.
+#[derive(Debug)]
+pub struct OffloadSigningKey {
+    inner: Arc<KeyPair>,
+}
+
+#[derive(Debug)]
+struct KeyPair {
+    primary: Arc<dyn EngineKey>,
+    primary_name: &'static str,
+    primary_metrics: EngineMetrics,
+    fallback: Option<(Arc<dyn EngineKey>, EngineMetrics)>,
+    metrics: TlsMetrics,
+}
+
+#[derive(Debug)]
+struct OffloadSigner {
+    key: Arc<KeyPair>,
+    scheme: SignatureScheme,
+}
+
+impl SigningKey for OffloadSigningKey {
+    fn choose_scheme(&self, offered: &[SignatureScheme]) -> Option<Box<dyn Signer>> {
+        self.inner
+            .primary
+            .schemes()
+            .iter()
+            .find(|s| offered.contains(s))
+            .map(|&scheme| {
+                Box::new(OffloadSigner {
+                    key: self.inner.clone(),
+                    scheme,
+                }) as Box<dyn Signer>
+            })
+    }
+
+    fn algorithm(&self) -> SignatureAlgorithm {
+        self.inner.primary.algorithm()
+    }
+}
+
+impl Signer for OffloadSigner {
+    fn sign(&self, message: &[u8]) -> Result<Vec<u8>, rustls::Error> {
+        let k = &self.key;
+        let start = Instant::now();
+        match k.primary.sign(self.scheme, message) {
+            Ok(sig) => {
+                k.primary_metrics
+                    .sign_seconds
+                    .observe(start.elapsed().as_secs_f64());
+                Ok(sig)
+            }
+            Err(e) => {
+                k.primary_metrics.errors.inc();
+                let Some((fallback, fm)) = &k.fallback else {
+                    tracing::warn!(engine = k.primary_name, error = %e, "private-key operation failed");
+                    return Err(rustls::Error::General(e.to_string()));
+                };
+                tracing::warn!(engine = k.primary_name, error = %e, "private-key operation failed; signing in software");
+                k.metrics.fallback("sign_error");
+                let start = Instant::now();
+                let sig = fallback.sign(self.scheme, message).map_err(|e| {
+                    fm.errors.inc();
+                    rustls::Error::General(e.to_string())
+                })?;
+                fm.sign_seconds.observe(start.elapsed().as_secs_f64());
+                Ok(sig)
+            }
+        }
+    }
+
+    fn scheme(&self) -> SignatureScheme {
+        self.scheme
+    }
+}
+
+// ------------------------------------------------------------ selection
+
+/// What selection decided, for /ready, logs and the pod annotation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OffloadStatus {
+    pub mode: OffloadMode,
+    pub requested: EngineKind,
+    /// Engine that signs (software after a fallback).
+    pub active: EngineKind,
+    /// `Some(reason)` when the requested engine is not in use.
+    pub fallback_reason: Option<String>,
+    /// `Err(reason)` when `Required` could not be satisfied.
+    pub ready: Result<(), String>,
+}
+
+/// The selected engine, its pool (none when offload is Disabled: signing is
+/// inline) and the software fallback.
+#[derive(Debug)]
+pub struct Offload {
+    engine: Arc<dyn Engine>,
+    fallback: Option<Arc<dyn Engine>>,
+    pool: Option<CryptoPool>,
+    status: OffloadStatus,
+    metrics: TlsMetrics,
+}
+
+impl Offload {
+    /// Selects from settings and the environment (`BATON_OFFLOAD_MODE`,
+    /// `BATON_OFFLOAD_ENGINE` override the settings).
+    pub fn select(settings: &OffloadSettings, env: &dyn Fn(&str) -> Option<String>, metrics: TlsMetrics) -> Self {
+        use baton_crds::contract::env as cenv;
+        let mut s = settings.clone();
+        let mut notes = Vec::new();
+        if let Some(v) = env(cenv::OFFLOAD_MODE) {
+            match v.parse() {
+                Ok(m) => s.mode = m,
+                Err(e) => notes.push(format!("{}: {e}", cenv::OFFLOAD_MODE)),
+            }
+        }
+        if let Some(v) = env(cenv::OFFLOAD_ENGINE) {
+            match v.parse() {
+                Ok(k) => s.engine = k,
+                Err(e) => notes.push(format!("{}: {e}", cenv::OFFLOAD_ENGINE)),
+            }
+        }
+        let candidate: Result<Arc<dyn Engine>, OffloadError> = if !notes.is_empty() {
+            Err(OffloadError::Unavailable {
+                engine: s.engine.as_str(),
+                reason: notes.join("; "),
+            })
+        } else {
+            match s.engine {
+                EngineKind::Software => Ok(Arc::new(SoftwareEngine)),
+                EngineKind::Openssl => OpensslEngine::new(s.openssl_provider.as_deref())
+                    .map(|e| Arc::new(e) as Arc<dyn Engine>),
+            }
+        };
+        Offload::with_candidate(&s, candidate, metrics)
+    }
+
+    /// Selection given an already constructed (or failed) engine; tests use
+    /// it with engines that fail on purpose.
+    pub fn with_candidate(
+        s: &OffloadSettings,
+        candidate: Result<Arc<dyn Engine>, OffloadError>,
+        metrics: TlsMetrics,
+    ) -> Self {
+        let software: Arc<dyn Engine> = Arc::new(SoftwareEngine);
+        if s.mode == OffloadMode::Disabled {
+            metrics.offload_ready.set(1);
+            return Offload {
+                engine: software,
+                fallback: None,
+                pool: None,
+                status: OffloadStatus {
+                    mode: s.mode,
+                    requested: s.engine,
+                    active: EngineKind::Software,
+                    fallback_reason: None,
+                    ready: Ok(()),
+                },
+                metrics,
+            };
+        }
+        let tested = candidate.and_then(|e| self_test(e.as_ref()).map(|()| e));
+        let (engine, fallback_reason, ready) = match tested {
+            Ok(e) => (e, None, Ok(())),
+            Err(err) => {
+                let reason = err.to_string();
+                metrics.engine(s.engine.as_str()).errors.inc();
+                if s.mode == OffloadMode::Required {
+                    tracing::error!(%reason, "offload Required but no working engine: not ready");
+                    (
+                        software.clone(),
+                        Some(reason.clone()),
+                        Err(format!("offload Required: {reason}")),
+                    )
+                } else {
+                    tracing::warn!(%reason, "offload engine unavailable; falling back to software");
+                    metrics.fallback("engine_unavailable");
+                    (software.clone(), Some(reason), Ok(()))
+                }
+            }
+        };
+        metrics.offload_ready.set(if ready.is_ok() { 1 } else { 0 });
+        let active = engine.kind();
+        let pool = CryptoPool::new(engine.name(), s.workers, s.queue, metrics.engine(engine.name()))
+            .map_err(|e| tracing::error!(error = %e, "cannot start crypto threads; signing inline"))
+            .ok();
+        Offload {
+            fallback: (s.mode == OffloadMode::Preferred && active != EngineKind::Software)
+                .then_some(software),
+            engine,
+            pool,
+            status: OffloadStatus {
+                mode: s.mode,
+                requested: s.engine,
+                active,
+                fallback_reason,
+                ready,
+            },
+            metrics,
+        }
+    }
+
+    pub fn status(&self) -> &OffloadStatus {
+        &self.status
+    }
+
+    /// `Err(reason)` while `Required` is not satisfied.
+    pub fn readiness(&self) -> Result<(), String> {
+        self.status.ready.clone()
+    }
+
+    /// The pool handshake steps run on; `None` = sign inline.
+    pub fn pool(&self) -> Option<&CryptoPool> {
+        self.pool.as_ref()
+    }
+
+    /// Loads `key` into the active engine (and the fallback) as a rustls
+    /// signing key.
+    pub fn signing_key(&self, key: &PrivateKeyDer<'_>) -> Result<Arc<dyn SigningKey>, OffloadError> {
+        let primary = self.engine.load_key(key)?;
+        let fallback = match &self.fallback {
+            Some(f) => Some((f.load_key(key)?, self.metrics.engine(f.name()))),
+            None => None,
+        };
+        Ok(Arc::new(OffloadSigningKey {
+            inner: Arc::new(KeyPair {
+                primary,
+                primary_name: self.engine.name(),
+                primary_metrics: self.metrics.engine(self.engine.name()),
+                fallback,
+                metrics: self.metrics.clone(),
+            }),
+        }))
+    }
+}
