@@ -1,0 +1,78 @@
+//! Admin HTTP listener: `/live`, `/ready`, `/metrics`. Plain HTTP/1.1 on its
+//! own port so probes and scrapes never compete with the API traffic.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::metrics::Metrics;
+
+/// Routes one admin request. Pure apart from reading the metrics.
+pub fn respond(path: &str, metrics: &Metrics, ready: bool) -> Response<Full<Bytes>> {
+    let (status, body) = match path {
+        "/live" => (StatusCode::OK, "live\n".to_owned()),
+        "/ready" if ready => (StatusCode::OK, "ready\n".to_owned()),
+        "/ready" => (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".to_owned()),
+        "/metrics" => (StatusCode::OK, metrics.encode()),
+        _ => (
+            StatusCode::NOT_FOUND,
+            "not found: try /live, /ready, /metrics\n".to_owned(),
+        ),
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+}
+
+/// Serves until the task is dropped.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    ready: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "admin listening");
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let metrics = metrics.clone();
+        let ready = ready.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req: Request<Incoming>| {
+                let response = respond(req.uri().path(), &metrics, *ready.borrow());
+                async move { Ok::<_, Infallible>(response) }
+            });
+            if let Err(error) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(%error, "admin connection");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readiness_follows_the_flag_and_unknown_paths_are_404() {
+        let m = Metrics::default();
+        assert_eq!(
+            respond("/ready", &m, false).status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(respond("/ready", &m, true).status(), StatusCode::OK);
+        assert_eq!(respond("/live", &m, false).status(), StatusCode::OK);
+        assert_eq!(respond("/metrics", &m, false).status(), StatusCode::OK);
+        assert_eq!(respond("/nope", &m, true).status(), StatusCode::NOT_FOUND);
+    }
+}

@@ -1,0 +1,4 @@
+//! SidecarRelease: status from the pods a release injected.
+
+pub mod controller;
+pub mod status;
