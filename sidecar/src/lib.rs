@@ -1,2 +1,39 @@
-//! baton-sidecar (skeleton).
+//! `baton-sidecar`: Baton's per-pod data plane.
+//!
+//! A small, fast L4/L7 proxy: per-connection protocol detection (HTTP/1.1,
+//! HTTP/2, TLS, raw TCP), precompiled routing with retries, timeouts,
+//! faults, mirroring and header rewrites, pooled upstreams with outlier
+//! ejection, ordered filter chains, an admin port, and a config snapshot
+//! that is validated and swapped atomically. It never depends on kube: only
+//! on the kube-free `baton_crds::contract` names.
+//!
+//! Layout (each module's docs say why it is shaped that way):
+//! * [`config`] — the snapshot type, YAML, validation/compilation, the store;
+//! * [`routing`] — compiled route tables and the pure matcher;
+//! * [`filters`] — network and stream filter chains, RBAC, faults;
+//! * [`detect`], [`listener`], [`conn`] — accepting and classifying
+//!   connections, the live-connection registry used by the handoff;
+//! * [`http_proxy`], [`tcp_proxy`], [`upstream`], [`body`] — proxying;
+//! * [`admin`], [`metrics`], [`lifecycle`] — operating it;
+//! * [`init`], [`orig_dst`] — transparent capture;
+//! * [`server`], [`cli`] — assembling a process.
+
+pub mod admin;
+pub mod body;
+pub mod cli;
+pub mod config;
+pub mod conn;
+pub mod detect;
+pub mod filters;
 pub mod handoff;
+pub mod http_proxy;
+pub mod init;
+pub mod lifecycle;
+pub mod listener;
+pub mod metrics;
+pub mod orig_dst;
+pub mod routing;
+pub mod server;
+pub mod tcp_proxy;
+pub mod tls;
+pub mod upstream;

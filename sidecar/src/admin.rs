@@ -1,0 +1,183 @@
+//! The admin listener: `/metrics`, `/ready`, `/live`, `/config` (secrets
+//! redacted), `/log-level`, `/connections` and `/shutdown`.
+//!
+//! Kept deliberately separate from the data-plane listeners: it never goes
+//! through routing or filters, and it keeps answering while draining (so
+//! probes and scrapes see the drain happen).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+use crate::config::yaml::redacted_json;
+use crate::http_proxy::Shared;
+use crate::lifecycle::Phase;
+
+/// Changes the log filter at runtime (an `EnvFilter` directive string).
+pub type LogLevelHook = Arc<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
+/// Extra readiness condition (the TLS layer: "offload Required but no
+/// engine"): `Err(reason)` keeps `/ready` at 503 with that reason.
+pub type ReadinessHook = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+#[derive(Clone)]
+pub struct Admin {
+    pub shared: Arc<Shared>,
+    pub log_level: Option<LogLevelHook>,
+    pub readiness: Arc<std::sync::Mutex<Vec<ReadinessHook>>>,
+}
+
+impl std::fmt::Debug for Admin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Admin")
+    }
+}
+
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        "text/plain; charset=utf-8".parse().expect("static"),
+    );
+    r
+}
+
+impl Admin {
+    pub async fn serve(self, listener: TcpListener) {
+        let mut phase = self.shared.lifecycle.subscribe();
+        loop {
+            let (stream, _) = tokio::select! {
+                r = listener.accept() => match r { Ok(x) => x, Err(_) => continue },
+                _ = crate::lifecycle::wait_until(&mut phase, |p| *p == Phase::Stopped) => return,
+            };
+            let admin = self.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req| {
+                    let admin = admin.clone();
+                    async move { Ok::<_, Infallible>(admin.handle(req).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    }
+
+    async fn handle(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        let phase = self.shared.lifecycle.current();
+        match (req.method(), req.uri().path()) {
+            (&Method::GET, "/metrics") => {
+                let mut r = text(StatusCode::OK, self.shared.metrics.encode());
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8"
+                        .parse()
+                        .expect("static"),
+                );
+                r
+            }
+            (&Method::GET, "/live") => {
+                if phase == Phase::Stopped {
+                    text(StatusCode::SERVICE_UNAVAILABLE, "stopped\n")
+                } else {
+                    text(StatusCode::OK, format!("{}\n", phase.as_str()))
+                }
+            }
+            (&Method::GET, "/ready") => {
+                if !phase.serves() {
+                    return text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("not ready: {}\n", phase.as_str()),
+                    );
+                }
+                let hooks = self
+                    .readiness
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                for h in hooks {
+                    if let Err(reason) = h() {
+                        return text(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("not ready: {reason}\n"),
+                        );
+                    }
+                }
+                text(StatusCode::OK, "ready\n")
+            }
+            (&Method::GET, "/config") => {
+                let json = redacted_json(&self.shared.store.snapshot());
+                let mut r = text(
+                    StatusCode::OK,
+                    serde_json::to_vec_pretty(&json).unwrap_or_default(),
+                );
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    "application/json".parse().expect("static"),
+                );
+                r
+            }
+            (&Method::GET, "/connections") => {
+                let mut out = String::new();
+                for c in self.shared.registry.list() {
+                    out.push_str(&format!(
+                        "{} {} {} tls={} {}\n",
+                        c.id,
+                        c.listener,
+                        c.kind.as_str(),
+                        c.tls,
+                        c.peer
+                    ));
+                }
+                text(StatusCode::OK, out)
+            }
+            (&Method::POST, "/log-level") | (&Method::PUT, "/log-level") => {
+                let query_level = req
+                    .uri()
+                    .query()
+                    .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("level=")))
+                    .map(str::to_owned);
+                let level = match query_level {
+                    Some(l) => l,
+                    None => match req.into_body().collect().await {
+                        Ok(b) => String::from_utf8_lossy(&b.to_bytes()).trim().to_owned(),
+                        Err(_) => return text(StatusCode::BAD_REQUEST, "cannot read body\n"),
+                    },
+                };
+                match &self.log_level {
+                    None => text(
+                        StatusCode::NOT_IMPLEMENTED,
+                        "log level is not reloadable in this process\n",
+                    ),
+                    Some(hook) => match hook(&level) {
+                        Ok(()) => text(StatusCode::OK, format!("log level set to {level}\n")),
+                        Err(e) => text(
+                            StatusCode::BAD_REQUEST,
+                            format!("invalid log level {level:?}: {e}\n"),
+                        ),
+                    },
+                }
+            }
+            (&Method::POST, "/shutdown") => {
+                tracing::info!("shutdown requested through the admin endpoint");
+                if phase < Phase::Draining {
+                    self.shared.lifecycle.set(Phase::Draining);
+                }
+                text(StatusCode::OK, "draining\n")
+            }
+            (
+                _,
+                "/metrics" | "/live" | "/ready" | "/config" | "/connections" | "/log-level"
+                | "/shutdown",
+            ) => text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
+            _ => text(StatusCode::NOT_FOUND, "not found\n"),
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! The one body type the proxy sends and receives: a streamed hyper body, a
+//! buffered one (retries, mirrors, local responses) or nothing. An enum
+//! rather than a boxed trait object, so the hot path does not allocate.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::sync::Notify;
+
+/// Requests in flight on one downstream connection. The HTTP/1 park path
+/// waits for zero (a safe point between requests).
+#[derive(Debug, Default)]
+pub struct InFlight {
+    count: AtomicUsize,
+    idle: Notify,
+}
+
+impl InFlight {
+    pub fn enter(self: &Arc<Self>) -> InFlightGuard {
+        self.count.fetch_add(1, Ordering::AcqRel);
+        InFlightGuard(self.clone())
+    }
+
+    pub fn count(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// Resolves when no request is in flight.
+    pub async fn wait_idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            if self.count() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// One request in flight; released when the response body ends or drops.
+#[derive(Debug)]
+pub struct InFlightGuard(Arc<InFlight>);
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub enum ProxyBody {
+    #[default]
+    Empty,
+    Full(Option<Bytes>),
+    Streamed {
+        body: Incoming,
+        done: Option<InFlightGuard>,
+    },
+}
+
+impl ProxyBody {
+    pub fn full(b: impl Into<Bytes>) -> Self {
+        ProxyBody::Full(Some(b.into()))
+    }
+
+    pub fn streamed(body: Incoming) -> Self {
+        ProxyBody::Streamed { body, done: None }
+    }
+
+    /// Attach a completion callback (kept until end-of-stream or drop).
+    pub fn with_done(self, done: Option<InFlightGuard>) -> Self {
+        match (self, done) {
+            (ProxyBody::Streamed { body, .. }, Some(d)) => ProxyBody::Streamed {
+                body,
+                done: Some(d),
+            },
+            (other, _) => other, // buffered bodies finish immediately; the guard drops here
+        }
+    }
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            ProxyBody::Empty => Poll::Ready(None),
+            ProxyBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            ProxyBody::Streamed { body, done } => {
+                let r = Pin::new(body).poll_frame(cx);
+                if let Poll::Ready(None) | Poll::Ready(Some(Err(_))) = &r {
+                    done.take();
+                }
+                r
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ProxyBody::Empty => true,
+            ProxyBody::Full(b) => b.is_none(),
+            ProxyBody::Streamed { body, .. } => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ProxyBody::Empty => SizeHint::with_exact(0),
+            ProxyBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            ProxyBody::Streamed { body, .. } => body.size_hint(),
+        }
+    }
+}

@@ -1,0 +1,366 @@
+//! Command-line interface: argument types (clap) and the blocking entry
+//! points `main.rs` calls. Kept in the library so it is tested and so
+//! `main.rs` stays a few lines.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_crds::contract;
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{
+    Capture, ClusterConfig, ConfigError, Direction, ListenerConfig, RouteConfig, Snapshot,
+    WeightedBackend, store::load_file,
+};
+use crate::filters::Cidr;
+use crate::init::{InitOptions, parse_list};
+use crate::server::{StartError, StartOptions};
+
+#[derive(Debug, Parser)]
+#[command(name = "baton-sidecar", version, about = "Baton's per-pod proxy")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the proxy (standalone with --config, or quick mode with --listen/--upstream).
+    Run(RunArgs),
+    /// Program iptables for transparent capture (init container).
+    Init(InitArgs),
+    /// Validate a config file and exit.
+    Validate {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Wait until the local admin port answers /ready with 200.
+    WaitReady {
+        #[arg(long, default_value_t = SocketAddr::from(([127, 0, 0, 1], contract::ports::ADMIN)))]
+        admin: SocketAddr,
+        #[arg(long, default_value_t = 120)]
+        timeout_secs: u64,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// YAML snapshot; watched and re-applied when it changes.
+    #[arg(long, env = contract::env::CONFIG, conflicts_with_all = ["listen", "upstream"])]
+    pub config: Option<PathBuf>,
+    /// How often to check the config file for changes.
+    #[arg(long, default_value_t = 1000)]
+    pub watch_interval_ms: u64,
+    /// Quick mode: listen here and forward every request/connection to --upstream.
+    #[arg(long, requires = "upstream")]
+    pub listen: Option<SocketAddr>,
+    #[arg(long, requires = "listen")]
+    pub upstream: Option<SocketAddr>,
+    /// Worker threads (overrides the config's runtime.worker_threads).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Admin address (overrides the config).
+    #[arg(long)]
+    pub admin: Option<SocketAddr>,
+}
+
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    #[arg(long, default_value_t = contract::ports::OUTBOUND)]
+    pub outbound_port: u16,
+    #[arg(long, default_value_t = contract::ports::INBOUND)]
+    pub inbound_port: u16,
+    /// UID whose traffic is never captured (the sidecar's own).
+    #[arg(long, default_value_t = contract::SIDECAR_UID as u32)]
+    pub proxy_uid: u32,
+    #[arg(long, env = contract::env::EXCLUDE_INBOUND_PORTS, default_value = "")]
+    pub exclude_inbound_ports: String,
+    #[arg(long, env = contract::env::EXCLUDE_OUTBOUND_PORTS, default_value = "")]
+    pub exclude_outbound_ports: String,
+    #[arg(long, env = contract::env::EXCLUDE_OUTBOUND_CIDRS, default_value = "")]
+    pub exclude_outbound_cidrs: String,
+    /// Do not capture inbound traffic.
+    #[arg(long)]
+    pub no_inbound: bool,
+    /// Print the rules instead of applying them.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[arg(long, default_value = "iptables")]
+    pub iptables: String,
+}
+
+/// Everything that can make the binary exit non-zero.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Start(#[from] StartError),
+    #[error(transparent)]
+    Init(#[from] crate::init::InitError),
+    #[error("{0}")]
+    Usage(String),
+    #[error("cannot start the runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error("not ready after {0} s")]
+    NotReady(u64),
+}
+
+/// The snapshot quick mode serves: one listener, one cluster, HTTP routed
+/// to it (TCP too, since detection falls back to the same cluster).
+pub fn quick_snapshot(listen: SocketAddr, upstream: SocketAddr) -> Snapshot {
+    Snapshot {
+        version: 1,
+        listeners: vec![ListenerConfig {
+            name: "quick".into(),
+            address: listen,
+            direction: Direction::Outbound,
+            capture: Capture::Explicit,
+            protocol: Default::default(),
+            opaque_ports: vec![],
+            detect_timeout_ms: 500,
+            tcp_cluster: Some("upstream".into()),
+            port_map: Default::default(),
+            passthrough: false,
+            max_connections: None,
+            rbac: None,
+            access_log: false,
+        }],
+        routes: vec![RouteConfig {
+            name: "default".into(),
+            listeners: vec![],
+            matches: Default::default(),
+            backends: vec![WeightedBackend {
+                cluster: "upstream".into(),
+                weight: 1,
+            }],
+            timeout_ms: None,
+            retry: None,
+            fault: None,
+            mirror: None,
+            request_headers: Default::default(),
+            response_headers: Default::default(),
+        }],
+        clusters: vec![ClusterConfig {
+            name: "upstream".into(),
+            endpoints: vec![upstream],
+            lb: Default::default(),
+            protocol: Default::default(),
+            connect_timeout_ms: 1000,
+            pool_idle_timeout_ms: 60_000,
+            pool_max_idle_per_endpoint: 256,
+            outlier: None,
+        }],
+        ..Default::default()
+    }
+}
+
+/// The in-pod default without a config file: transparent outbound and
+/// inbound listeners forwarding to the original destination.
+pub fn pod_default_snapshot() -> Snapshot {
+    let listener = |name: &str, port: u16, direction| ListenerConfig {
+        name: name.into(),
+        address: SocketAddr::from(([0, 0, 0, 0], port)),
+        direction,
+        capture: Capture::Transparent,
+        protocol: Default::default(),
+        opaque_ports: vec![],
+        detect_timeout_ms: 500,
+        tcp_cluster: None,
+        port_map: Default::default(),
+        passthrough: true,
+        max_connections: None,
+        rbac: None,
+        access_log: false,
+    };
+    Snapshot {
+        listeners: vec![
+            listener("outbound", contract::ports::OUTBOUND, Direction::Outbound),
+            listener("inbound", contract::ports::INBOUND, Direction::Inbound),
+        ],
+        admin: crate::config::AdminConfig {
+            address: SocketAddr::from(([0, 0, 0, 0], contract::ports::ADMIN)),
+        },
+        ..Default::default()
+    }
+}
+
+type LogHandle =
+    tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>;
+
+/// Install the global subscriber; returns a hook for `/log-level`.
+pub fn init_tracing() -> Option<crate::admin::LogLevelHook> {
+    use tracing_subscriber::prelude::*;
+    let filter = tracing_subscriber::EnvFilter::try_from_env(contract::env::LOG)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let (filter, handle): (_, LogHandle) = tracing_subscriber::reload::Layer::new(filter);
+    let ok = tracing_subscriber::registry()
+        .with(filter)
+        .with(tracing_subscriber::fmt::layer().with_target(true))
+        .try_init()
+        .is_ok();
+    ok.then(|| {
+        Arc::new(move |level: &str| {
+            let f = tracing_subscriber::EnvFilter::try_new(level).map_err(|e| e.to_string())?;
+            handle.reload(f).map_err(|e| e.to_string())
+        }) as crate::admin::LogLevelHook
+    })
+}
+
+/// Run a parsed command to completion (blocking).
+pub fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Run(args) => run_proxy(args),
+        Command::Init(args) => run_init(args),
+        Command::Validate { config } => {
+            let snap = load_file(&config)?;
+            crate::config::compile(&snap)?;
+            println!("{}: valid (version {})", config.display(), snap.version);
+            Ok(())
+        }
+        Command::WaitReady {
+            admin,
+            timeout_secs,
+        } => wait_ready(admin, timeout_secs),
+    }
+}
+
+fn run_proxy(args: RunArgs) -> Result<(), CliError> {
+    let log_level = init_tracing();
+    let (mut snapshot, watch) = match (&args.config, args.listen, args.upstream) {
+        (Some(path), _, _) => (
+            load_file(path)?,
+            Some((path.clone(), Duration::from_millis(args.watch_interval_ms))),
+        ),
+        (None, Some(l), Some(u)) => (quick_snapshot(l, u), None),
+        _ => (pod_default_snapshot(), None),
+    };
+    if let Some(w) = args.workers {
+        snapshot.runtime.worker_threads = w;
+    }
+    if let Some(a) = args.admin {
+        snapshot.admin.address = a;
+    } else if args.listen.is_some() {
+        // Quick mode: an ephemeral admin port, so several can run side by side.
+        snapshot.admin.address = SocketAddr::from(([127, 0, 0, 1], 0));
+    }
+    crate::config::compile(&snapshot)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(snapshot.runtime.worker_threads)
+        .thread_name("baton-worker")
+        .enable_all()
+        .build()
+        .map_err(CliError::Runtime)?;
+    runtime.block_on(crate::server::run(
+        snapshot,
+        StartOptions {
+            watch,
+            log_level,
+            ..Default::default()
+        },
+    ))?;
+    Ok(())
+}
+
+fn run_init(a: InitArgs) -> Result<(), CliError> {
+    let _ = init_tracing();
+    let opts = InitOptions {
+        outbound_port: a.outbound_port,
+        inbound_port: a.inbound_port,
+        proxy_uid: a.proxy_uid,
+        exclude_inbound_ports: parse_list(&a.exclude_inbound_ports).map_err(CliError::Usage)?,
+        exclude_outbound_ports: parse_list(&a.exclude_outbound_ports).map_err(CliError::Usage)?,
+        exclude_outbound_cidrs: a
+            .exclude_outbound_cidrs
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(Cidr::parse)
+            .collect::<Result<_, _>>()
+            .map_err(CliError::Usage)?,
+        inbound: !a.no_inbound,
+    };
+    if a.dry_run {
+        for r in crate::init::rules(&opts) {
+            println!("{} {}", a.iptables, r.join(" "));
+        }
+        return Ok(());
+    }
+    crate::init::apply(&opts, &a.iptables)?;
+    Ok(())
+}
+
+fn wait_ready(admin: SocketAddr, timeout_secs: u64) -> Result<(), CliError> {
+    use std::io::{Read, Write};
+    let deadline = std::time::Instant::now() + Duration::from_secs(timeout_secs);
+    while std::time::Instant::now() < deadline {
+        if let Ok(mut s) = std::net::TcpStream::connect_timeout(&admin, Duration::from_secs(1)) {
+            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+            let req = format!(
+                "GET {} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+                contract::commands::READY_PATH
+            );
+            let mut resp = String::new();
+            if s.write_all(req.as_bytes()).is_ok()
+                && s.read_to_string(&mut resp).is_ok()
+                && resp.starts_with("HTTP/1.1 200")
+            {
+                return Ok(());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Err(CliError::NotReady(timeout_secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn quick_and_pod_default_snapshots_are_valid() {
+        crate::config::compile(&quick_snapshot(
+            "127.0.0.1:1".parse().unwrap(),
+            "127.0.0.1:2".parse().unwrap(),
+        ))
+        .unwrap();
+        crate::config::compile(&pod_default_snapshot()).unwrap();
+    }
+
+    #[test]
+    fn run_accepts_quick_mode_and_refuses_mixing_it_with_a_config() {
+        Cli::try_parse_from([
+            "baton-sidecar",
+            "run",
+            "--listen",
+            "127.0.0.1:1",
+            "--upstream",
+            "127.0.0.1:2",
+            "--workers",
+            "1",
+        ])
+        .unwrap();
+        assert!(Cli::try_parse_from(["baton-sidecar", "run", "--listen", "127.0.0.1:1"]).is_err());
+        assert!(
+            Cli::try_parse_from([
+                "baton-sidecar",
+                "run",
+                "--config",
+                "x",
+                "--listen",
+                "127.0.0.1:1",
+                "--upstream",
+                "127.0.0.1:2"
+            ])
+            .is_err()
+        );
+    }
+}

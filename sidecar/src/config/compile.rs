@@ -1,0 +1,753 @@
+//! Validation and compilation of a [`Snapshot`] into the structures the data
+//! plane serves from. Pure: no I/O, no runtime state — the same snapshot
+//! always compiles to the same result, and every problem is reported at once
+//! with the path of the offending field.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue, Method};
+use regex::Regex;
+
+use super::{Capture, ListenerConfig, ListenerProtocol, PathMatch, Snapshot, ValueMatch};
+use crate::filters::{Cidr, Rbac};
+use crate::routing::{
+    CompiledRoute, HeaderCondition, HeaderRewriter, HostMatch, PathMatcher, QueryCondition,
+    RetryPolicy, ValueMatcher,
+};
+
+/// Why a snapshot was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(transparent)]
+    Parse(#[from] super::yaml::ParseError),
+    /// Every problem found, each prefixed with the field path.
+    #[error("invalid config: {}", .0.join("; "))]
+    Invalid(Vec<String>),
+    /// The TLS layer refused the `tls` section.
+    #[error("invalid tls section: {0}")]
+    Tls(String),
+    #[error("cannot read config file {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+impl ConfigError {
+    /// Short label for the `apply errors` metric.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            ConfigError::Parse(_) => "parse",
+            ConfigError::Invalid(_) => "invalid",
+            ConfigError::Tls(_) => "tls",
+            ConfigError::Io { .. } => "io",
+        }
+    }
+}
+
+/// One listener's compiled view: its routes (in order) and resolved names.
+#[derive(Debug)]
+pub struct CompiledListener {
+    pub config: ListenerConfig,
+    pub routes: Vec<Arc<CompiledRoute>>,
+    pub rbac: Option<Arc<Rbac>>,
+    /// Destination port → cluster index.
+    pub port_map: HashMap<u16, usize>,
+    pub tcp_cluster: Option<usize>,
+}
+
+impl CompiledListener {
+    /// Whether connections to `dst_port` must skip protocol detection.
+    pub fn is_opaque(&self, dst_port: u16) -> bool {
+        self.config.protocol == ListenerProtocol::Tcp
+            || self.config.opaque_ports.contains(&dst_port)
+    }
+}
+
+/// A validated snapshot, ready to serve. Cluster indices refer to
+/// `snapshot.clusters` order.
+#[derive(Debug)]
+pub struct CompiledConfig {
+    pub snapshot: Arc<Snapshot>,
+    pub listeners: Vec<CompiledListener>,
+    pub cluster_index: HashMap<String, usize>,
+}
+
+impl CompiledConfig {
+    pub fn listener(&self, name: &str) -> Option<&CompiledListener> {
+        self.listeners.iter().find(|l| l.config.name == name)
+    }
+}
+
+struct Problems(Vec<String>);
+
+impl Problems {
+    fn push(&mut self, path: impl std::fmt::Display, reason: impl std::fmt::Display) {
+        self.0.push(format!("{path}: {reason}"));
+    }
+}
+
+/// Validate `snapshot` and compile it. All problems are collected.
+pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
+    let mut p = Problems(Vec::new());
+    let rt = &snapshot.runtime;
+    if !(1..=64).contains(&rt.worker_threads) {
+        p.push("runtime.worker_threads", "must be 1..=64");
+    }
+    if !(1024..=1 << 20).contains(&rt.max_header_bytes) {
+        p.push("runtime.max_header_bytes", "must be 1024..=1048576");
+    }
+    if rt.max_headers == 0 || rt.max_headers > 1000 {
+        p.push("runtime.max_headers", "must be 1..=1000");
+    }
+    if rt.h2_max_concurrent_streams == 0 {
+        p.push("runtime.h2_max_concurrent_streams", "must be > 0");
+    }
+
+    // Clusters.
+    let mut cluster_index = HashMap::new();
+    for (i, c) in snapshot.clusters.iter().enumerate() {
+        let at = format!("clusters[{i}] ({})", c.name);
+        if c.name.is_empty() {
+            p.push(&at, "name must not be empty");
+        }
+        if cluster_index.insert(c.name.clone(), i).is_some() {
+            p.push(&at, "duplicate cluster name");
+        }
+        if c.connect_timeout_ms == 0 {
+            p.push(format!("{at}.connect_timeout_ms"), "must be > 0");
+        }
+        let mut seen = HashSet::new();
+        for e in &c.endpoints {
+            if !seen.insert(e) {
+                p.push(format!("{at}.endpoints"), format!("duplicate endpoint {e}"));
+            }
+        }
+        if let Some(o) = &c.outlier {
+            if o.consecutive_failures == 0 {
+                p.push(format!("{at}.outlier.consecutive_failures"), "must be > 0");
+            }
+            if o.base_ejection_ms == 0 || o.base_ejection_ms > o.max_ejection_ms {
+                p.push(
+                    format!("{at}.outlier"),
+                    "need 0 < base_ejection_ms <= max_ejection_ms",
+                );
+            }
+            if o.max_ejected_percent > 100 {
+                p.push(
+                    format!("{at}.outlier.max_ejected_percent"),
+                    "must be 0..=100",
+                );
+            }
+        }
+    }
+    let cluster = |p: &mut Problems, at: &str, name: &str| -> Option<usize> {
+        let idx = cluster_index.get(name).copied();
+        if idx.is_none() {
+            p.push(at, format!("unknown cluster {name:?}"));
+        }
+        idx
+    };
+
+    // RBAC policies.
+    let mut rbac = HashMap::new();
+    for (i, policy) in snapshot.policies.rbac.iter().enumerate() {
+        let at = format!("policies.rbac[{i}] ({})", policy.name);
+        match Rbac::compile(policy) {
+            Ok(r) => {
+                if rbac.insert(policy.name.clone(), Arc::new(r)).is_some() {
+                    p.push(&at, "duplicate policy name");
+                }
+            }
+            Err(e) => p.push(&at, e),
+        }
+    }
+
+    // Routes (compiled once, shared by every listener they apply to).
+    let listener_names: HashSet<&str> =
+        snapshot.listeners.iter().map(|l| l.name.as_str()).collect();
+    let mut route_names = HashSet::new();
+    let mut routes = Vec::with_capacity(snapshot.routes.len());
+    for (i, r) in snapshot.routes.iter().enumerate() {
+        let at = format!("routes[{i}] ({})", r.name);
+        if !route_names.insert(r.name.as_str()) {
+            p.push(&at, "duplicate route name");
+        }
+        for l in &r.listeners {
+            if !listener_names.contains(l.as_str()) {
+                p.push(format!("{at}.listeners"), format!("unknown listener {l:?}"));
+            }
+        }
+        let m = &r.matches;
+        let hosts = m
+            .hosts
+            .iter()
+            .map(|h| match h.strip_prefix("*.") {
+                Some(rest) => HostMatch::Suffix(format!(".{}", rest.to_ascii_lowercase())),
+                None => HostMatch::Exact(h.to_ascii_lowercase()),
+            })
+            .collect();
+        let path = match &m.path {
+            None => None,
+            Some(PathMatch {
+                exact: Some(s),
+                prefix: None,
+                regex: None,
+            })
+            | Some(PathMatch {
+                exact: None,
+                prefix: Some(s),
+                regex: None,
+            }) if !s.starts_with('/') => {
+                p.push(format!("{at}.match.path"), "must start with '/'");
+                None
+            }
+            Some(PathMatch {
+                exact: Some(s),
+                prefix: None,
+                regex: None,
+            }) => Some(PathMatcher::Exact(s.clone())),
+            Some(PathMatch {
+                exact: None,
+                prefix: Some(s),
+                regex: None,
+            }) => {
+                let trimmed = if s.len() > 1 {
+                    s.trim_end_matches('/')
+                } else {
+                    s.as_str()
+                };
+                Some(PathMatcher::Prefix(if trimmed.is_empty() {
+                    "/".into()
+                } else {
+                    trimmed.into()
+                }))
+            }
+            Some(PathMatch {
+                exact: None,
+                prefix: None,
+                regex: Some(s),
+            }) => anchored(s)
+                .map_err(|e| p.push(format!("{at}.match.path.regex"), e))
+                .ok()
+                .map(PathMatcher::Regex),
+            Some(_) => {
+                p.push(
+                    format!("{at}.match.path"),
+                    "set exactly one of exact, prefix, regex",
+                );
+                None
+            }
+        };
+        let methods = m
+            .methods
+            .iter()
+            .filter_map(|s| {
+                parse_method(s)
+                    .map_err(|e| p.push(format!("{at}.match.methods"), e))
+                    .ok()
+            })
+            .collect();
+        let headers = m
+            .headers
+            .iter()
+            .filter_map(|h| {
+                let name = HeaderName::from_bytes(h.name.as_bytes())
+                    .map_err(|_| {
+                        p.push(
+                            format!("{at}.match.headers"),
+                            format!("invalid header name {:?}", h.name),
+                        )
+                    })
+                    .ok()?;
+                let matcher = value_matcher(h)
+                    .map_err(|e| p.push(format!("{at}.match.headers"), e))
+                    .ok()?;
+                Some(HeaderCondition {
+                    name,
+                    matcher,
+                    invert: h.invert,
+                })
+            })
+            .collect();
+        let query = m
+            .query
+            .iter()
+            .filter_map(|q| {
+                let matcher = value_matcher(q)
+                    .map_err(|e| p.push(format!("{at}.match.query"), e))
+                    .ok()?;
+                Some(QueryCondition {
+                    name: q.name.clone(),
+                    matcher,
+                    invert: q.invert,
+                })
+            })
+            .collect();
+
+        if r.backends.is_empty() {
+            p.push(format!("{at}.backends"), "at least one backend is required");
+        }
+        let mut total: u64 = 0;
+        let mut backends = Vec::with_capacity(r.backends.len());
+        for b in &r.backends {
+            total += u64::from(b.weight);
+            if let Some(idx) = cluster(&mut p, &format!("{at}.backends"), &b.cluster) {
+                backends.push((idx, total.min(u64::from(u32::MAX)) as u32));
+            }
+        }
+        if !r.backends.is_empty() && total == 0 {
+            p.push(format!("{at}.backends"), "total weight must be > 0");
+        }
+        if total > u64::from(u32::MAX) {
+            p.push(format!("{at}.backends"), "total weight overflows u32");
+        }
+        if r.timeout_ms == Some(0) {
+            p.push(format!("{at}.timeout_ms"), "must be > 0");
+        }
+        if let Some(retry) = &r.retry {
+            if retry.attempts > 10 {
+                p.push(format!("{at}.retry.attempts"), "must be <= 10");
+            }
+            for s in &retry.on_statuses {
+                if !(500..=599).contains(s) {
+                    p.push(
+                        format!("{at}.retry.on_statuses"),
+                        format!("{s} is not a 5xx status"),
+                    );
+                }
+            }
+            if !(0.0..=10.0).contains(&retry.budget_ratio) {
+                p.push(format!("{at}.retry.budget_ratio"), "must be 0..=10");
+            }
+            if retry.per_try_timeout_ms == Some(0) {
+                p.push(format!("{at}.retry.per_try_timeout_ms"), "must be > 0");
+            }
+        }
+        if let Some(f) = &r.fault {
+            if let Some(d) = &f.delay
+                && !(0.0..=100.0).contains(&d.percent)
+            {
+                p.push(format!("{at}.fault.delay.percent"), "must be 0..=100");
+            }
+            if let Some(a) = &f.abort {
+                if !(0.0..=100.0).contains(&a.percent) {
+                    p.push(format!("{at}.fault.abort.percent"), "must be 0..=100");
+                }
+                if !(200..=599).contains(&a.status) {
+                    p.push(format!("{at}.fault.abort.status"), "must be 200..=599");
+                }
+            }
+        }
+        let mirror = r.mirror.as_ref().and_then(|m| {
+            if !(0.0..=100.0).contains(&m.percent) {
+                p.push(format!("{at}.mirror.percent"), "must be 0..=100");
+            }
+            cluster(&mut p, &format!("{at}.mirror"), &m.cluster).map(|c| (c, m.percent))
+        });
+        let request_headers =
+            rewriter(&mut p, &format!("{at}.request_headers"), &r.request_headers);
+        let response_headers = rewriter(
+            &mut p,
+            &format!("{at}.response_headers"),
+            &r.response_headers,
+        );
+
+        routes.push((
+            r.listeners.clone(),
+            Arc::new(CompiledRoute {
+                name: Arc::from(r.name.as_str()),
+                hosts,
+                path,
+                methods,
+                headers,
+                query,
+                backends,
+                total_weight: total.min(u64::from(u32::MAX)) as u32,
+                timeout: r.timeout_ms.map(Duration::from_millis),
+                retry: r.retry.as_ref().map(RetryPolicy::new),
+                fault: r.fault.clone(),
+                mirror,
+                request_headers,
+                response_headers,
+            }),
+        ));
+    }
+
+    // Listeners.
+    let mut names = HashSet::new();
+    let mut addrs = HashSet::new();
+    let mut listeners = Vec::with_capacity(snapshot.listeners.len());
+    for (i, l) in snapshot.listeners.iter().enumerate() {
+        let at = format!("listeners[{i}] ({})", l.name);
+        if l.name.is_empty() {
+            p.push(&at, "name must not be empty");
+        }
+        if !names.insert(l.name.as_str()) {
+            p.push(&at, "duplicate listener name");
+        }
+        if l.address.port() != 0 && !addrs.insert(l.address) {
+            p.push(&at, format!("address {} used twice", l.address));
+        }
+        if l.address == snapshot.admin.address && l.address.port() != 0 {
+            p.push(&at, "address collides with the admin listener");
+        }
+        if !(1..=60_000).contains(&l.detect_timeout_ms) {
+            p.push(format!("{at}.detect_timeout_ms"), "must be 1..=60000");
+        }
+        if l.passthrough && l.capture != Capture::Transparent {
+            p.push(
+                format!("{at}.passthrough"),
+                "only valid with capture: transparent",
+            );
+        }
+        if l.max_connections == Some(0) {
+            p.push(format!("{at}.max_connections"), "must be > 0");
+        }
+        let tcp_cluster = l
+            .tcp_cluster
+            .as_ref()
+            .and_then(|c| cluster(&mut p, &format!("{at}.tcp_cluster"), c));
+        let port_map = l
+            .port_map
+            .iter()
+            .filter_map(|(port, c)| {
+                cluster(&mut p, &format!("{at}.port_map[{port}]"), c).map(|i| (*port, i))
+            })
+            .collect::<HashMap<_, _>>();
+        if l.protocol == ListenerProtocol::Tcp
+            && l.tcp_cluster.is_none()
+            && l.port_map.is_empty()
+            && !l.passthrough
+        {
+            p.push(
+                &at,
+                "a tcp listener needs tcp_cluster, port_map or passthrough",
+            );
+        }
+        let rbac = l.rbac.as_ref().and_then(|name| {
+            let r = rbac.get(name).cloned();
+            if r.is_none() {
+                p.push(
+                    format!("{at}.rbac"),
+                    format!("unknown rbac policy {name:?}"),
+                );
+            }
+            r
+        });
+        let routes = routes
+            .iter()
+            .filter(|(only, _)| only.is_empty() || only.iter().any(|n| n == &l.name))
+            .map(|(_, r)| r.clone())
+            .collect();
+        listeners.push(CompiledListener {
+            config: l.clone(),
+            routes,
+            rbac,
+            port_map,
+            tcp_cluster,
+        });
+    }
+
+    if p.0.is_empty() {
+        Ok(CompiledConfig {
+            snapshot: Arc::new(snapshot.clone()),
+            listeners,
+            cluster_index,
+        })
+    } else {
+        Err(ConfigError::Invalid(p.0))
+    }
+}
+
+fn anchored(pattern: &str) -> Result<Regex, String> {
+    Regex::new(&format!("^(?:{pattern})$")).map_err(|e| format!("invalid regex {pattern:?}: {e}"))
+}
+
+fn parse_method(s: &str) -> Result<Method, String> {
+    Method::from_bytes(s.as_bytes()).map_err(|_| format!("invalid method {s:?}"))
+}
+
+fn value_matcher(v: &ValueMatch) -> Result<ValueMatcher, String> {
+    match (&v.exact, &v.regex) {
+        (Some(_), Some(_)) => Err(format!("{}: set exact or regex, not both", v.name)),
+        (Some(e), None) => Ok(ValueMatcher::Exact(e.clone())),
+        (None, Some(r)) => anchored(r).map(ValueMatcher::Regex),
+        (None, None) => Ok(ValueMatcher::Present),
+    }
+}
+
+fn rewriter(p: &mut Problems, at: &str, r: &super::HeaderRewrite) -> HeaderRewriter {
+    let name = |p: &mut Problems, n: &str| {
+        HeaderName::from_bytes(n.as_bytes())
+            .map_err(|_| p.push(at, format!("invalid header name {n:?}")))
+            .ok()
+    };
+    let pair = |p: &mut Problems, n: &str, v: &str| {
+        let n = name(p, n)?;
+        let v = HeaderValue::from_str(v)
+            .map_err(|_| p.push(at, format!("invalid header value {v:?}")))
+            .ok()?;
+        Some((n, v))
+    };
+    HeaderRewriter {
+        remove: r.remove.iter().filter_map(|n| name(p, n)).collect(),
+        set: r.set.iter().filter_map(|(n, v)| pair(p, n, v)).collect(),
+        add: r.add.iter().filter_map(|(n, v)| pair(p, n, v)).collect(),
+    }
+}
+
+/// Parse a CIDR list for callers outside the snapshot (the `init` step).
+pub fn parse_cidrs(list: &[String]) -> Result<Vec<Cidr>, String> {
+    list.iter().map(|s| Cidr::parse(s)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::yaml::parse;
+
+    fn problems(yaml: &str) -> Vec<String> {
+        match compile(&parse(yaml).unwrap()) {
+            Ok(_) => Vec::new(),
+            Err(ConfigError::Invalid(p)) => p,
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+
+    fn assert_refused(yaml: &str, needle: &str) {
+        let p = problems(yaml);
+        assert!(
+            p.iter().any(|s| s.contains(needle)),
+            "expected a problem containing {needle:?}, got {p:?}"
+        );
+    }
+
+    const C: &str = "clusters: [{name: a, endpoints: ['127.0.0.1:1']}]\n";
+
+    #[test]
+    fn the_example_config_is_valid() {
+        let snap = parse(include_str!("../../../examples/standalone.yaml")).unwrap();
+        compile(&snap).unwrap();
+    }
+
+    #[test]
+    fn empty_snapshot_is_valid() {
+        assert!(problems("{}").is_empty());
+    }
+
+    #[test]
+    fn rejects_route_with_unknown_cluster() {
+        assert_refused(
+            &format!("{C}routes: [{{name: r, backends: [{{cluster: nope}}]}}]"),
+            "unknown cluster \"nope\"",
+        );
+    }
+
+    #[test]
+    fn rejects_route_with_zero_total_weight() {
+        assert_refused(
+            &format!("{C}routes: [{{name: r, backends: [{{cluster: a, weight: 0}}]}}]"),
+            "total weight must be > 0",
+        );
+    }
+
+    #[test]
+    fn rejects_route_without_backends() {
+        assert_refused(
+            &format!("{C}routes: [{{name: r, backends: []}}]"),
+            "at least one backend",
+        );
+    }
+
+    #[test]
+    fn rejects_invalid_regex_naming_the_field() {
+        assert_refused(
+            &format!(
+                "{C}routes: [{{name: r, match: {{path: {{regex: '(('}}}}, backends: [{{cluster: a}}]}}]"
+            ),
+            "routes[0] (r).match.path.regex",
+        );
+    }
+
+    #[test]
+    fn rejects_relative_paths_and_bad_methods_and_headers() {
+        assert_refused(
+            &format!(
+                "{C}routes: [{{name: r, match: {{path: {{prefix: api}}}}, backends: [{{cluster: a}}]}}]"
+            ),
+            "must start with '/'",
+        );
+        assert_refused(
+            &format!(
+                "{C}routes: [{{name: r, match: {{methods: ['G T']}}, backends: [{{cluster: a}}]}}]"
+            ),
+            "invalid method",
+        );
+        assert_refused(
+            &format!(
+                "{C}routes: [{{name: r, match: {{headers: [{{name: 'a b'}}]}}, backends: [{{cluster: a}}]}}]"
+            ),
+            "invalid header name",
+        );
+        assert_refused(
+            &format!(
+                "{C}routes: [{{name: r, match: {{headers: [{{name: a, exact: x, regex: y}}]}}, backends: [{{cluster: a}}]}}]"
+            ),
+            "not both",
+        );
+        assert_refused(
+            &format!(
+                "{C}routes: [{{name: r, backends: [{{cluster: a}}], request_headers: {{set: {{x: \"a\\nb\"}}}}}}]"
+            ),
+            "invalid header value",
+        );
+    }
+
+    #[test]
+    fn rejects_retry_on_non_5xx_and_too_many_attempts() {
+        assert_refused(
+            &format!(
+                "{C}routes: [{{name: r, backends: [{{cluster: a}}], retry: {{attempts: 2, on_statuses: [404]}}}}]"
+            ),
+            "404 is not a 5xx",
+        );
+        assert_refused(
+            &format!(
+                "{C}routes: [{{name: r, backends: [{{cluster: a}}], retry: {{attempts: 11}}}}]"
+            ),
+            "must be <= 10",
+        );
+    }
+
+    #[test]
+    fn rejects_fault_percent_out_of_range_and_bad_abort_status() {
+        assert_refused(
+            &format!(
+                "{C}routes: [{{name: r, backends: [{{cluster: a}}], fault: {{delay: {{percent: 101, ms: 1}}}}}}]"
+            ),
+            "fault.delay.percent",
+        );
+        assert_refused(
+            &format!(
+                "{C}routes: [{{name: r, backends: [{{cluster: a}}], fault: {{abort: {{percent: 1, status: 99}}}}}}]"
+            ),
+            "fault.abort.status",
+        );
+    }
+
+    #[test]
+    fn rejects_path_match_with_zero_or_two_kinds() {
+        assert_refused(
+            &format!("{C}routes: [{{name: r, match: {{path: {{}}}}, backends: [{{cluster: a}}]}}]"),
+            "exactly one of",
+        );
+        assert_refused(
+            &format!(
+                "{C}routes: [{{name: r, match: {{path: {{exact: /a, prefix: /b}}}}, backends: [{{cluster: a}}]}}]"
+            ),
+            "exactly one of",
+        );
+    }
+
+    #[test]
+    fn rejects_duplicate_names_and_addresses() {
+        assert_refused(
+            "clusters: [{name: a, endpoints: []}, {name: a, endpoints: []}]",
+            "duplicate cluster name",
+        );
+        assert_refused(
+            "listeners: [{name: l, address: '127.0.0.1:9'}, {name: l, address: '127.0.0.1:9'}]",
+            "duplicate listener name",
+        );
+        assert_refused(
+            "listeners: [{name: l, address: '127.0.0.1:9'}, {name: m, address: '127.0.0.1:9'}]",
+            "used twice",
+        );
+        assert_refused(
+            &format!(
+                "{C}routes: [{{name: r, backends: [{{cluster: a}}]}}, {{name: r, backends: [{{cluster: a}}]}}]"
+            ),
+            "duplicate route name",
+        );
+    }
+
+    #[test]
+    fn rejects_listener_references_that_do_not_resolve() {
+        assert_refused(
+            &format!("{C}listeners: [{{name: l, address: '127.0.0.1:0', tcp_cluster: zz}}]"),
+            "unknown cluster \"zz\"",
+        );
+        assert_refused(
+            &format!("{C}listeners: [{{name: l, address: '127.0.0.1:0', rbac: p}}]"),
+            "unknown rbac policy",
+        );
+        assert_refused(
+            &format!("{C}routes: [{{name: r, listeners: [x], backends: [{{cluster: a}}]}}]"),
+            "unknown listener \"x\"",
+        );
+        assert_refused(
+            "listeners: [{name: l, address: '127.0.0.1:0', protocol: tcp}]",
+            "needs tcp_cluster",
+        );
+        assert_refused(
+            "listeners: [{name: l, address: '127.0.0.1:0', passthrough: true}]",
+            "only valid with capture: transparent",
+        );
+    }
+
+    #[test]
+    fn rejects_bad_outlier_and_runtime_settings() {
+        assert_refused(
+            "clusters: [{name: a, endpoints: [], outlier: {consecutive_failures: 0}}]",
+            "consecutive_failures",
+        );
+        assert_refused(
+            "clusters: [{name: a, endpoints: [], outlier: {base_ejection_ms: 10, max_ejection_ms: 5}}]",
+            "base_ejection_ms",
+        );
+        assert_refused("runtime: {worker_threads: 0}", "worker_threads");
+        assert_refused(
+            "clusters: [{name: a, endpoints: ['127.0.0.1:1', '127.0.0.1:1']}]",
+            "duplicate endpoint",
+        );
+    }
+
+    #[test]
+    fn rejects_bad_rbac_cidrs() {
+        assert_refused(
+            "policies: {rbac: [{name: p, rules: [{action: allow, cidrs: ['10.0.0.0/33']}]}]}",
+            "10.0.0.0/33",
+        );
+    }
+
+    #[test]
+    fn reports_every_problem_at_once() {
+        let p = problems(
+            "clusters: [{name: a, endpoints: [], connect_timeout_ms: 0}]\nroutes: [{name: r, backends: [{cluster: b}]}]",
+        );
+        assert_eq!(p.len(), 2, "{p:?}");
+    }
+
+    #[test]
+    fn routes_apply_only_to_their_listeners() {
+        let snap = parse(&format!(
+            "{C}listeners: [{{name: l1, address: '127.0.0.1:0'}}, {{name: l2, address: '127.0.0.1:0'}}]
+routes: [{{name: only1, listeners: [l1], backends: [{{cluster: a}}]}}, {{name: all, backends: [{{cluster: a}}]}}]"
+        ))
+        .unwrap();
+        let c = compile(&snap).unwrap();
+        let names = |l: &str| {
+            c.listener(l)
+                .unwrap()
+                .routes
+                .iter()
+                .map(|r| r.name.to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names("l1"), vec!["only1", "all"]);
+        assert_eq!(names("l2"), vec!["all"]);
+    }
+}

@@ -1,0 +1,704 @@
+//! The HTTP request path: route → stream filters → upstream (with retries,
+//! timeouts, mirroring and header rewrites) → response.
+//!
+//! One [`HttpService`] per downstream connection; it loads the serving
+//! config once per request and keeps that `Arc` until the request is done
+//! (reloads never change a request midway).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU32;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::sync::Semaphore;
+
+use crate::body::{InFlight, ProxyBody};
+use crate::config::UpstreamProtocol;
+use crate::config::store::{Active, ConfigStore};
+use crate::conn::ConnRegistry;
+use crate::filters::{ConnMeta, FilterAction, RequestInfo, StreamFilter, fast_rand};
+use crate::lifecycle::Lifecycle;
+use crate::metrics::{Metrics, RequestLabels, RouteLabels, StatusClass};
+use crate::routing::{CompiledRoute, RequestView, match_route, split_host_port};
+use crate::upstream::{Cluster, Outcome};
+
+/// Process-wide state every connection handler shares.
+#[derive(Debug)]
+pub struct Shared {
+    pub store: Arc<ConfigStore>,
+    pub metrics: Arc<Metrics>,
+    pub registry: Arc<ConnRegistry>,
+    pub lifecycle: Lifecycle,
+    /// Bounded fire-and-forget mirrors.
+    pub mirror_slots: Arc<Semaphore>,
+    /// Client for transparent passthrough (original destination).
+    pub passthrough: Client<HttpConnector, ProxyBody>,
+    /// Live connections per listener name (connection-limit filter).
+    pub conn_counts: std::sync::Mutex<std::collections::HashMap<String, Arc<AtomicU32>>>,
+    pub bytes_rx: prometheus_client::metrics::counter::Counter,
+    pub bytes_tx: prometheus_client::metrics::counter::Counter,
+}
+
+impl Shared {
+    pub fn new(store: Arc<ConfigStore>, metrics: Arc<Metrics>, lifecycle: Lifecycle) -> Arc<Self> {
+        let rt = store.snapshot().runtime.clone();
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(Duration::from_secs(1)));
+        connector.set_nodelay(true);
+        let passthrough = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        let bytes_rx = metrics
+            .bytes
+            .get_or_create(&vec![("direction", "downstream_rx")])
+            .clone();
+        let bytes_tx = metrics
+            .bytes
+            .get_or_create(&vec![("direction", "downstream_tx")])
+            .clone();
+        Arc::new(Self {
+            store,
+            registry: ConnRegistry::new(),
+            lifecycle,
+            mirror_slots: Arc::new(Semaphore::new(rt.max_mirror_inflight)),
+            passthrough,
+            conn_counts: Default::default(),
+            bytes_rx,
+            bytes_tx,
+            metrics,
+        })
+    }
+
+    pub fn conn_count(&self, listener: &str) -> Arc<AtomicU32> {
+        self.conn_counts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(listener.to_owned())
+            .or_default()
+            .clone()
+    }
+}
+
+/// hyper service for one downstream connection.
+#[derive(Debug, Clone)]
+pub struct HttpService {
+    pub shared: Arc<Shared>,
+    pub conn: Arc<ConnMeta>,
+    pub inflight: Arc<InFlight>,
+}
+
+impl hyper::service::Service<Request<Incoming>> for HttpService {
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let svc = self.clone();
+        Box::pin(async move { Ok(svc.handle(req).await) })
+    }
+}
+
+/// Why the sidecar answered itself (also the metric label).
+fn local(
+    status: StatusCode,
+    reason: &'static str,
+    body: impl Into<Bytes>,
+    metrics: &Metrics,
+) -> Response<ProxyBody> {
+    metrics.local_response(reason);
+    let mut resp = Response::new(ProxyBody::full(body));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp.headers_mut().insert(
+        HeaderName::from_static("x-baton-local-reason"),
+        HeaderValue::from_static(reason),
+    );
+    resp
+}
+
+/// Where a request goes.
+enum Target {
+    Route(Arc<CompiledRoute>),
+    Cluster(usize),
+    Passthrough(SocketAddr),
+}
+
+/// Hop-by-hop headers never forwarded (RFC 9110 §7.6.1), plus the ones
+/// named in `Connection`.
+fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .filter(|n| !(keep_upgrade && n == header::UPGRADE))
+        .collect();
+    for n in named {
+        headers.remove(n);
+    }
+    for n in [
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        HeaderName::from_static("keep-alive"),
+        HeaderName::from_static("proxy-connection"),
+        header::PROXY_AUTHORIZATION,
+    ] {
+        headers.remove(n);
+    }
+    if keep_upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    } else {
+        headers.remove(header::CONNECTION);
+        headers.remove(header::UPGRADE);
+    }
+}
+
+fn wants_upgrade(req: &Request<Incoming>) -> bool {
+    req.version() == Version::HTTP_11
+        && req.headers().contains_key(header::UPGRADE)
+        && req.headers().get_all(header::CONNECTION).iter().any(|v| {
+            v.to_str().is_ok_and(|s| {
+                s.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+            })
+        })
+}
+
+/// Idempotent per RFC 9110 §9.2.2: safe to send twice.
+fn idempotent(m: &Method) -> bool {
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
+}
+
+/// How one attempt failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    Connect,
+    Reset,
+    Timeout,
+}
+
+impl Failure {
+    fn label(self) -> &'static str {
+        match self {
+            Failure::Connect => "connect",
+            Failure::Reset => "reset",
+            Failure::Timeout => "timeout",
+        }
+    }
+}
+
+fn upstream_uri(authority: &http::uri::Authority, original: &Uri) -> Uri {
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = Some(http::uri::Scheme::HTTP);
+    parts.authority = Some(authority.clone());
+    parts.path_and_query = Some(
+        original
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
+    );
+    Uri::from_parts(parts).unwrap_or_else(|_| original.clone())
+}
+
+fn clone_parts(p: &http::request::Parts) -> http::request::Parts {
+    let mut req = Request::new(());
+    *req.method_mut() = p.method.clone();
+    *req.uri_mut() = p.uri.clone();
+    *req.version_mut() = p.version;
+    *req.headers_mut() = p.headers.clone();
+    req.into_parts().0
+}
+
+impl HttpService {
+    async fn handle(&self, mut req: Request<Incoming>) -> Response<ProxyBody> {
+        let started = Instant::now();
+        let guard = self.inflight.enter();
+        let active = self.shared.store.load();
+        let metrics = &self.shared.metrics;
+        let Some(listener) = active.config.listener(&self.conn.listener) else {
+            return local(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "listener_removed",
+                "listener is no longer configured\n",
+                metrics,
+            );
+        };
+
+        // Route.
+        let authority = req
+            .uri()
+            .authority()
+            .map(|a| a.as_str())
+            .or_else(|| {
+                req.headers()
+                    .get(header::HOST)
+                    .and_then(|h| h.to_str().ok())
+            })
+            .unwrap_or("");
+        let (host, host_port) = split_host_port(authority);
+        let view = RequestView {
+            host,
+            path: req.uri().path(),
+            query: req.uri().query(),
+            method: req.method(),
+            headers: req.headers(),
+        };
+        let target = match match_route(&listener.routes, &view) {
+            Some(r) => Target::Route(r.clone()),
+            None => {
+                let port = host_port.unwrap_or(self.conn.dst_port());
+                match (listener.port_map.get(&port), self.conn.original_dst) {
+                    (Some(c), _) => Target::Cluster(*c),
+                    (None, Some(dst)) if listener.config.passthrough => Target::Passthrough(dst),
+                    _ => {
+                        let body =
+                            format!("no route for host {host:?} path {:?}\n", req.uri().path());
+                        return local(StatusCode::NOT_FOUND, "no_route", body, metrics);
+                    }
+                }
+            }
+        };
+        let route_name: Arc<str> = match &target {
+            Target::Route(r) => r.name.clone(),
+            Target::Cluster(c) => active.upstreams.clusters[*c].name.clone(),
+            Target::Passthrough(_) => Arc::from("passthrough"),
+        };
+
+        // Stream filters, in chain order: RBAC, then fault injection.
+        let draw = fast_rand() % 10_000;
+        let info = RequestInfo {
+            conn: &self.conn,
+            method: req.method(),
+            path: req.uri().path(),
+        };
+        let rbac = listener.rbac.clone().map(StreamFilter::Rbac);
+        let fault = match &target {
+            Target::Route(r) => r.fault.clone().map(StreamFilter::Fault),
+            _ => None,
+        };
+        for filter in rbac.iter().chain(fault.iter()) {
+            match filter.on_request(&info, draw) {
+                FilterAction::Continue => {}
+                FilterAction::Delay(d) => tokio::time::sleep(d).await,
+                FilterAction::Respond(status, body) => {
+                    let reason = if matches!(filter, StreamFilter::Rbac(_)) {
+                        "rbac_denied"
+                    } else {
+                        "fault_abort"
+                    };
+                    let resp = local(status, reason, body, metrics);
+                    self.record_status(&route_name, resp.status(), started);
+                    return resp;
+                }
+            }
+        }
+
+        let upgrade = wants_upgrade(&req);
+        let downstream_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+        let (mut parts, body) = req.into_parts();
+        strip_hop_by_hop(&mut parts.headers, upgrade);
+        if !parts.headers.contains_key(header::HOST)
+            && let Some(a) = parts.uri.authority()
+            && let Ok(v) = HeaderValue::from_str(a.as_str())
+        {
+            parts.headers.insert(header::HOST, v);
+        }
+        let route = match &target {
+            Target::Route(r) => Some(r.clone()),
+            _ => None,
+        };
+        if let Some(r) = &route {
+            r.request_headers.apply(&mut parts.headers);
+        }
+
+        // Buffer small bodies when they may be replayed (retry, mirror).
+        let replay_wanted = route.as_ref().is_some_and(|r| {
+            r.retry.as_ref().is_some_and(|x| x.attempts > 0) || r.mirror.is_some()
+        });
+        let max_buf = active.config.snapshot.runtime.max_buffered_body as u64;
+        let mut buffered: Option<Bytes> = None;
+        let mut streamed: Option<Incoming> = None;
+        if replay_wanted
+            && !upgrade
+            && http_body::Body::size_hint(&body)
+                .upper()
+                .is_some_and(|n| n <= max_buf)
+        {
+            match body.collect().await {
+                Ok(c) => buffered = Some(c.to_bytes()),
+                Err(_) => {
+                    return local(
+                        StatusCode::BAD_REQUEST,
+                        "body_read_error",
+                        "error reading request body\n",
+                        metrics,
+                    );
+                }
+            }
+        } else {
+            streamed = Some(body);
+        }
+
+        // Mirror (fire-and-forget, only with a buffered body).
+        if let (Some(r), Some(b)) = (&route, &buffered)
+            && let Some((cluster, percent)) = r.mirror
+            && f64::from(draw) < percent * 100.0
+        {
+            self.mirror(&active, cluster, clone_parts(&parts), b.clone(), r.timeout);
+        }
+
+        let result = match target {
+            Target::Passthrough(dst) => {
+                let authority = http::uri::Authority::try_from(dst.to_string().as_str()).ok();
+                match authority {
+                    Some(a) => {
+                        parts.uri = upstream_uri(&a, &parts.uri);
+                        parts.version = Version::HTTP_11;
+                        let body = buffered
+                            .map(ProxyBody::full)
+                            .or(streamed.map(ProxyBody::streamed))
+                            .unwrap_or_default();
+                        self.shared
+                            .passthrough
+                            .request(Request::from_parts(parts, body))
+                            .await
+                            .map_err(|e| {
+                                if e.is_connect() {
+                                    (Failure::Connect, e.to_string())
+                                } else {
+                                    (Failure::Reset, e.to_string())
+                                }
+                            })
+                    }
+                    None => Err((Failure::Connect, "bad original destination".into())),
+                }
+            }
+            Target::Cluster(c) => {
+                self.send_with_retries(
+                    cluster_picker(&active, Some(c)),
+                    None,
+                    parts,
+                    buffered,
+                    streamed,
+                    &route_name,
+                )
+                .await
+            }
+            Target::Route(ref r) => {
+                let picker = cluster_picker(&active, None);
+                let fut = self.send_with_retries(
+                    picker,
+                    Some(r.clone()),
+                    parts,
+                    buffered,
+                    streamed,
+                    &route_name,
+                );
+                match r.timeout {
+                    Some(t) => tokio::time::timeout(t, fut).await.unwrap_or_else(|_| {
+                        Err((
+                            Failure::Timeout,
+                            format!("no response within {} ms", t.as_millis()),
+                        ))
+                    }),
+                    None => fut.await,
+                }
+            }
+        };
+
+        let resp = match result {
+            Ok(mut resp) => {
+                let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+                if switching && let Some(down) = downstream_upgrade {
+                    // Both sides switch protocols: splice the raw streams.
+                    let up = hyper::upgrade::on(&mut resp);
+                    tokio::spawn(splice_upgrades(down, up));
+                }
+                let (mut rparts, rbody) = resp.into_parts();
+                strip_hop_by_hop(&mut rparts.headers, switching && upgrade);
+                if let Some(r) = &route {
+                    r.response_headers.apply(&mut rparts.headers);
+                }
+                if switching {
+                    Response::from_parts(rparts, ProxyBody::streamed(rbody))
+                } else {
+                    Response::from_parts(rparts, ProxyBody::streamed(rbody).with_done(Some(guard)))
+                }
+            }
+            Err((failure, detail)) => {
+                metrics.upstream_error(failure.label());
+                let (status, reason, text) = match failure {
+                    Failure::Connect => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "upstream_unavailable",
+                        "upstream unavailable",
+                    ),
+                    Failure::Reset => (
+                        StatusCode::BAD_GATEWAY,
+                        "upstream_reset",
+                        "upstream reset before response",
+                    ),
+                    Failure::Timeout => (
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "upstream_timeout",
+                        "upstream request timeout",
+                    ),
+                };
+                local(
+                    status,
+                    reason,
+                    format!("{text}: route {route_name}: {detail}\n"),
+                    metrics,
+                )
+            }
+        };
+        self.record_status(&route_name, resp.status(), started);
+        resp
+    }
+
+    fn record_status(&self, route: &Arc<str>, status: StatusCode, started: Instant) {
+        let m = &self.shared.metrics;
+        m.requests
+            .get_or_create(&RequestLabels {
+                route: route.clone(),
+                status_class: StatusClass::of(status.as_u16()),
+            })
+            .inc();
+        m.request_duration
+            .get_or_create(&RouteLabels {
+                route: route.clone(),
+            })
+            .observe(started.elapsed().as_secs_f64());
+        if self
+            .shared
+            .store
+            .load()
+            .config
+            .listener(&self.conn.listener)
+            .is_some_and(|l| l.config.access_log)
+        {
+            tracing::info!(target: "access", conn = self.conn.id, peer = %self.conn.peer, route = %route, status = status.as_u16(), micros = started.elapsed().as_micros() as u64, "request");
+        }
+    }
+
+    /// Send to the route's (or a fixed) cluster, retrying where safe.
+    async fn send_with_retries(
+        &self,
+        picker: ClusterPicker,
+        route: Option<Arc<CompiledRoute>>,
+        parts: http::request::Parts,
+        buffered: Option<Bytes>,
+        mut streamed: Option<Incoming>,
+        route_name: &Arc<str>,
+    ) -> Result<Response<Incoming>, (Failure, String)> {
+        let retry = route.as_ref().and_then(|r| r.retry.as_ref());
+        if let Some(r) = retry {
+            r.budget.deposit();
+        }
+        let replayable = buffered.is_some();
+        let method_idempotent = idempotent(&parts.method);
+        let mut parts = Some(parts);
+        let mut attempt: u32 = 0;
+        loop {
+            let cluster = picker.pick(route.as_deref());
+            let Some(ep) = cluster.pick() else {
+                self.shared.metrics.upstream_error("no_endpoints");
+                return Err((
+                    Failure::Connect,
+                    format!("cluster {} has no endpoints", cluster.name),
+                ));
+            };
+            let more_attempts = retry.is_some_and(|r| attempt < r.attempts) && replayable;
+            let mut p = if more_attempts {
+                clone_parts(parts.as_ref().expect("parts kept while retries remain"))
+            } else {
+                parts.take().expect("parts available for the last attempt")
+            };
+            p.uri = upstream_uri(&ep.endpoint().authority, &p.uri);
+            p.version = match cluster.config.protocol {
+                UpstreamProtocol::Http1 => Version::HTTP_11,
+                UpstreamProtocol::Http2 => Version::HTTP_2,
+            };
+            let body = match (&buffered, streamed.take()) {
+                (Some(b), _) => ProxyBody::full(b.clone()),
+                (None, Some(s)) => ProxyBody::streamed(s),
+                (None, None) => ProxyBody::Empty,
+            };
+            let fut = cluster.client.request(Request::from_parts(p, body));
+            let res = match retry.and_then(|r| r.per_try_timeout) {
+                Some(t) => tokio::time::timeout(t, fut).await.map_err(|_| ()),
+                None => Ok(fut.await),
+            };
+            let failure = match res {
+                Ok(Ok(resp)) => {
+                    let status = resp.status().as_u16();
+                    let retry_status =
+                        retry.is_some_and(|r| r.on_statuses.contains(&status)) && method_idempotent;
+                    ep.report(if status >= 500 {
+                        Outcome::Failure
+                    } else {
+                        Outcome::Success
+                    });
+                    if !(retry_status && more_attempts) {
+                        return Ok(resp);
+                    }
+                    if !retry.is_some_and(|r| r.budget.try_withdraw()) {
+                        self.retry_metric("budget_exhausted");
+                        return Ok(resp);
+                    }
+                    self.retry_metric("sent");
+                    attempt += 1;
+                    tracing::debug!(route = %route_name, status, attempt, "retrying on status");
+                    continue;
+                }
+                Ok(Err(e)) => {
+                    ep.report(Outcome::Failure);
+                    let kind = if e.is_connect() {
+                        Failure::Connect
+                    } else {
+                        Failure::Reset
+                    };
+                    let detail = match std::error::Error::source(&e) {
+                        Some(s) => format!("{e}: {s}"),
+                        None => e.to_string(),
+                    };
+                    (
+                        kind,
+                        format!("{} {}: {detail}", cluster.name, ep.endpoint().addr),
+                    )
+                }
+                Err(()) => {
+                    ep.report(Outcome::Failure);
+                    (
+                        Failure::Timeout,
+                        format!("{} {}: per-try timeout", cluster.name, ep.endpoint().addr),
+                    )
+                }
+            };
+            self.shared.metrics.upstream_error(failure.0.label());
+            let safe = match failure.0 {
+                // The request never left: safe for every method.
+                Failure::Connect => retry.is_some_and(|r| r.on_connect_failure),
+                Failure::Reset => retry.is_some_and(|r| r.on_reset) && method_idempotent,
+                Failure::Timeout => method_idempotent,
+            };
+            if !(safe && more_attempts) {
+                return Err(failure);
+            }
+            if !retry.is_some_and(|r| r.budget.try_withdraw()) {
+                self.retry_metric("budget_exhausted");
+                return Err(failure);
+            }
+            self.retry_metric("sent");
+            attempt += 1;
+        }
+    }
+
+    fn retry_metric(&self, outcome: &'static str) {
+        self.shared
+            .metrics
+            .retries
+            .get_or_create(&vec![("outcome", outcome)])
+            .inc();
+    }
+
+    fn mirror(
+        &self,
+        active: &Arc<Active>,
+        cluster: usize,
+        mut parts: http::request::Parts,
+        body: Bytes,
+        timeout: Option<Duration>,
+    ) {
+        let metrics = self.shared.metrics.clone();
+        let Ok(permit) = self.shared.mirror_slots.clone().try_acquire_owned() else {
+            metrics
+                .mirror
+                .get_or_create(&vec![("outcome", "dropped")])
+                .inc();
+            return;
+        };
+        let cluster = active.upstreams.clusters[cluster].clone();
+        metrics
+            .mirror
+            .get_or_create(&vec![("outcome", "sent")])
+            .inc();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let Some(ep) = cluster.pick() else { return };
+            parts.uri = upstream_uri(&ep.endpoint().authority, &parts.uri);
+            parts.version = match cluster.config.protocol {
+                UpstreamProtocol::Http1 => Version::HTTP_11,
+                UpstreamProtocol::Http2 => Version::HTTP_2,
+            };
+            let fut = async {
+                if let Ok(resp) = cluster
+                    .client
+                    .request(Request::from_parts(parts, ProxyBody::full(body)))
+                    .await
+                {
+                    let _ = resp.into_body().collect().await;
+                }
+            };
+            let _ = tokio::time::timeout(timeout.unwrap_or(Duration::from_secs(5)), fut).await;
+        });
+    }
+}
+
+/// Chooses the cluster for each attempt (a new weighted draw per retry, so
+/// retries can land on another backend).
+struct ClusterPicker {
+    active: Arc<Active>,
+    fixed: Option<usize>,
+}
+
+fn cluster_picker(active: &Arc<Active>, fixed: Option<usize>) -> ClusterPicker {
+    ClusterPicker {
+        active: active.clone(),
+        fixed,
+    }
+}
+
+impl ClusterPicker {
+    fn pick(&self, route: Option<&CompiledRoute>) -> Arc<Cluster> {
+        let idx = match (self.fixed, route) {
+            (Some(c), _) => c,
+            (None, Some(r)) => r.pick_backend(fast_rand()),
+            (None, None) => 0,
+        };
+        self.active.upstreams.clusters[idx].clone()
+    }
+}
+
+/// Join two upgraded connections (WebSocket etc.) and copy until either ends.
+pub(crate) async fn splice_upgrades(
+    down: hyper::upgrade::OnUpgrade,
+    up: hyper::upgrade::OnUpgrade,
+) {
+    let (Ok(down), Ok(up)) = (down.await, up.await) else {
+        return;
+    };
+    let mut down = TokioIo::new(down);
+    let mut up = TokioIo::new(up);
+    let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+}

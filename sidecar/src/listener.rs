@@ -1,0 +1,498 @@
+//! Accept loops and per-connection handling.
+//!
+//! ```text
+//! accept ─▶ network filters ─▶ detect ─┬─▶ HTTP/1 server ─▶ HttpService
+//!   (bound here or passed in       │   ├─▶ HTTP/2 server ─▶ HttpService
+//!    by the handoff as an fd)      │   ├─▶ TLS layer ─▶ (detect again / ALPN)
+//!                                  │   └─▶ TCP proxy
+//! ```
+//! Every connection is in the [`ConnRegistry`] for its whole life and
+//! listens for a park request (see [`crate::conn`]).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+
+use crate::body::InFlight;
+use crate::config::{Capture, ListenerProtocol};
+use crate::conn::{BoxIo, ConnGuard, ConnKind, ParkRequest, ParkableIo, Parked, PrefixedIo};
+use crate::detect::{Detection, MAX_DETECT_BYTES, Protocol, detect};
+use crate::filters::{ConnMeta, NetworkFilter};
+use crate::http_proxy::{HttpService, Shared};
+use crate::metrics::ConnLabels;
+
+/// Result of the TLS layer accepting a connection: the decrypted stream and
+/// the metadata it learned (peer identity, ALPN).
+pub type TlsAccepted = std::io::Result<(BoxIo, ConnMeta)>;
+
+/// Hook the TLS layer implements: terminate TLS on a connection whose first
+/// bytes are a ClientHello. The data plane then detects the inner protocol
+/// (ALPN `h2` → HTTP/2, `http/1.1` → HTTP/1, else by the first bytes).
+pub trait TlsTerminator: Send + Sync + 'static {
+    fn accept(
+        &self,
+        io: PrefixedIo<TcpStream>,
+        meta: ConnMeta,
+    ) -> Pin<Box<dyn Future<Output = TlsAccepted> + Send>>;
+
+    /// Whether plaintext is accepted on `listener` (Strict mode says no).
+    fn plaintext_allowed(&self, _listener: &str) -> bool {
+        true
+    }
+}
+
+/// Bind a listening socket the way the sidecar wants it (reuseaddr,
+/// large backlog), as a std listener so it can also come from an fd.
+pub fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )?;
+    sock.set_reuse_address(true)?;
+    sock.set_nonblocking(true)?;
+    sock.bind(&addr.into())?;
+    sock.listen(4096)?;
+    Ok(sock.into())
+}
+
+/// Accept on `listener` (bound here, or adopted from another process by
+/// the handoff) until the lifecycle reaches Draining or `stop` fires.
+pub async fn serve_listener(
+    listener: std::net::TcpListener,
+    name: Arc<str>,
+    shared: Arc<Shared>,
+    tls: Option<Arc<dyn TlsTerminator>>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let listener = TcpListener::from_std(listener)?;
+    let mut phase = shared.lifecycle.subscribe();
+    tracing::info!(listener = %name, addr = %listener.local_addr()?, "accepting");
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = crate::lifecycle::wait_until(&mut phase, |p| p.stops_accepting()) => break,
+            _ = crate::lifecycle::wait_until(&mut stop, |s| *s) => break,
+        };
+        let (stream, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(listener = %name, error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let shared = shared.clone();
+        let name = name.clone();
+        let tls = tls.clone();
+        tokio::spawn(async move { handle_connection(stream, peer, name, shared, tls).await });
+    }
+    tracing::info!(listener = %name, "stopped accepting");
+    Ok(())
+}
+
+/// Handle one accepted connection from start to end (also usable for a
+/// connection adopted from elsewhere).
+pub async fn handle_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    listener: Arc<str>,
+    shared: Arc<Shared>,
+    tls: Option<Arc<dyn TlsTerminator>>,
+) {
+    let _ = stream.set_nodelay(true);
+    let active = shared.store.load();
+    let Some(l) = active.config.listener(&listener) else {
+        return;
+    };
+    let local = stream.local_addr().unwrap_or(peer);
+    let original_dst = match l.config.capture {
+        Capture::Transparent => crate::orig_dst::original_dst(&stream, local),
+        Capture::Explicit => None,
+    };
+    let meta = ConnMeta {
+        id: shared.registry.next_id(),
+        listener: listener.clone(),
+        peer,
+        local,
+        original_dst,
+        peer_identity: None,
+        alpn: None,
+        tls: false,
+    };
+
+    // Network filters.
+    let _permit = match l.config.max_connections {
+        Some(max) => match (NetworkFilter::ConnectionLimit {
+            max,
+            live: shared.conn_count(&listener),
+        })
+        .on_accept()
+        {
+            Some(p) => Some(p),
+            None => {
+                shared.metrics.local_response("connection_limit");
+                return;
+            }
+        },
+        None => None,
+    };
+    let (guard, park) = shared.registry.register(meta.clone());
+
+    let detect_timeout = Duration::from_millis(l.config.detect_timeout_ms);
+    let opaque = l.is_opaque(meta.dst_port());
+    let forced = match l.config.protocol {
+        ListenerProtocol::Http1 => Some(Protocol::Http1),
+        ListenerProtocol::Http2 => Some(Protocol::Http2),
+        ListenerProtocol::Tcp => Some(Protocol::Tcp),
+        ListenerProtocol::Auto if opaque => Some(Protocol::Tcp),
+        ListenerProtocol::Auto => None,
+    };
+    drop(active);
+
+    let mut stream = stream;
+    let (protocol, prefix) = match forced {
+        Some(p) => (p, Bytes::new()),
+        None => match read_and_detect(&mut stream, detect_timeout).await {
+            Ok(x) => x,
+            Err(_) => return,
+        },
+    };
+    let io = PrefixedIo::new(prefix, stream);
+    match protocol {
+        Protocol::Tls => match tls {
+            Some(t) => {
+                guard.set_kind(ConnKind::Tls);
+                guard.set_tls();
+                match t.accept(io, meta).await {
+                    Ok((io, meta)) => serve_decrypted(io, meta, shared, guard, park).await,
+                    Err(e) => tracing::debug!(error = %e, "tls accept failed"),
+                }
+            }
+            // No TLS layer: treat the bytes as opaque (e.g. app-level TLS
+            // passing through the mesh).
+            None => serve_plain(io, meta, Protocol::Tcp, shared, guard, park).await,
+        },
+        p => {
+            if let Some(t) = &tls
+                && !t.plaintext_allowed(&listener)
+            {
+                shared.metrics.local_response("plaintext_refused");
+                tracing::info!(listener = %listener, peer = %peer, "plaintext refused (strict mTLS)");
+                return;
+            }
+            serve_plain(io, meta, p, shared, guard, park).await
+        }
+    }
+}
+
+/// Read until detection decides or the timeout fires (server speaks first:
+/// raw TCP). Returns the protocol and the bytes read.
+async fn read_and_detect(
+    stream: &mut TcpStream,
+    timeout: Duration,
+) -> std::io::Result<(Protocol, Bytes)> {
+    let mut buf = BytesMut::with_capacity(1024);
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        match detect(&buf) {
+            Detection::Done(p) => return Ok((p, buf.freeze())),
+            Detection::NeedMore if buf.len() >= MAX_DETECT_BYTES => {
+                return Ok((Protocol::Tcp, buf.freeze()));
+            }
+            Detection::NeedMore => {}
+        }
+        if buf.capacity() - buf.len() < 512 {
+            buf.reserve(4096);
+        }
+        match tokio::time::timeout_at(deadline, stream.read_buf(&mut buf)).await {
+            Err(_) => return Ok((Protocol::Tcp, buf.freeze())),
+            Ok(Ok(0)) => {
+                return if buf.is_empty() {
+                    Err(std::io::ErrorKind::UnexpectedEof.into())
+                } else {
+                    Ok((Protocol::Tcp, buf.freeze()))
+                };
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(e),
+        }
+    }
+}
+
+/// Serve a decrypted stream from the TLS layer: ALPN decides, else detect.
+async fn serve_decrypted(
+    mut io: BoxIo,
+    meta: ConnMeta,
+    shared: Arc<Shared>,
+    guard: ConnGuard,
+    park: oneshot::Receiver<ParkRequest>,
+) {
+    let by_alpn = match meta.alpn.as_deref() {
+        Some(b"h2") => Some(Protocol::Http2),
+        Some(b"http/1.1") => Some(Protocol::Http1),
+        _ => None,
+    };
+    let (protocol, prefix) = match by_alpn {
+        Some(p) => (p, Bytes::new()),
+        None => {
+            let timeout = shared
+                .store
+                .load()
+                .config
+                .listener(&meta.listener)
+                .map_or(Duration::from_millis(500), |l| {
+                    Duration::from_millis(l.config.detect_timeout_ms)
+                });
+            let mut buf = BytesMut::with_capacity(1024);
+            let deadline = tokio::time::Instant::now() + timeout;
+            loop {
+                match detect(&buf) {
+                    Detection::Done(Protocol::Tls) => break (Protocol::Tcp, buf.freeze()),
+                    Detection::Done(p) => break (p, buf.freeze()),
+                    Detection::NeedMore if buf.len() >= MAX_DETECT_BYTES => {
+                        break (Protocol::Tcp, buf.freeze());
+                    }
+                    Detection::NeedMore => {}
+                }
+                buf.reserve(1024);
+                match tokio::time::timeout_at(deadline, io.read_buf(&mut buf)).await {
+                    Ok(Ok(n)) if n > 0 => {}
+                    Ok(Ok(_)) | Ok(Err(_)) if buf.is_empty() => return,
+                    _ => break (Protocol::Tcp, buf.freeze()),
+                }
+            }
+        }
+    };
+    serve_plain(
+        PrefixedIo::new(prefix, io),
+        meta,
+        protocol,
+        shared,
+        guard,
+        park,
+    )
+    .await
+}
+
+/// Hand a stream whose protocol is known to its handler.
+pub async fn serve_plain<I: ParkableIo>(
+    io: PrefixedIo<I>,
+    meta: ConnMeta,
+    protocol: Protocol,
+    shared: Arc<Shared>,
+    guard: ConnGuard,
+    park: oneshot::Receiver<ParkRequest>,
+) {
+    let kind = match protocol {
+        Protocol::Http1 => ConnKind::Http1,
+        Protocol::Http2 => ConnKind::Http2,
+        _ => ConnKind::Tcp,
+    };
+    guard.set_kind(kind);
+    let labels = ConnLabels {
+        listener: meta.listener.clone(),
+        protocol: kind.as_str(),
+    };
+    shared.metrics.connections.get_or_create(&labels).inc();
+    let active_gauge = shared
+        .metrics
+        .connections_active
+        .get_or_create(&labels)
+        .clone();
+    active_gauge.inc();
+    match protocol {
+        Protocol::Http1 => serve_http1(io, meta, shared, park).await,
+        Protocol::Http2 => serve_http2(io, meta, shared, park).await,
+        _ => serve_tcp(io, meta, shared, park).await,
+    }
+    active_gauge.dec();
+    drop(guard);
+}
+
+async fn serve_tcp<I: ParkableIo>(
+    io: PrefixedIo<I>,
+    meta: ConnMeta,
+    shared: Arc<Shared>,
+    park: oneshot::Receiver<ParkRequest>,
+) {
+    let active = shared.store.load();
+    let Some(l) = active.config.listener(&meta.listener) else {
+        return;
+    };
+    let port = meta.dst_port();
+    let target = match (
+        l.port_map.get(&port).or(l.tcp_cluster.as_ref()),
+        meta.original_dst,
+    ) {
+        (Some(c), _) => {
+            let cluster = active.upstreams.clusters[*c].clone();
+            cluster.pick().map(|ep| {
+                (
+                    ep.endpoint().addr,
+                    Some(ep),
+                    cluster.config.connect_timeout_ms,
+                )
+            })
+        }
+        (None, Some(dst)) if l.config.passthrough => Some((dst, None, 1000)),
+        _ => None,
+    };
+    drop(active);
+    let Some((addr, ep, connect_ms)) = target else {
+        shared.metrics.upstream_error("no_endpoints");
+        tracing::debug!(
+            conn = meta.id,
+            "tcp: no cluster or passthrough for this connection; closing"
+        );
+        return;
+    };
+    let up = match tokio::time::timeout(Duration::from_millis(connect_ms), TcpStream::connect(addr))
+        .await
+    {
+        Ok(Ok(s)) => {
+            if let Some(ep) = &ep {
+                ep.report(crate::upstream::Outcome::Success);
+            }
+            s
+        }
+        Ok(Err(_)) | Err(_) => {
+            if let Some(ep) = &ep {
+                ep.report(crate::upstream::Outcome::Failure);
+            }
+            shared.metrics.upstream_error("connect");
+            return;
+        }
+    };
+    let _ = up.set_nodelay(true);
+    let (prefix, io) = io.into_parts();
+    let end = crate::tcp_proxy::proxy(
+        io,
+        up,
+        &prefix,
+        &meta,
+        park,
+        &shared.bytes_rx,
+        &shared.bytes_tx,
+    )
+    .await;
+    drop(ep);
+    if let crate::tcp_proxy::TcpEnd::Error(e) = end {
+        tracing::debug!(conn = meta.id, error = %e, "tcp proxy ended with an error");
+    }
+}
+
+fn http_service(meta: ConnMeta, shared: &Arc<Shared>) -> HttpService {
+    HttpService {
+        shared: shared.clone(),
+        conn: Arc::new(meta),
+        inflight: Arc::new(InFlight::default()),
+    }
+}
+
+async fn serve_http1<I: ParkableIo>(
+    io: PrefixedIo<I>,
+    meta: ConnMeta,
+    shared: Arc<Shared>,
+    park: oneshot::Receiver<ParkRequest>,
+) {
+    let rt = shared.store.snapshot().runtime.clone();
+    let svc = http_service(meta.clone(), &shared);
+    let inflight = svc.inflight.clone();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_millis(rt.header_read_timeout_ms))
+        .max_header_size(rt.max_header_bytes)
+        .keep_alive(true);
+    if rt.max_headers != 100 {
+        builder.max_headers(rt.max_headers);
+    }
+    let mut conn = builder
+        .serve_connection(TokioIo::new(io), svc)
+        .with_upgrades();
+    let mut phase = shared.lifecycle.subscribe();
+    let mut park = park;
+    let mut draining = false;
+    tokio::select! {
+        r = &mut conn => { log_conn_end(&meta, r.err()); return; }
+        _ = crate::lifecycle::wait_until(&mut phase, |p| p.stops_accepting()) => { draining = true; }
+        req = &mut park => if let Ok(req) = req {
+                // Safe point: no request in flight. Keep driving the
+                // connection (responses must flush) while waiting for it.
+                let idle = async {
+                    loop {
+                        inflight.wait_idle().await;
+                        // Let hyper finish writing the last response.
+                        tokio::task::yield_now().await;
+                        if inflight.count() == 0 { break; }
+                    }
+                };
+                tokio::select! {
+                    r = &mut conn => { log_conn_end(&meta, r.err()); drop(req); return; }
+                    _ = idle => {}
+                }
+                match conn.into_parts() {
+                    Some(parts) => {
+                        let (downstream, pre) = parts.io.into_inner().into_parked();
+                        let mut unread = pre.to_vec();
+                        unread.extend_from_slice(&parts.read_buf);
+                        let _ = req.reply.send(Parked::Http1 { meta, downstream, unread: Bytes::from(unread) });
+                    }
+                    None => { let _ = req.reply.send(Parked::Draining); }
+                }
+                return;
+        },
+    }
+    if draining {
+        // Finish the in-flight request, then close (Connection: close).
+        Pin::new(&mut conn).graceful_shutdown();
+    }
+    let r = conn.await;
+    log_conn_end(&meta, r.err());
+}
+
+async fn serve_http2<I: ParkableIo>(
+    io: PrefixedIo<I>,
+    meta: ConnMeta,
+    shared: Arc<Shared>,
+    mut park: oneshot::Receiver<ParkRequest>,
+) {
+    let rt = shared.store.snapshot().runtime.clone();
+    let svc = http_service(meta.clone(), &shared);
+    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(rt.h2_max_concurrent_streams)
+        .max_header_list_size(rt.max_header_bytes as u32);
+    let conn = builder.serve_connection(TokioIo::new(io), svc);
+    tokio::pin!(conn);
+    let mut phase = shared.lifecycle.subscribe();
+    tokio::select! {
+        r = &mut conn => { log_conn_end(&meta, r.err()); return; }
+        _ = crate::lifecycle::wait_until(&mut phase, |p| p.stops_accepting()) => {}
+        req = &mut park => {
+            // HTTP/2 cannot move mid-connection: GOAWAY and drain.
+            if let Ok(req) = req { let _ = req.reply.send(Parked::Draining); }
+        }
+    }
+    conn.as_mut().graceful_shutdown();
+    let r = conn.await;
+    log_conn_end(&meta, r.err());
+}
+
+fn log_conn_end(meta: &ConnMeta, err: Option<hyper::Error>) {
+    if let Some(e) = err {
+        tracing::debug!(conn = meta.id, peer = %meta.peer, error = %e, "connection ended with an error");
+    }
+}

@@ -1,0 +1,219 @@
+//! One Prometheus registry per process (prefix `baton_sidecar`), with the
+//! data plane's metric families as typed fields so the hot path updates them
+//! without name lookups. Other layers (TLS, handoff) register their own
+//! families through [`Metrics::register`].
+
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// HTTP status class label (`2xx` ...), so cardinality stays bounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StatusClass {
+    C1xx,
+    C2xx,
+    C3xx,
+    C4xx,
+    C5xx,
+}
+
+impl EncodeLabelValue for StatusClass {
+    fn encode(
+        &self,
+        encoder: &mut prometheus_client::encoding::LabelValueEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        let s = match self {
+            StatusClass::C1xx => "1xx",
+            StatusClass::C2xx => "2xx",
+            StatusClass::C3xx => "3xx",
+            StatusClass::C4xx => "4xx",
+            StatusClass::C5xx => "5xx",
+        };
+        EncodeLabelValue::encode(&s, encoder)
+    }
+}
+
+impl StatusClass {
+    pub fn of(status: u16) -> Self {
+        match status {
+            100..=199 => StatusClass::C1xx,
+            200..=299 => StatusClass::C2xx,
+            300..=399 => StatusClass::C3xx,
+            400..=499 => StatusClass::C4xx,
+            _ => StatusClass::C5xx,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub route: Arc<str>,
+    pub status_class: StatusClass,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub route: Arc<str>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ConnLabels {
+    pub listener: Arc<str>,
+    pub protocol: &'static str,
+}
+
+type Labels = Vec<(&'static str, &'static str)>;
+
+fn latency_histogram() -> Histogram {
+    // 100 µs .. ~13 s
+    Histogram::new(exponential_buckets(0.0001, 2.0, 18))
+}
+
+/// The data plane's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    pub requests: Family<RequestLabels, Counter>,
+    pub request_duration: Family<RouteLabels, Histogram, fn() -> Histogram>,
+    pub connections_active: Family<ConnLabels, Gauge>,
+    pub connections: Family<ConnLabels, Counter>,
+    /// `direction` = `downstream_rx` / `downstream_tx` (bytes from / to clients).
+    pub bytes: Family<Labels, Counter>,
+    /// `class` = connect / timeout / reset / no_endpoints / protocol.
+    pub upstream_errors: Family<Labels, Counter>,
+    pub retries: Family<Labels, Counter>,
+    pub outlier_ejections: Counter,
+    pub mirror: Family<Labels, Counter>,
+    pub config_version: Gauge,
+    pub config_applies: Counter,
+    pub config_apply_errors: Family<Labels, Counter>,
+    pub phase: Family<Labels, Gauge>,
+    pub local_responses: Family<Labels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut r = Registry::with_prefix("baton_sidecar");
+        let m = Self {
+            registry: Mutex::new(Registry::default()),
+            requests: Family::default(),
+            request_duration: Family::new_with_constructor(latency_histogram),
+            connections_active: Family::default(),
+            connections: Family::default(),
+            bytes: Family::default(),
+            upstream_errors: Family::default(),
+            retries: Family::default(),
+            outlier_ejections: Counter::default(),
+            mirror: Family::default(),
+            config_version: Gauge::default(),
+            config_applies: Counter::default(),
+            config_apply_errors: Family::default(),
+            phase: Family::default(),
+            local_responses: Family::default(),
+        };
+        r.register(
+            "requests",
+            "HTTP requests by route and status class",
+            m.requests.clone(),
+        );
+        r.register(
+            "request_duration_seconds",
+            "Time to response head by route",
+            m.request_duration.clone(),
+        );
+        r.register(
+            "connections_active",
+            "Open downstream connections",
+            m.connections_active.clone(),
+        );
+        r.register(
+            "connections",
+            "Accepted downstream connections",
+            m.connections.clone(),
+        );
+        r.register("bytes", "Bytes proxied, by direction", m.bytes.clone());
+        r.register(
+            "upstream_errors",
+            "Upstream failures by class",
+            m.upstream_errors.clone(),
+        );
+        r.register(
+            "retries",
+            "Retries by outcome (sent, budget_exhausted)",
+            m.retries.clone(),
+        );
+        r.register(
+            "outlier_ejections",
+            "Endpoints ejected after consecutive failures",
+            m.outlier_ejections.clone(),
+        );
+        r.register(
+            "mirror_requests",
+            "Mirrored requests by outcome (sent, dropped)",
+            m.mirror.clone(),
+        );
+        r.register(
+            "config_version",
+            "Version of the serving config snapshot",
+            m.config_version.clone(),
+        );
+        r.register(
+            "config_applies",
+            "Config snapshots applied",
+            m.config_applies.clone(),
+        );
+        r.register(
+            "config_apply_errors",
+            "Config snapshots refused, by reason",
+            m.config_apply_errors.clone(),
+        );
+        r.register(
+            "lifecycle_phase",
+            "1 for the current lifecycle phase",
+            m.phase.clone(),
+        );
+        r.register(
+            "local_responses",
+            "Responses generated by the sidecar, by reason",
+            m.local_responses.clone(),
+        );
+        *m.registry.lock().unwrap_or_else(|e| e.into_inner()) = r;
+        m
+    }
+
+    /// Let another layer add its families to the same registry (same prefix).
+    pub fn register(&self, f: impl FnOnce(&mut Registry)) {
+        f(&mut self.registry.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    /// Text exposition for `/metrics`.
+    pub fn encode(&self) -> String {
+        let mut out = String::with_capacity(8192);
+        let reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = prometheus_client::encoding::text::encode(&mut out, &reg);
+        out
+    }
+
+    pub fn upstream_error(&self, class: &'static str) {
+        self.upstream_errors
+            .get_or_create(&vec![("class", class)])
+            .inc();
+    }
+
+    pub fn local_response(&self, reason: &'static str) {
+        self.local_responses
+            .get_or_create(&vec![("reason", reason)])
+            .inc();
+    }
+}
