@@ -18,6 +18,8 @@ use crate::tls_policy::is_extended_resource_name;
 use crate::validation::{Errors, FieldError, Validate};
 
 /// Nodes with QAT devices that Baton allocates to sidecars.
+// Each printcolumn(...) repeats `type_ = ...`; clippy reads that as a duplicate.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, JsonSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[kube(
     group = "baton.dev",

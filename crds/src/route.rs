@@ -20,6 +20,8 @@ use crate::common::{
 use crate::validation::{Errors, FieldError, Validate};
 
 /// Routing for one Service port.
+// Each printcolumn(...) repeats `type_ = ...`; clippy reads that as a duplicate.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[kube(
     group = "baton.dev",

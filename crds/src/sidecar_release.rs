@@ -18,6 +18,8 @@ use crate::selector;
 use crate::validation::{Errors, FieldError, Validate};
 
 /// Which sidecar version runs in which pods, and how upgrades roll out.
+// Each printcolumn(...) repeats `type_ = ...`; clippy reads that as a duplicate.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[kube(
     group = "baton.dev",

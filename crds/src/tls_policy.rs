@@ -13,6 +13,8 @@ use crate::selector;
 use crate::validation::{Errors, FieldError, Validate};
 
 /// TLS settings for the sidecars of the selected pods.
+// Each printcolumn(...) repeats `type_ = ...`; clippy reads that as a duplicate.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[kube(
     group = "baton.dev",
