@@ -130,6 +130,16 @@ pub mod env {
     pub const EXCLUDE_INBOUND_PORTS: &str = "BATON_EXCLUDE_INBOUND_PORTS";
     pub const EXCLUDE_OUTBOUND_PORTS: &str = "BATON_EXCLUDE_OUTBOUND_PORTS";
     pub const EXCLUDE_OUTBOUND_CIDRS: &str = "BATON_EXCLUDE_OUTBOUND_CIDRS";
+    /// Handoff socket path (default `volumes::HANDOFF_SOCKET`; tests override it).
+    pub const HANDOFF_SOCKET: &str = "BATON_HANDOFF_SOCKET";
+    /// Handoff status file path (default `volumes::HANDOFF_STATUS_FILE`).
+    pub const HANDOFF_STATUS_FILE: &str = "BATON_HANDOFF_STATUS_FILE";
+    /// A handoff step with no progress for this long fails (old keeps serving).
+    pub const HANDOFF_TIMEOUT_MS: &str = "BATON_HANDOFF_TIMEOUT_MS";
+    /// How long the old process waits for in-flight requests to reach a safe point.
+    pub const HANDOFF_PARK_TIMEOUT_MS: &str = "BATON_HANDOFF_PARK_TIMEOUT_MS";
+    /// Testing knob: advertise protocol versions `MIN-MAX` instead of this build's.
+    pub const HANDOFF_PROTOCOL_RANGE: &str = "BATON_HANDOFF_PROTOCOL_RANGE";
 }
 
 pub mod webhook {
