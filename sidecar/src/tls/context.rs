@@ -20,7 +20,9 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use rustls::client::Resumption;
-use rustls::server::{NoServerSessionStorage, ServerSessionMemoryCache, StoresServerSessions, WebPkiClientVerifier};
+use rustls::server::{
+    NoServerSessionStorage, ServerSessionMemoryCache, StoresServerSessions, WebPkiClientVerifier,
+};
 use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, ClientConnection, ServerConfig, ServerConnection};
 use rustls_pki_types::ServerName;
@@ -103,12 +105,20 @@ fn certify(material: &Material, offload: &Offload) -> Result<Arc<CertifiedKey>, 
         _ => return Err(MaterialError::KeyMismatch.into()),
     }
     let key = offload.signing_key(&material.key)?;
-    Ok(Arc::new(CertifiedKey::new(material.cert_chain.clone(), key)))
+    Ok(Arc::new(CertifiedKey::new(
+        material.cert_chain.clone(),
+        key,
+    )))
 }
 
 impl TlsContext {
     /// Builds a context from settings and initial material.
-    pub fn new(settings: &TlsSettings, material: Material, offload: Arc<Offload>, metrics: TlsMetrics) -> Result<Arc<Self>, TlsError> {
+    pub fn new(
+        settings: &TlsSettings,
+        material: Material,
+        offload: Arc<Offload>,
+        metrics: TlsMetrics,
+    ) -> Result<Arc<Self>, TlsError> {
         let policy = settings.compile()?;
         let certified = certify(&material, &offload)?;
         let roots = Arc::new(material.root_store()?);
@@ -302,7 +312,10 @@ fn build_server_config(
     } else {
         builder.allow_unauthenticated()
     };
-    let verifier = Arc::new(MeshClientVerifier::new(builder.build()?, p.trust_domain.clone()));
+    let verifier = Arc::new(MeshClientVerifier::new(
+        builder.build()?,
+        p.trust_domain.clone(),
+    ));
     let mut cfg = ServerConfig::builder_with_provider(p.provider.clone())
         .with_protocol_versions(&p.versions)?
         .with_client_cert_verifier(verifier)
@@ -396,7 +409,10 @@ impl Acceptor {
         r
     }
 
-    async fn accept_tls_inner<IO>(&self, io: IO) -> Result<(ServerTlsStream<IO>, PeerInfo), TlsError>
+    async fn accept_tls_inner<IO>(
+        &self,
+        io: IO,
+    ) -> Result<(ServerTlsStream<IO>, PeerInfo), TlsError>
     where
         IO: AsyncRead + AsyncWrite + Unpin,
     {

@@ -107,7 +107,12 @@ pub fn backoff(attempt: u32, base: Duration, max: Duration, jitter01: f64) -> Du
 /// Time to wait before renewing a certificate valid in
 /// `[not_before, not_after]`: at 2/3 of its lifetime, shifted by
 /// `jitter ∈ [-1,1]` × 5 % of the lifetime; never negative. Pure.
-pub fn renewal_delay(not_before: SystemTime, not_after: SystemTime, now: SystemTime, jitter: f64) -> Duration {
+pub fn renewal_delay(
+    not_before: SystemTime,
+    not_after: SystemTime,
+    now: SystemTime,
+    jitter: f64,
+) -> Duration {
     let lifetime = not_after
         .duration_since(not_before)
         .unwrap_or(Duration::ZERO);
@@ -151,11 +156,11 @@ impl IdentityClient {
             Some("http") => None,
             Some("https") => {
                 let mut roots = rustls::RootCertStore::empty();
-                let path = ca_bundle.ok_or_else(|| {
-                    IdentityClientError::CaBundle("https needs ca_bundle".into())
+                let path = ca_bundle
+                    .ok_or_else(|| IdentityClientError::CaBundle("https needs ca_bundle".into()))?;
+                let pem = std::fs::read(path).map_err(|e| {
+                    IdentityClientError::CaBundle(format!("{}: {e}", path.display()))
                 })?;
-                let pem = std::fs::read(path)
-                    .map_err(|e| IdentityClientError::CaBundle(format!("{}: {e}", path.display())))?;
                 use rustls_pki_types::pem::PemObject;
                 for c in CertificateDer::pem_slice_iter(&pem) {
                     let c = c.map_err(|e| IdentityClientError::CaBundle(e.to_string()))?;
@@ -200,11 +205,10 @@ impl IdentityClient {
                 "source is not identity_service".into(),
             ));
         };
-        let local = settings
-            .identity
-            .local
-            .as_deref()
-            .ok_or_else(|| IdentityClientError::Settings("identity.local is required".into()))?;
+        let local =
+            settings.identity.local.as_deref().ok_or_else(|| {
+                IdentityClientError::Settings("identity.local is required".into())
+            })?;
         let identity = local
             .parse()
             .map_err(|e| IdentityClientError::Settings(format!("identity.local: {e}")))?;
@@ -234,7 +238,11 @@ impl IdentityClient {
             KeyType::EcdsaP384 => rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384),
             KeyType::Rsa2048 | KeyType::Rsa3072 => {
                 // ring cannot generate RSA keys; OpenSSL can.
-                let bits = if self.key_type == KeyType::Rsa2048 { 2048 } else { 3072 };
+                let bits = if self.key_type == KeyType::Rsa2048 {
+                    2048
+                } else {
+                    3072
+                };
                 let pem = openssl::rsa::Rsa::generate(bits)
                     .and_then(openssl::pkey::PKey::from_rsa)
                     .and_then(|k| k.private_key_to_pem_pkcs8())
@@ -244,9 +252,10 @@ impl IdentityClient {
         }
         .map_err(|e| csr_err(e.to_string()))?;
         let mut params = rcgen::CertificateParams::default();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, self.identity.service_account.clone());
+        params.distinguished_name.push(
+            rcgen::DnType::CommonName,
+            self.identity.service_account.clone(),
+        );
         params.subject_alt_names = vec![rcgen::SanType::URI(
             self.identity
                 .to_string()
@@ -279,8 +288,8 @@ impl IdentityClient {
                 body: String::from_utf8_lossy(&resp[..resp.len().min(512)]).into_owned(),
             });
         }
-        let r: SignResponse =
-            serde_json::from_slice(&resp).map_err(|e| IdentityClientError::Response(e.to_string()))?;
+        let r: SignResponse = serde_json::from_slice(&resp)
+            .map_err(|e| IdentityClientError::Response(e.to_string()))?;
         let key_pem = {
             // Material::from_pem wants PEM for all three parts.
             let PrivateKeyDer::Pkcs8(k) = &key else {
@@ -301,7 +310,10 @@ impl IdentityClient {
     }
 
     /// Up to `policy.attempts` attempts with jittered back-off.
-    pub async fn issue_with_retries(&self, policy: RetryPolicy) -> Result<Material, IdentityClientError> {
+    pub async fn issue_with_retries(
+        &self,
+        policy: RetryPolicy,
+    ) -> Result<Material, IdentityClientError> {
         let mut attempt = 0;
         loop {
             match self.issue().await {
@@ -318,7 +330,12 @@ impl IdentityClient {
     }
 
     /// Renews for as long as `ctx` lives and `stop` stays false.
-    pub async fn run(self, ctx: std::sync::Weak<TlsContext>, mut stop: tokio::sync::watch::Receiver<bool>, policy: RetryPolicy) {
+    pub async fn run(
+        self,
+        ctx: std::sync::Weak<TlsContext>,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+        policy: RetryPolicy,
+    ) {
         let mut failures = 0u32;
         loop {
             let Some(current) = ctx.upgrade() else { return };
@@ -357,7 +374,11 @@ impl IdentityClient {
     }
 
     async fn post(&self, body: Vec<u8>, token: &str) -> Result<(u16, Bytes), IdentityClientError> {
-        let host = self.uri.host().unwrap_or_default().trim_matches(|c| c == '[' || c == ']');
+        let host = self
+            .uri
+            .host()
+            .unwrap_or_default()
+            .trim_matches(|c| c == '[' || c == ']');
         let port = self
             .uri
             .port_u16()
@@ -370,17 +391,12 @@ impl IdentityClient {
             .authority()
             .map(|a| a.as_str().to_string())
             .unwrap_or_default();
-        let req = http::Request::post(
-            self.uri
-                .path_and_query()
-                .map(|p| p.as_str())
-                .unwrap_or("/"),
-        )
-        .header(http::header::HOST, authority)
-        .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .map_err(|e| IdentityClientError::Http(e.to_string()))?;
+        let req = http::Request::post(self.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/"))
+            .header(http::header::HOST, authority)
+            .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| IdentityClientError::Http(e.to_string()))?;
         match &self.https {
             None => send(TokioIo::new(tcp), req).await,
             Some(cfg) => {
@@ -396,12 +412,17 @@ impl IdentityClient {
     }
 }
 
-async fn send<IO>(io: IO, req: http::Request<Full<Bytes>>) -> Result<(u16, Bytes), IdentityClientError>
+async fn send<IO>(
+    io: IO,
+    req: http::Request<Full<Bytes>>,
+) -> Result<(u16, Bytes), IdentityClientError>
 where
     IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let http = |e: hyper::Error| IdentityClientError::Http(e.to_string());
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.map_err(http)?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+        .await
+        .map_err(http)?;
     // The connection task ends when `sender` is dropped.
     tokio::spawn(async move {
         let _ = conn.await;
@@ -547,7 +568,9 @@ mod tests {
     #[test]
     fn non_http_urls_are_refused() {
         let id: SpiffeId = "spiffe://td/ns/n/sa/s".parse().unwrap();
-        assert!(IdentityClient::new("ftp://x/y", None, None, id.clone(), KeyType::EcdsaP256).is_err());
+        assert!(
+            IdentityClient::new("ftp://x/y", None, None, id.clone(), KeyType::EcdsaP256).is_err()
+        );
         assert!(IdentityClient::new("https://x/y", None, None, id, KeyType::EcdsaP256).is_err());
     }
 }

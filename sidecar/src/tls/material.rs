@@ -67,7 +67,9 @@ impl Clone for Material {
 impl Material {
     /// Decodes PEM text (chain, key, bundle).
     pub fn from_pem(chain: &[u8], key: &[u8], bundle: &[u8]) -> Result<Self, MaterialError> {
-        let certs = |what: &'static str, pem: &[u8]| -> Result<Vec<CertificateDer<'static>>, MaterialError> {
+        let certs = |what: &'static str,
+                     pem: &[u8]|
+         -> Result<Vec<CertificateDer<'static>>, MaterialError> {
             let v = CertificateDer::pem_slice_iter(pem)
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| MaterialError::Pem {
@@ -157,7 +159,11 @@ pub struct CertStore {
 }
 
 impl CertStore {
-    pub fn new(certified: Arc<CertifiedKey>, roots: Arc<RootCertStore>, identity: Option<SpiffeId>) -> Self {
+    pub fn new(
+        certified: Arc<CertifiedKey>,
+        roots: Arc<RootCertStore>,
+        identity: Option<SpiffeId>,
+    ) -> Self {
         CertStore {
             current: ArcSwap::from_pointee(Loaded {
                 certified,
@@ -174,7 +180,12 @@ impl CertStore {
     }
 
     /// Swaps in new material; returns the new generation.
-    pub fn swap(&self, certified: Arc<CertifiedKey>, roots: Arc<RootCertStore>, identity: Option<SpiffeId>) -> u64 {
+    pub fn swap(
+        &self,
+        certified: Arc<CertifiedKey>,
+        roots: Arc<RootCertStore>,
+        identity: Option<SpiffeId>,
+    ) -> u64 {
         let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         self.current.store(Arc::new(Loaded {
             certified,
@@ -240,7 +251,13 @@ impl FileWatcher {
     /// Starts polling every `interval`. `apply` returns an error when the
     /// material is refused (kept for the next change). Must be called inside
     /// a tokio runtime.
-    pub fn spawn<F>(chain: PathBuf, key: PathBuf, bundle: PathBuf, interval: Duration, apply: F) -> Self
+    pub fn spawn<F>(
+        chain: PathBuf,
+        key: PathBuf,
+        bundle: PathBuf,
+        interval: Duration,
+        apply: F,
+    ) -> Self
     where
         F: Fn(Material) -> Result<(), super::TlsError> + Send + Sync + 'static,
     {
@@ -261,7 +278,9 @@ impl FileWatcher {
                             tracing::info!(chain = %paths[0].display(), "TLS material reloaded");
                             last = now;
                         }
-                        Err(e) => tracing::warn!(error = %e, "TLS material refused; keeping the current one"),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "TLS material refused; keeping the current one")
+                        }
                     },
                     // Usually a rotation caught half-way: retry next tick.
                     Err(e) => tracing::debug!(error = %e, "TLS material not loadable yet"),

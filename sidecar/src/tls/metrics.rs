@@ -46,6 +46,8 @@ pub struct TlsMetrics {
     pub offload_sign_seconds: Family<EngineLabel, Histogram, fn() -> Histogram>,
     pub offload_wait_seconds: Family<EngineLabel, Histogram, fn() -> Histogram>,
     pub offload_errors: Family<EngineLabel, Counter>,
+    pub offload_signatures: Family<EngineLabel, Counter>,
+    pub offload_jobs: Family<EngineLabel, Counter>,
     pub offload_fallbacks: Family<ReasonLabel, Counter>,
     pub offload_ready: Gauge,
     pub handshakes: Family<HandshakeLabels, Counter>,
@@ -63,6 +65,8 @@ impl Default for TlsMetrics {
             offload_sign_seconds: Family::new_with_constructor(latency_histogram),
             offload_wait_seconds: Family::new_with_constructor(latency_histogram),
             offload_errors: Family::default(),
+            offload_signatures: Family::default(),
+            offload_jobs: Family::default(),
             offload_fallbacks: Family::default(),
             offload_ready: Gauge::default(),
             handshakes: Family::default(),
@@ -84,6 +88,8 @@ pub struct EngineMetrics {
     pub sign_seconds: Histogram,
     pub wait_seconds: Histogram,
     pub errors: Counter,
+    pub signatures: Counter,
+    pub jobs: Counter,
 }
 
 impl TlsMetrics {
@@ -102,6 +108,8 @@ impl TlsMetrics {
             sign_seconds: self.offload_sign_seconds.get_or_create(&l).clone(),
             wait_seconds: self.offload_wait_seconds.get_or_create(&l).clone(),
             errors: self.offload_errors.get_or_create(&l).clone(),
+            signatures: self.offload_signatures.get_or_create(&l).clone(),
+            jobs: self.offload_jobs.get_or_create(&l).clone(),
         }
     }
 
@@ -158,6 +166,16 @@ impl TlsMetrics {
             "offload_errors",
             "Failed private-key operations by engine",
             self.offload_errors.clone(),
+        );
+        r.register(
+            "offload_signatures",
+            "Private-key operations completed by engine",
+            self.offload_signatures.clone(),
+        );
+        r.register(
+            "offload_jobs",
+            "Handshake steps completed on the crypto pool by engine",
+            self.offload_jobs.clone(),
         );
         r.register(
             "offload_fallbacks",
@@ -217,8 +235,19 @@ mod tests {
         m.plaintext_refused.inc();
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
-        assert!(out.contains("baton_sidecar_tls_offload_sign_seconds_count{engine=\"software\"} 1"), "{out}");
-        assert!(out.contains("baton_sidecar_tls_offload_fallbacks_total{reason=\"engine_unavailable\"} 1"), "{out}");
-        assert!(out.contains("baton_sidecar_tls_plaintext_refused_total 1"), "{out}");
+        assert!(
+            out.contains("baton_sidecar_tls_offload_sign_seconds_count{engine=\"software\"} 1"),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "baton_sidecar_tls_offload_fallbacks_total{reason=\"engine_unavailable\"} 1"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains("baton_sidecar_tls_plaintext_refused_total 1"),
+            "{out}"
+        );
     }
 }

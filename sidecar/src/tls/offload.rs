@@ -37,13 +37,25 @@ pub use super::settings::{EngineKind, OffloadMode, OffloadSettings};
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum OffloadError {
     #[error("engine {engine} unavailable: {reason}")]
-    Unavailable { engine: &'static str, reason: String },
+    Unavailable {
+        engine: &'static str,
+        reason: String,
+    },
     #[error("engine {engine} cannot use this key: {reason}")]
-    Key { engine: &'static str, reason: String },
+    Key {
+        engine: &'static str,
+        reason: String,
+    },
     #[error("engine {engine} failed to sign: {reason}")]
-    Sign { engine: &'static str, reason: String },
+    Sign {
+        engine: &'static str,
+        reason: String,
+    },
     #[error("engine {engine} self-test failed: {reason}")]
-    SelfTest { engine: &'static str, reason: String },
+    SelfTest {
+        engine: &'static str,
+        reason: String,
+    },
     #[error("crypto worker pool is shut down")]
     PoolClosed,
     #[error("crypto worker lost the job (panicked)")]
@@ -99,10 +111,11 @@ impl Engine for SoftwareEngine {
     }
 
     fn load_key(&self, key: &PrivateKeyDer<'_>) -> Result<Arc<dyn EngineKey>, OffloadError> {
-        let key = rustls::crypto::ring::sign::any_supported_type(key).map_err(|e| OffloadError::Key {
-            engine: "software",
-            reason: e.to_string(),
-        })?;
+        let key =
+            rustls::crypto::ring::sign::any_supported_type(key).map_err(|e| OffloadError::Key {
+                engine: "software",
+                reason: e.to_string(),
+            })?;
         let schemes = ALL_SCHEMES
             .iter()
             .copied()
@@ -157,12 +170,14 @@ impl OpensslEngine {
     pub fn new(provider: Option<&str>) -> Result<Self, OffloadError> {
         openssl::init();
         let loaded = match provider {
-            Some(name) => Some(openssl::provider::Provider::try_load(None, name, true).map_err(
-                |e| OffloadError::Unavailable {
-                    engine: "openssl",
-                    reason: format!("load provider {name:?}: {e}"),
-                },
-            )?),
+            Some(name) => Some(
+                openssl::provider::Provider::try_load(None, name, true).map_err(|e| {
+                    OffloadError::Unavailable {
+                        engine: "openssl",
+                        reason: format!("load provider {name:?}: {e}"),
+                    }
+                })?,
+            ),
             None => None,
         };
         Ok(OpensslEngine {
@@ -200,8 +215,10 @@ impl Engine for OpensslEngine {
         };
         let pkey = match key {
             PrivateKeyDer::Pkcs8(k) => PKey::private_key_from_pkcs8(k.secret_pkcs8_der()),
-            PrivateKeyDer::Pkcs1(k) => openssl::rsa::Rsa::private_key_from_der(k.secret_pkcs1_der())
-                .and_then(PKey::from_rsa),
+            PrivateKeyDer::Pkcs1(k) => {
+                openssl::rsa::Rsa::private_key_from_der(k.secret_pkcs1_der())
+                    .and_then(PKey::from_rsa)
+            }
             PrivateKeyDer::Sec1(k) => openssl::ec::EcKey::private_key_from_der(k.secret_sec1_der())
                 .and_then(PKey::from_ec_key),
             _ => return Err(err("unsupported private key encoding".into())),
@@ -309,9 +326,12 @@ pub fn self_test(engine: &dyn Engine) -> Result<(), OffloadError> {
     let key = engine.load_key(&der)?;
     let msg = b"baton offload self-test";
     let sig = key.sign(SignatureScheme::ECDSA_NISTP256_SHA256, msg)?;
-    ring::signature::UnparsedPublicKey::new(&ring::signature::ECDSA_P256_SHA256_ASN1, kp.public_key_raw())
-        .verify(msg, &sig)
-        .map_err(|_| fail("signature did not verify".into()))
+    ring::signature::UnparsedPublicKey::new(
+        &ring::signature::ECDSA_P256_SHA256_ASN1,
+        kp.public_key_raw(),
+    )
+    .verify(msg, &sig)
+    .map_err(|_| fail("signature did not verify".into()))
 }
 
 // ------------------------------------------------------------- the pool
@@ -339,7 +359,12 @@ impl fmt::Debug for CryptoPool {
 }
 
 impl CryptoPool {
-    pub fn new(name: &'static str, workers: usize, queue: usize, metrics: EngineMetrics) -> std::io::Result<Self> {
+    pub fn new(
+        name: &'static str,
+        workers: usize,
+        queue: usize,
+        metrics: EngineMetrics,
+    ) -> std::io::Result<Self> {
         let capacity = workers + queue;
         let (tx, rx) = mpsc::sync_channel::<Job>(capacity);
         let rx = Arc::new(Mutex::new(rx));
@@ -401,6 +426,7 @@ impl CryptoPool {
             let r = f();
             m.in_flight.dec();
             m.wait_seconds.observe(submitted.elapsed().as_secs_f64());
+            m.jobs.inc();
             let _ = done_tx.send(r);
             drop(permit);
         });
@@ -466,6 +492,7 @@ impl Signer for OffloadSigner {
                 k.primary_metrics
                     .sign_seconds
                     .observe(start.elapsed().as_secs_f64());
+                k.primary_metrics.signatures.inc();
                 Ok(sig)
             }
             Err(e) => {
@@ -482,6 +509,7 @@ impl Signer for OffloadSigner {
                     rustls::Error::General(e.to_string())
                 })?;
                 fm.sign_seconds.observe(start.elapsed().as_secs_f64());
+                fm.signatures.inc();
                 Ok(sig)
             }
         }
@@ -521,7 +549,11 @@ pub struct Offload {
 impl Offload {
     /// Selects from settings and the environment (`BATON_OFFLOAD_MODE`,
     /// `BATON_OFFLOAD_ENGINE` override the settings).
-    pub fn select(settings: &OffloadSettings, env: &dyn Fn(&str) -> Option<String>, metrics: TlsMetrics) -> Self {
+    pub fn select(
+        settings: &OffloadSettings,
+        env: &dyn Fn(&str) -> Option<String>,
+        metrics: TlsMetrics,
+    ) -> Self {
         use baton_crds::contract::env as cenv;
         let mut s = settings.clone();
         let mut notes = Vec::new();
@@ -544,6 +576,7 @@ impl Offload {
             })
         } else {
             match s.engine {
+                _ if s.mode == OffloadMode::Disabled => Ok(Arc::new(SoftwareEngine)),
                 EngineKind::Software => Ok(Arc::new(SoftwareEngine)),
                 EngineKind::Openssl => OpensslEngine::new(s.openssl_provider.as_deref())
                     .map(|e| Arc::new(e) as Arc<dyn Engine>),
@@ -561,9 +594,12 @@ impl Offload {
     ) -> Self {
         let software: Arc<dyn Engine> = Arc::new(SoftwareEngine);
         if s.mode == OffloadMode::Disabled {
+            // No pool: the engine signs inline on the connection's task.
+            // `select` passes the software engine here.
             metrics.offload_ready.set(1);
+            let engine = candidate.unwrap_or_else(|_| software.clone());
             return Offload {
-                engine: software,
+                engine,
                 fallback: None,
                 pool: None,
                 status: OffloadStatus {
@@ -598,9 +634,14 @@ impl Offload {
         };
         metrics.offload_ready.set(if ready.is_ok() { 1 } else { 0 });
         let active = engine.kind();
-        let pool = CryptoPool::new(engine.name(), s.workers, s.queue, metrics.engine(engine.name()))
-            .map_err(|e| tracing::error!(error = %e, "cannot start crypto threads; signing inline"))
-            .ok();
+        let pool = CryptoPool::new(
+            engine.name(),
+            s.workers,
+            s.queue,
+            metrics.engine(engine.name()),
+        )
+        .map_err(|e| tracing::error!(error = %e, "cannot start crypto threads; signing inline"))
+        .ok();
         Offload {
             fallback: (s.mode == OffloadMode::Preferred && active != EngineKind::Software)
                 .then_some(software),
@@ -633,7 +674,10 @@ impl Offload {
 
     /// Loads `key` into the active engine (and the fallback) as a rustls
     /// signing key.
-    pub fn signing_key(&self, key: &PrivateKeyDer<'_>) -> Result<Arc<dyn SigningKey>, OffloadError> {
+    pub fn signing_key(
+        &self,
+        key: &PrivateKeyDer<'_>,
+    ) -> Result<Arc<dyn SigningKey>, OffloadError> {
         let primary = self.engine.load_key(key)?;
         let fallback = match &self.fallback {
             Some(f) => Some((f.load_key(key)?, self.metrics.engine(f.name()))),

@@ -293,8 +293,16 @@ pub enum SettingsError {
 fn suite_table() -> [(&'static str, &'static str, SupportedCipherSuite); 9] {
     use ring::cipher_suite as cs;
     [
-        ("TLS_AES_128_GCM_SHA256", "TLS_AES_128_GCM_SHA256", cs::TLS13_AES_128_GCM_SHA256),
-        ("TLS_AES_256_GCM_SHA384", "TLS_AES_256_GCM_SHA384", cs::TLS13_AES_256_GCM_SHA384),
+        (
+            "TLS_AES_128_GCM_SHA256",
+            "TLS_AES_128_GCM_SHA256",
+            cs::TLS13_AES_128_GCM_SHA256,
+        ),
+        (
+            "TLS_AES_256_GCM_SHA384",
+            "TLS_AES_256_GCM_SHA384",
+            cs::TLS13_AES_256_GCM_SHA384,
+        ),
         (
             "TLS_CHACHA20_POLY1305_SHA256",
             "TLS_CHACHA20_POLY1305_SHA256",
@@ -465,7 +473,9 @@ impl TlsSettings {
         if !self.identity.trust_domain.is_empty()
             && !super::spiffe::valid_trust_domain(&self.identity.trust_domain)
         {
-            return Err(SettingsError::TrustDomain(self.identity.trust_domain.clone()));
+            return Err(SettingsError::TrustDomain(
+                self.identity.trust_domain.clone(),
+            ));
         }
         let check_id = |id: &str| -> Result<(), SettingsError> {
             let parsed: SpiffeId = id

@@ -76,7 +76,11 @@ impl<IO: AsyncWrite + Unpin> Write for SyncWriter<'_, '_, IO> {
     }
 }
 
-fn poll_read_tls<IO, S>(io: &mut IO, conn: &mut ConnectionCommon<S>, cx: &mut Context<'_>) -> Poll<io::Result<usize>>
+fn poll_read_tls<IO, S>(
+    io: &mut IO,
+    conn: &mut ConnectionCommon<S>,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<usize>>
 where
     IO: AsyncRead + Unpin,
 {
@@ -87,7 +91,11 @@ where
     }
 }
 
-fn poll_write_tls<IO, S>(io: &mut IO, conn: &mut ConnectionCommon<S>, cx: &mut Context<'_>) -> Poll<io::Result<usize>>
+fn poll_write_tls<IO, S>(
+    io: &mut IO,
+    conn: &mut ConnectionCommon<S>,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<usize>>
 where
     IO: AsyncWrite + Unpin,
 {
@@ -112,7 +120,11 @@ where
 /// Completes the handshake of `conn` over `io`. With a `pool`, every
 /// handshake step that may do public-key crypto runs on a crypto thread and
 /// this task only awaits it.
-pub async fn handshake<IO, C, S>(mut io: IO, mut conn: C, pool: Option<&CryptoPool>) -> io::Result<TlsStream<IO, C>>
+pub async fn handshake<IO, C, S>(
+    mut io: IO,
+    mut conn: C,
+    pool: Option<&CryptoPool>,
+) -> io::Result<TlsStream<IO, C>>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
     C: DerefMut<Target = ConnectionCommon<S>> + Send + 'static,
@@ -180,7 +192,11 @@ where
     C: DerefMut<Target = ConnectionCommon<S>> + Unpin,
     S: SideData,
 {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         if buf.remaining() == 0 {
             return Poll::Ready(Ok(()));
         }
@@ -228,7 +244,11 @@ where
     C: DerefMut<Target = ConnectionCommon<S>> + Unpin,
     S: SideData,
 {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
         loop {
             let n = this.conn.writer().write(buf)?;

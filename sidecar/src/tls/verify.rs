@@ -91,7 +91,8 @@ impl ClientCertVerifier for MeshClientVerifier {
                 "no spiffe:// URI SAN".into(),
             )));
         }
-        if !self.trust_domain.is_empty() && !ids.iter().any(|id| id.trust_domain == self.trust_domain)
+        if !self.trust_domain.is_empty()
+            && !ids.iter().any(|id| id.trust_domain == self.trust_domain)
         {
             return Err(identity_error(IdentityError::ForeignTrustDomain {
                 trust_domain: self.trust_domain.clone(),
@@ -134,7 +135,11 @@ pub struct SpiffeServerVerifier {
 }
 
 impl SpiffeServerVerifier {
-    pub fn new(roots: Arc<RootCertStore>, expected: SpiffeId, algs: WebPkiSupportedAlgorithms) -> Self {
+    pub fn new(
+        roots: Arc<RootCertStore>,
+        expected: SpiffeId,
+        algs: WebPkiSupportedAlgorithms,
+    ) -> Self {
         SpiffeServerVerifier {
             roots,
             expected,
