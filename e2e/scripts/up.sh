@@ -203,6 +203,12 @@ cat >"$RUN/cni/net.d/10-baton.conflist" <<EOF
 EOF
 start containerd containerd --config "$RUN/containerd/config.toml"
 
+# The bridge exists from the start (the CNI plugin reuses it), so host-side
+# listeners on the gateway address work before the first pod.
+ip link add "$BRIDGE" type bridge
+ip addr add "$POD_GATEWAY/${POD_SUBNET#*/}" dev "$BRIDGE"
+ip link set "$BRIDGE" up
+
 # --- egress guards -----------------------------------------------------------
 # Pods are never routed off the bridge; nothing on the host reaches the
 # link-local metadata range. Dedicated chains so tests can read the counters.

@@ -30,6 +30,9 @@ pub fn kubeconfig_path() -> PathBuf {
 
 /// A client for the e2e cluster.
 pub async fn client() -> Client {
+    // More than one rustls crypto backend is compiled into the workspace:
+    // pick ring (the workspace's choice) explicitly, once per process.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let path = kubeconfig_path();
     let kubeconfig = Kubeconfig::read_from(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())

@@ -1,0 +1,240 @@
+//! Installing Baton the way a user does: `kubectl apply -f manifests/crds/`,
+//! then the install set through the e2e overlay, server-side. The CRDs'
+//! schemas are enforced by the 1.20 API server (OpenAPI validation only:
+//! 1.20 drops `x-kubernetes-validations`, those rules are the validating
+//! webhook's job there) and `kubectl get` shows their printer columns.
+//!
+//! `#[ignore]`d: run with `e2e/run.sh`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use baton_crds::contract;
+use baton_e2e::{Check, kubectl, kubectl_ok, rejects, wait_for, with_temp_ns};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+/// Where the install set's overlay for this cluster lives.
+const OVERLAY: &str = "e2e/overlay";
+/// Field manager of every apply the harness and the tests do.
+const FIELD_MANAGER: &str = "baton-e2e-install";
+
+fn crd_files() -> Vec<PathBuf> {
+    let dir = baton_e2e::cluster::repo_root().join("manifests/crds");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no CRDs in {}", dir.display());
+    files
+}
+
+fn read_crd(path: &PathBuf) -> CustomResourceDefinition {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Applies the CRDs like a user and waits until each is Established.
+async fn apply_crds(client: &Client) -> Vec<CustomResourceDefinition> {
+    kubectl_ok(&["apply", "-f", "manifests/crds/"]);
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut crds = Vec::new();
+    for path in crd_files() {
+        let crd = read_crd(&path);
+        let name = crd.metadata.name.clone().expect("CRD name");
+        let established = wait_for(&format!("CRD {name} Established"), Duration::from_secs(30), || async {
+            match api.get_opt(&name).await {
+                Ok(Some(c)) => {
+                    let ok = c
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Established" && c.status == "True"));
+                    if ok {
+                        Check::Done(c)
+                    } else {
+                        Check::NotYet(format!("{:?}", c.status))
+                    }
+                }
+                other => Check::NotYet(format!("{other:?}")),
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        crds.push(established);
+    }
+    crds
+}
+
+fn api_resource(crd: &CustomResourceDefinition) -> ApiResource {
+    let version = &crd.spec.versions.iter().find(|v| v.storage).expect("a storage version").name;
+    let gvk = GroupVersionKind::gvk(&crd.spec.group, version, &crd.spec.names.kind);
+    ApiResource::from_gvk_with_plural(&gvk, &crd.spec.names.plural)
+}
+
+fn dynamic_api(client: &Client, crd: &CustomResourceDefinition, ns: &str) -> Api<DynamicObject> {
+    let ar = api_resource(crd);
+    if crd.spec.scope == "Namespaced" {
+        Api::namespaced_with(client.clone(), ns, &ar)
+    } else {
+        Api::all_with(client.clone(), &ar)
+    }
+}
+
+/// A minimal valid spec per kind (what a user would write first).
+fn valid_spec(kind: &str) -> serde_json::Value {
+    match kind {
+        "SidecarRelease" => json!({"image": "docker.io/baton/sidecar:e2e", "version": "1.2.3"}),
+        "Route" => json!({
+            "parentRef": {"name": "web", "port": 8080},
+            "rules": [{"backendRefs": [{"name": "web-v1", "port": 8080}]}]
+        }),
+        "TlsPolicy" => json!({"podSelector": {}}),
+        "AcceleratorPool" => json!({}),
+        other => panic!("no example spec for new kind {other}: add one to e2e/tests/install.rs"),
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: run e2e/run.sh"]
+async fn crds_apply_and_kubectl_get_shows_their_printer_columns() {
+    with_temp_ns(|client, ns| async move {
+        let crds = apply_crds(&client).await;
+        assert!(crds.iter().all(|c| c.spec.group == contract::GROUP));
+        for crd in &crds {
+            let kind = &crd.spec.names.kind;
+            let api = dynamic_api(&client, crd, &ns);
+            // Cluster-scoped objects outlive the namespace: name them after it.
+            let name = format!("{ns}-{}", kind.to_lowercase());
+            let obj = DynamicObject::new(&name, &api_resource(crd)).data(json!({"spec": valid_spec(kind)}));
+            api.create(&PostParams::default(), &obj)
+                .await
+                .unwrap_or_else(|e| panic!("creating a valid {kind}: {e}"));
+
+            let resource = format!("{}.{}", crd.spec.names.plural, crd.spec.group);
+            let mut args = vec!["get", resource.as_str(), name.as_str()];
+            if crd.spec.scope == "Namespaced" {
+                args.extend(["-n", ns.as_str()]);
+            }
+            let table = kubectl_ok(&args);
+            let header = table.lines().next().unwrap_or_default().to_owned();
+            let columns: Vec<&str> = header.split_whitespace().collect();
+            let version = crd.spec.versions.iter().find(|v| v.served).expect("a served version");
+            for column in version.additional_printer_columns.iter().flatten() {
+                let wanted = column.name.to_uppercase();
+                assert!(
+                    columns.contains(&wanted.as_str()),
+                    "kubectl get {resource}: column {wanted} missing from {header:?}\n{table}"
+                );
+            }
+            assert!(table.contains(&name), "{table}");
+
+            if crd.spec.scope != "Namespaced" {
+                api.delete(&name, &DeleteParams::default())
+                    .await
+                    .unwrap_or_else(|e| panic!("deleting {kind} {name}: {e}"));
+            }
+        }
+        // Printed values come from the spec: a SidecarRelease shows its version.
+        let release = crds.iter().find(|c| c.spec.names.kind == "SidecarRelease");
+        if let Some(crd) = release {
+            let api = dynamic_api(&client, crd, &ns);
+            let name = format!("{ns}-shown");
+            let obj = DynamicObject::new(&name, &api_resource(crd)).data(json!({"spec": valid_spec("SidecarRelease")}));
+            api.create(&PostParams::default(), &obj).await.expect("create release");
+            let table = kubectl_ok(&["get", "sidecarreleases.baton.dev", &name]);
+            let _ = api.delete(&name, &DeleteParams::default()).await;
+            let row = table.lines().nth(1).unwrap_or_default();
+            assert!(row.split_whitespace().any(|w| w == "1.2.3"), "{table}");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: run e2e/run.sh"]
+async fn crd_instances_violating_the_schema_are_refused_with_the_schema_message() {
+    with_temp_ns(|client, ns| async move {
+        let crds = apply_crds(&client).await;
+        let by_kind = |kind: &str| {
+            crds.iter()
+                .find(|c| c.spec.names.kind == kind)
+                .unwrap_or_else(|| panic!("no CRD of kind {kind}"))
+        };
+        let cases = [
+            (
+                "Route",
+                json!({"parentRef": {"name": "web", "port": 0}, "rules": [{"backendRefs": [{"name": "web-v1", "port": 8080}]}]}),
+                vec!["spec.parentRef.port", "greater than or equal to 1"],
+            ),
+            (
+                "Route",
+                json!({"parentRef": {"name": "web", "port": 8080}, "rules": []}),
+                vec!["spec.rules", "should have at least 1 items"],
+            ),
+            (
+                "SidecarRelease",
+                json!({"image": "docker.io/baton/sidecar:e2e", "version": "not a version!"}),
+                vec!["spec.version", "should match"],
+            ),
+            ("SidecarRelease", json!({"version": "1.0.0"}), vec!["spec.image", "Required value"]),
+            ("TlsPolicy", json!("not-an-object"), vec!["spec", "must be of type object"]),
+        ];
+        for (kind, spec, needles) in cases {
+            let crd = by_kind(kind);
+            let api = dynamic_api(&client, crd, &ns);
+            let obj = DynamicObject::new(&format!("{ns}-invalid"), &api_resource(crd)).data(json!({"spec": spec}));
+            let refusal = rejects(&api, &obj).await;
+            assert_eq!(refusal.code, 422, "{kind} {spec}: {refusal:?}");
+            for needle in needles {
+                assert!(
+                    refusal.message.contains(needle),
+                    "{kind} {spec}: refusal message lacks {needle:?}: {}",
+                    refusal.message
+                );
+            }
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: run e2e/run.sh"]
+async fn the_install_set_applies_server_side_dry_run_first_then_for_real() {
+    let client = baton_e2e::client().await;
+    apply_crds(&client).await;
+    let apply = |dry_run: bool| {
+        let mut args = vec!["apply", "--server-side", "--field-manager", FIELD_MANAGER, "-k", OVERLAY];
+        if dry_run {
+            args.push("--dry-run=server");
+        }
+        kubectl_ok(&args)
+    };
+    let dry = apply(true);
+    assert!(dry.contains("(server dry run)"), "{dry}");
+    let real = apply(false);
+    assert!(!real.trim().is_empty(), "apply printed nothing");
+
+    // Every object of the rendered overlay now exists on the server.
+    let rendered = kubectl_ok(&["kustomize", OVERLAY]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("install.yaml");
+    std::fs::write(&file, &rendered).expect("write rendered overlay");
+    let file_arg = file.to_string_lossy().into_owned();
+    let got = kubectl(&["get", "-f", &file_arg, "-o", "name"]);
+    assert!(got.success, "objects of the install set are missing:\n{}{}", got.stdout, got.stderr);
+    let expected_objects = rendered.matches("\nkind: ").count() + usize::from(rendered.starts_with("kind: "));
+    assert_eq!(
+        got.stdout.lines().count(),
+        expected_objects,
+        "kubectl get -f listed:\n{}",
+        got.stdout
+    );
+    // The system namespace is part of the install set.
+    let ns = kubectl_ok(&["get", "namespace", contract::SYSTEM_NAMESPACE, "-o", "name"]);
+    assert_eq!(ns.trim(), format!("namespace/{}", contract::SYSTEM_NAMESPACE));
+}
