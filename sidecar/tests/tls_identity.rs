@@ -1,0 +1,206 @@
+//! The identity-service client against an in-process identity service
+//! (HTTP and HTTPS): CSR with the projected token, retries, renewal at 2/3 of
+//! the lifetime, and a refused token.
+
+mod tls_support;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use baton_sidecar::tls::identity_client::{RetryPolicy, SignRequest, SignResponse, bootstrap};
+use baton_sidecar::tls::settings::{CertSource, KeyType, TlsMode};
+use baton_sidecar::tls::TlsMetrics;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tls_support::*;
+
+/// Minimal identity service: checks the bearer token, fails the first
+/// `fail_first` requests with 503, signs the CSR for `lifetime`.
+struct IdentityService {
+    addr: SocketAddr,
+    requests: Arc<AtomicU64>,
+    pki: Arc<Pki>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for IdentityService {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn respond(status: u16, body: impl Into<Bytes>) -> hyper::Response<Full<Bytes>> {
+    hyper::Response::builder()
+        .status(status)
+        .body(Full::new(body.into()))
+        .unwrap()
+}
+
+impl IdentityService {
+    async fn start(token: &str, fail_first: u64, lifetime: Duration, tls: Option<Arc<rustls::ServerConfig>>) -> Self {
+        let pki = Arc::new(Pki::new("identity-ca"));
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let requests = Arc::new(AtomicU64::new(0));
+        let (p, r, token) = (pki.clone(), requests.clone(), format!("Bearer {token}"));
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = l.accept().await else { return };
+                let (pki, requests, token, tls) = (p.clone(), r.clone(), token.clone(), tls.clone());
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                        let (pki, requests, token) = (pki.clone(), requests.clone(), token.clone());
+                        async move {
+                            let n = requests.fetch_add(1, Ordering::SeqCst);
+                            let auth = req.headers().get("authorization").and_then(|v| v.to_str().ok());
+                            if auth != Some(token.as_str()) {
+                                return Ok::<_, hyper::Error>(respond(401, "bad token"));
+                            }
+                            if n < fail_first {
+                                return Ok(respond(503, "warming up"));
+                            }
+                            let body = req.into_body().collect().await?.to_bytes();
+                            let Ok(sign) = serde_json::from_slice::<SignRequest>(&body) else {
+                                return Ok(respond(400, "bad json"));
+                            };
+                            let Ok(mut csr) = rcgen::CertificateSigningRequestParams::from_pem(&sign.csr) else {
+                                return Ok(respond(400, "bad csr"));
+                            };
+                            csr.params.not_before = now_plus(-1).into();
+                            csr.params.not_after = (std::time::SystemTime::now() + lifetime).into();
+                            csr.params.extended_key_usages = vec![
+                                rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+                                rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+                            ];
+                            let cert = csr.signed_by(&pki.ca).unwrap();
+                            let resp = SignResponse {
+                                certificate_chain: cert.pem(),
+                                trust_bundle: pki.ca.pem(),
+                            };
+                            Ok(respond(200, serde_json::to_vec(&resp).unwrap()))
+                        }
+                    });
+                    let http = hyper::server::conn::http1::Builder::new();
+                    match tls {
+                        None => {
+                            let _ = http.serve_connection(TokioIo::new(tcp), svc).await;
+                        }
+                        Some(cfg) => {
+                            if let Ok(s) = tokio_rustls::TlsAcceptor::from(cfg).accept(tcp).await {
+                                let _ = http.serve_connection(TokioIo::new(s), svc).await;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        IdentityService {
+            addr,
+            requests,
+            pki,
+            task,
+        }
+    }
+}
+
+fn client_settings(url: String, token_path: std::path::PathBuf, ca_bundle: Option<std::path::PathBuf>) -> baton_sidecar::tls::TlsSettings {
+    let mut s = settings(TlsMode::Strict);
+    s.identity.local = Some(id("frontend").to_string());
+    s.source = Some(CertSource::IdentityService {
+        url,
+        ca_bundle,
+        token_path: Some(token_path),
+        key_type: KeyType::EcdsaP256,
+    });
+    s
+}
+
+const FAST: RetryPolicy = RetryPolicy {
+    attempts: 5,
+    base: Duration::from_millis(20),
+    max: Duration::from_millis(100),
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bootstrap_survives_transient_failures_and_renews_at_two_thirds_of_the_lifetime() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "projected-sa-token\n").unwrap();
+    let svc = IdentityService::start("projected-sa-token", 2, Duration::from_secs(3), None).await;
+    let s = client_settings(format!("http://{}/v1/sign", svc.addr), token, None);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let metrics = TlsMetrics::default();
+    let ctx = bootstrap(&s, metrics.clone(), stop_rx, FAST).await.unwrap();
+    assert_eq!(svc.requests.load(Ordering::SeqCst), 3, "two 503s, then success");
+    assert_eq!(ctx.local_identity(), Some(id("frontend")));
+
+    // The issued certificate really works for mTLS against a mesh peer.
+    let server = context(&settings(TlsMode::Strict), svc.pki.leaf("backend", Key::P256));
+    let srv = EchoServer::start(server).await;
+    let (banner, _) = mtls_round_trip(&ctx, srv.addr, &id("backend")).await.unwrap();
+    assert_eq!(banner, format!("tls {}", id("frontend")));
+
+    // Renewal at 2 s (± 0.15 s jitter) of a 3 s certificate; bounded wait.
+    let (nb, na) = ctx.current_validity().unwrap();
+    for _ in 0..100 {
+        if metrics.material_generation.get() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(metrics.material_generation.get() >= 2, "no renewal");
+    let (nb2, na2) = ctx.current_validity().unwrap();
+    assert!(nb2 >= nb && na2 > na, "renewed certificate is not newer");
+    let renewed_at = svc.requests.load(Ordering::SeqCst);
+    assert!(renewed_at >= 4);
+    stop_tx.send(true).unwrap();
+    // Still serving with the renewed certificate.
+    mtls_round_trip(&ctx, srv.addr, &id("backend")).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_refused_token_fails_bootstrap_after_bounded_retries() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "stolen-token").unwrap();
+    let svc = IdentityService::start("projected-sa-token", 0, Duration::from_secs(60), None).await;
+    let s = client_settings(format!("http://{}/v1/sign", svc.addr), token, None);
+    let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let err = bootstrap(&s, TlsMetrics::default(), stop_rx, FAST).await.unwrap_err();
+    assert!(err.to_string().contains("401"), "{err}");
+    assert_eq!(svc.requests.load(Ordering::SeqCst), u64::from(FAST.attempts));
+}
+
+#[tokio::test]
+async fn the_identity_service_can_be_reached_over_https_with_a_ca_bundle() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "t0k3n").unwrap();
+    // The identity service's own serving certificate, for 127.0.0.1.
+    let serving_ca = Pki::new("serving-ca");
+    let kp = key_pair(Key::P256);
+    let mut p = rcgen::CertificateParams::default();
+    p.subject_alt_names = vec![rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap())];
+    let cert = p.signed_by(&kp, &serving_ca.ca).unwrap();
+    let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls_pki_types::PrivateKeyDer::Pkcs8(kp.serialize_der().into()),
+        )
+        .unwrap();
+    let svc = IdentityService::start("t0k3n", 0, Duration::from_secs(60), Some(Arc::new(cfg))).await;
+    let ca_file = dir.path().join("serving-ca.pem");
+    std::fs::write(&ca_file, serving_ca.ca.pem()).unwrap();
+    let s = client_settings(format!("https://127.0.0.1:{}/v1/sign", svc.addr.port()), token, Some(ca_file));
+    let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let ctx = bootstrap(&s, TlsMetrics::default(), stop_rx, FAST).await.unwrap();
+    assert_eq!(ctx.local_identity(), Some(id("frontend")));
+    assert_eq!(svc.requests.load(Ordering::SeqCst), 1);
+}
