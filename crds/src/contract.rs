@@ -140,6 +140,9 @@ pub mod env {
     pub const HANDOFF_PARK_TIMEOUT_MS: &str = "BATON_HANDOFF_PARK_TIMEOUT_MS";
     /// Testing knob: advertise protocol versions `MIN-MAX` instead of this build's.
     pub const HANDOFF_PROTOCOL_RANGE: &str = "BATON_HANDOFF_PROTOCOL_RANGE";
+    /// Testing knob: the new process waits this long before each step, so
+    /// chaos tests can kill it at any point of a handoff.
+    pub const HANDOFF_TEST_STEP_DELAY_MS: &str = "BATON_HANDOFF_TEST_STEP_DELAY_MS";
 }
 
 pub mod webhook {
