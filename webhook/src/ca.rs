@@ -26,9 +26,7 @@ use baton_crds::contract::{SYSTEM_NAMESPACE, webhook as names};
 use k8s_openapi::{
     ByteString,
     api::{
-        admissionregistration::v1::{
-            MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
-        },
+        admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration},
         core::v1::Secret,
     },
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
@@ -38,8 +36,8 @@ use kube::{
     api::{PostParams, ResourceExt},
 };
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
-    IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
@@ -178,7 +176,11 @@ pub fn validity(pem: &str) -> Result<(OffsetDateTime, OffsetDateTime)> {
 }
 
 /// True once two thirds of `[not_before, not_after]` have passed.
-pub fn needs_renewal(not_before: OffsetDateTime, not_after: OffsetDateTime, now: OffsetDateTime) -> bool {
+pub fn needs_renewal(
+    not_before: OffsetDateTime,
+    not_after: OffsetDateTime,
+    now: OffsetDateTime,
+) -> bool {
     let life = not_after - not_before;
     now >= not_before + life * 2 / 3
 }
@@ -204,7 +206,9 @@ fn pem_text_blocks(pem: &str) -> Vec<(String, Vec<u8>)> {
     let mut out = Vec::new();
     let mut rest = pem;
     while let Some(start) = rest.find("-----BEGIN CERTIFICATE-----") {
-        let Some(end) = rest[start..].find(END) else { break };
+        let Some(end) = rest[start..].find(END) else {
+            break;
+        };
         let text = &rest[start..start + end + END.len()];
         if let Ok(der) = CertificateDer::from_pem_slice(text.as_bytes()) {
             out.push((format!("{text}\n"), der.to_vec()));
@@ -321,7 +325,10 @@ pub async fn ensure_ca(api: &Api<Secret>, cfg: &SelfManaged) -> Result<CaMateria
         };
         let Some(secret) = existing else {
             let ca = generate_ca(now, cfg.lifetimes.ca)?;
-            match api.create(&PostParams::default(), &secret_for(&ca, &cfg.namespace)).await {
+            match api
+                .create(&PostParams::default(), &secret_for(&ca, &cfg.namespace))
+                .await
+            {
                 Ok(_) => {
                     tracing::info!(secret = names::CA_SECRET, "created webhook CA");
                     return Ok(ca);
@@ -376,12 +383,19 @@ pub async fn patch_ca_bundles(client: &Client, bundle_pem: &str) -> Result<usize
             }
             if changed {
                 mutating
-                    .replace(names::MUTATING_CONFIGURATION, &PostParams::default(), &config)
+                    .replace(
+                        names::MUTATING_CONFIGURATION,
+                        &PostParams::default(),
+                        &config,
+                    )
                     .await?;
                 updated += 1;
             }
         }
-        None => tracing::debug!(name = names::MUTATING_CONFIGURATION, "not installed; caBundle not patched"),
+        None => tracing::debug!(
+            name = names::MUTATING_CONFIGURATION,
+            "not installed; caBundle not patched"
+        ),
     }
     let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     match validating.get_opt(names::VALIDATING_CONFIGURATION).await? {
@@ -395,12 +409,19 @@ pub async fn patch_ca_bundles(client: &Client, bundle_pem: &str) -> Result<usize
             }
             if changed {
                 validating
-                    .replace(names::VALIDATING_CONFIGURATION, &PostParams::default(), &config)
+                    .replace(
+                        names::VALIDATING_CONFIGURATION,
+                        &PostParams::default(),
+                        &config,
+                    )
                     .await?;
                 updated += 1;
             }
         }
-        None => tracing::debug!(name = names::VALIDATING_CONFIGURATION, "not installed; caBundle not patched"),
+        None => tracing::debug!(
+            name = names::VALIDATING_CONFIGURATION,
+            "not installed; caBundle not patched"
+        ),
     }
     Ok(updated)
 }
@@ -454,7 +475,9 @@ pub async fn run(client: Client, cfg: SelfManaged, store: Arc<CertStore>, stop: 
                 let until_renewal = (next_renewal - OffsetDateTime::now_utc())
                     .try_into()
                     .unwrap_or(Duration::ZERO);
-                until_renewal.min(cfg.sync_interval).max(Duration::from_millis(100))
+                until_renewal
+                    .min(cfg.sync_interval)
+                    .max(Duration::from_millis(100))
             }
             Err(error) => {
                 tracing::warn!(%error, label = error.metric_label(), "certificate reconcile failed");
@@ -517,18 +540,24 @@ mod tests {
         let (_, parsed) = x509_parser::parse_x509_certificate(&der).unwrap();
         let sans = parsed.subject_alternative_name().unwrap().unwrap().value;
         let rendered = format!("{:?}", sans.general_names);
-        assert!(rendered.contains("baton-webhook.baton-system.svc"), "{rendered}");
+        assert!(
+            rendered.contains("baton-webhook.baton-system.svc"),
+            "{rendered}"
+        );
         assert!(rendered.contains("IPAddress([127, 0, 0, 1])"), "{rendered}");
         // Verify the chain with webpki, the same verifier rustls clients use.
         let mut roots = rustls::RootCertStore::empty();
-        roots.add(pem_blocks(&ca.cert_pem).remove(0).into()).unwrap();
+        roots
+            .add(pem_blocks(&ca.cert_pem).remove(0).into())
+            .unwrap();
         let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
             Arc::new(roots),
             crate::tls::provider(),
         )
         .build()
         .unwrap();
-        let name = rustls_pki_types::ServerName::try_from("baton-webhook.baton-system.svc").unwrap();
+        let name =
+            rustls_pki_types::ServerName::try_from("baton-webhook.baton-system.svc").unwrap();
         verifier
             .verify_server_cert(
                 &der.into(),
@@ -571,6 +600,9 @@ mod tests {
         assert_eq!(blocks.len(), 2);
         assert!(!blocks.contains(&pem_blocks(&old.cert_pem)[0]));
         // Merging the same CA twice does not duplicate it.
-        assert_eq!(pem_blocks(&merge_bundle(&newer.cert_pem, &newer.cert_pem, at(1400))).len(), 1);
+        assert_eq!(
+            pem_blocks(&merge_bundle(&newer.cert_pem, &newer.cert_pem, at(1400))).len(),
+            1
+        );
     }
 }

@@ -24,12 +24,18 @@
 //! validators are plain functions tested without a network; the server is
 //! tested in-process on port 0 with real TLS.
 
+pub mod admin;
 pub mod ca;
+pub mod cache;
 pub mod error;
+pub mod handler;
 pub mod inject;
 pub mod metrics;
 pub mod review;
+pub mod run;
 pub mod server;
 pub mod tls;
+pub mod validate;
 
 pub use error::{Error, Result};
+pub use run::{Args, init_tracing, run, spawn_servers};

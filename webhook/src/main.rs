@@ -1,4 +1,10 @@
-//! `baton-webhook` binary: parse flags, run the library.
-fn main() -> anyhow::Result<()> {
+//! `baton-webhook`: parse flags, run the library.
+use clap::Parser;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = baton_webhook::Args::parse();
+    baton_webhook::init_tracing();
+    baton_webhook::run(args).await?;
     Ok(())
 }

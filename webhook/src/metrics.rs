@@ -66,13 +66,37 @@ impl Metrics {
             cert_loaded: Gauge::default(),
             caches_synced: Gauge::default(),
         };
-        registry.register("admissions", "Admission reviews answered, by endpoint and result", m.admissions.clone());
-        registry.register("admission_duration_seconds", "Time to answer an admission review", m.latency.clone());
-        registry.register("injection_decisions", "Injection decisions, by decision", m.injection_decisions.clone());
-        registry.register("certificate_reloads", "Serving certificate loads and reloads", m.cert_reloads.clone());
+        registry.register(
+            "admissions",
+            "Admission reviews answered, by endpoint and result",
+            m.admissions.clone(),
+        );
+        registry.register(
+            "admission_duration_seconds",
+            "Time to answer an admission review",
+            m.latency.clone(),
+        );
+        registry.register(
+            "injection_decisions",
+            "Injection decisions, by decision",
+            m.injection_decisions.clone(),
+        );
+        registry.register(
+            "certificate_reloads",
+            "Serving certificate loads and reloads",
+            m.cert_reloads.clone(),
+        );
         registry.register("errors", "Background errors, by kind", m.errors.clone());
-        registry.register("certificate_loaded", "1 when a serving certificate is loaded", m.cert_loaded.clone());
-        registry.register("caches_synced", "1 when every watch cache has synced", m.caches_synced.clone());
+        registry.register(
+            "certificate_loaded",
+            "1 when a serving certificate is loaded",
+            m.cert_loaded.clone(),
+        );
+        registry.register(
+            "caches_synced",
+            "1 when every watch cache has synced",
+            m.caches_synced.clone(),
+        );
         m
     }
 

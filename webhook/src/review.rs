@@ -53,7 +53,10 @@ pub enum Decoded {
 pub fn decode(body: &[u8]) -> Result<Decoded, DecodeError> {
     let value: serde_json::Value =
         serde_json::from_slice(body).map_err(|e| DecodeError::NotJson(e.to_string()))?;
-    let kind = value.get("kind").and_then(|v| v.as_str()).unwrap_or_default();
+    let kind = value
+        .get("kind")
+        .and_then(|v| v.as_str())
+        .unwrap_or_default();
     let api_version = value
         .get("apiVersion")
         .and_then(|v| v.as_str())
@@ -118,12 +121,46 @@ fn typed<K: DeserializeOwned>(object: &DynamicObject) -> Result<K, serde_json::E
 }
 
 /// Serializes a response into the review body the API server expects.
+///
+/// kube serializes `patch` (a `Vec<u8>`) as a JSON array of numbers; Go's
+/// `[]byte` convention, and what every API server documents, is a base64
+/// string (4x smaller, too), so the patch is re-encoded here.
 pub fn encode(response: AdmissionResponse) -> Vec<u8> {
-    // AdmissionReview<DynamicObject> only holds strings, maps and bytes, so
-    // serialization cannot fail; fall back to a fixed denial to stay total.
-    serde_json::to_vec(&response.into_review()).unwrap_or_else(|_| {
-        br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"","allowed":false}}"#.to_vec()
-    })
+    let patch = response.patch.clone();
+    let review = response.into_review();
+    let mut value = match serde_json::to_value(&review) {
+        Ok(v) => v,
+        // Only strings, maps and bytes inside: cannot fail; stay total anyway.
+        Err(_) => return FALLBACK.to_vec(),
+    };
+    if let (Some(patch), Some(slot)) = (patch, value.pointer_mut("/response/patch")) {
+        *slot = serde_json::Value::String(base64(&patch));
+    }
+    serde_json::to_vec(&value).unwrap_or_else(|_| FALLBACK.to_vec())
+}
+
+const FALLBACK: &[u8] = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"","allowed":false}}"#;
+
+/// Standard base64 with padding (RFC 4648 section 4).
+pub fn base64(data: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -203,7 +240,12 @@ mod tests {
         };
         assert_eq!(response.uid, "u-1");
         assert!(!response.allowed);
-        assert!(response.result.message.contains("malformed AdmissionReview"));
+        assert!(
+            response
+                .result
+                .message
+                .contains("malformed AdmissionReview")
+        );
         let encoded: serde_json::Value = serde_json::from_slice(&encode(*response)).unwrap();
         assert_eq!(encoded["response"]["uid"], "u-1");
         assert_eq!(encoded["apiVersion"], "admission.k8s.io/v1");
@@ -234,14 +276,48 @@ mod tests {
     }
 
     #[test]
+    fn base64_matches_the_rfc_4648_test_vectors() {
+        for (plain, encoded) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64(plain.as_bytes()), encoded);
+        }
+    }
+
+    #[test]
+    fn a_patch_is_encoded_as_a_base64_string() {
+        let body = review(pod_request(serde_json::json!({"metadata": {"name": "p"}})));
+        let Decoded::Request(request) = decode(&body).unwrap() else {
+            panic!("expected a request");
+        };
+        let patch: json_patch::Patch =
+            serde_json::from_value(serde_json::json!([{"op": "add", "path": "/x", "value": 1}]))
+                .unwrap();
+        let response = AdmissionResponse::from(request.as_ref())
+            .with_patch(patch)
+            .unwrap();
+        let encoded: serde_json::Value = serde_json::from_slice(&encode(response)).unwrap();
+        assert_eq!(
+            encoded["response"]["patch"],
+            base64(br#"[{"op":"add","path":"/x","value":1}]"#)
+        );
+        assert_eq!(encoded["response"]["patchType"], "JSONPatch");
+    }
+
+    #[test]
     fn v1beta1_reviews_are_answered_in_v1beta1() {
         let mut body: serde_json::Value = serde_json::from_slice(&review(pod_request(
             serde_json::json!({"metadata": {"name": "p"}}),
         )))
         .unwrap();
         body["apiVersion"] = "admission.k8s.io/v1beta1".into();
-        let Decoded::Request(request) = decode(&serde_json::to_vec(&body).unwrap()).unwrap()
-        else {
+        let Decoded::Request(request) = decode(&serde_json::to_vec(&body).unwrap()).unwrap() else {
             panic!("expected a request");
         };
         let response = AdmissionResponse::from(request.as_ref());

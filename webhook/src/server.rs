@@ -51,12 +51,19 @@ where
     let body = match Limited::new(body, MAX_BODY).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(e) => {
-            let status = if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+            let status = if e
+                .downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
                 StatusCode::PAYLOAD_TOO_LARGE
             } else {
                 StatusCode::BAD_REQUEST
             };
-            return Ok(response(status, "text/plain", format!("cannot read body: {e}\n")));
+            return Ok(response(
+                status,
+                "text/plain",
+                format!("cannot read body: {e}\n"),
+            ));
         }
     };
     Ok(handler(SimpleRequest {
@@ -99,11 +106,13 @@ pub async fn serve<F, Fut>(
         let stop = stop.clone();
         tracker.spawn(async move {
             match tls {
-                Some(acceptor) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                    Ok(Ok(stream)) => serve_io(stream, handler, stop).await,
-                    Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
-                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                },
+                Some(acceptor) => {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                        Ok(Ok(stream)) => serve_io(stream, handler, stop).await,
+                        Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                }
                 None => serve_io(tcp, handler, stop).await,
             }
         });

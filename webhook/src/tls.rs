@@ -48,13 +48,17 @@ impl CertStore {
 
     /// Parses a PEM chain + PEM key and makes it the serving certificate.
     pub fn store_pem(&self, cert_pem: &[u8], key_pem: &[u8]) -> Result<()> {
-        self.current.store(Some(Arc::new(certified_key(cert_pem, key_pem)?)));
+        self.current
+            .store(Some(Arc::new(certified_key(cert_pem, key_pem)?)));
         Ok(())
     }
 
     /// The DER of the leaf currently served (tests and logging).
     pub fn leaf_der(&self) -> Option<CertificateDer<'static>> {
-        self.current.load().as_ref().and_then(|k| k.cert.first().cloned())
+        self.current
+            .load()
+            .as_ref()
+            .and_then(|k| k.cert.first().cloned())
     }
 }
 
@@ -134,7 +138,9 @@ impl CertFiles {
                     tracing::info!(cert = %self.cert.display(), "serving certificate reloaded from files");
                     last = Some(now);
                 }
-                Err(error) => tracing::warn!(%error, "certificate files changed but do not load; keeping the current certificate"),
+                Err(error) => {
+                    tracing::warn!(%error, "certificate files changed but do not load; keeping the current certificate")
+                }
             }
         }
     }

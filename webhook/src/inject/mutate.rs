@@ -184,12 +184,14 @@ pub fn mutate(pod: &Pod, view: &ClusterView<'_>, config: &InjectConfig) -> Resul
     let exclusions = exclusions(pod_annotations, &who)?;
 
     let policy = offload::policy_for(view.tls_policies, view.namespace, pod_labels);
-    let offload = offload::decide(policy, view.pools, view.nodes).map_err(|message| {
-        deny(
-            DenialReason::OffloadUnavailable,
-            format!("pod {who}: {message}"),
-        )
-    })?;
+    let pinned_node = spec.node_name.as_deref();
+    let offload =
+        offload::decide(policy, view.pools, view.nodes, pinned_node).map_err(|message| {
+            deny(
+                DenialReason::OffloadUnavailable,
+                format!("pod {who}: {message}"),
+            )
+        })?;
 
     let native = match config.native_sidecars {
         NativeSidecars::Auto => view.server_version.supports_native_sidecars(),

@@ -5,6 +5,7 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use baton_crds::{
     AcceleratorPool, TlsPolicy,
+    accelerator::{self, NodeInventory, OffloadDecision, OffloadInput},
     contract::annotations,
     selector,
     tls_policy::OffloadMode,
@@ -78,12 +79,22 @@ pub fn policy_for<'a>(
         .min_by(|a, b| a.metadata.name.cmp(&b.metadata.name))
 }
 
-/// Decides offload for a pod governed by `policy`. `Err` is the denial
+/// Decides offload for a pod governed by `policy`, through the shared pure
+/// decision in `baton_crds::accelerator` (the operator's pool controller
+/// calls the same function, so both always agree). `Err` is the denial
 /// message for Required without capacity.
+///
+/// Allocations come from the pool's status (`status.nodes[].allocated`,
+/// written by the operator); until the operator has written them a node
+/// counts as fully free. The webhook cannot see grants to pods not yet
+/// scheduled, so `pending` is 0: the scheduler remains the final arbiter
+/// (an over-granted pod waits Pending for a device, like any extended
+/// resource request).
 pub fn decide(
     policy: Option<&TlsPolicy>,
     pools: &[Arc<AcceleratorPool>],
     nodes: &[Arc<Node>],
+    pinned_node: Option<&str>,
 ) -> Result<Offload, String> {
     let Some(policy) = policy else {
         return Ok(Offload::Disabled);
@@ -92,72 +103,53 @@ pub fn decide(
     if o.mode == OffloadMode::Disabled {
         return Ok(Offload::Disabled);
     }
+    let owned: Vec<AcceleratorPool> = pools.iter().map(|p| (**p).clone()).collect();
+    let pool = accelerator::select_pool(o, &owned);
+    let inventory: Vec<NodeInventory> = match pool {
+        Some(pool) => {
+            let allocated: BTreeMap<&str, i64> = pool
+                .status
+                .iter()
+                .flat_map(|s| s.nodes.iter())
+                .map(|n| (n.node.as_str(), n.allocated))
+                .collect();
+            nodes
+                .iter()
+                .map(|n| {
+                    let name = n.metadata.name.as_deref().unwrap_or_default();
+                    let used = allocated.get(name).copied().unwrap_or(0);
+                    NodeInventory::from_node(n, &pool.spec.resource_name, used)
+                })
+                .collect()
+        }
+        None => Vec::new(),
+    };
+    let decision = accelerator::decide_offload(&OffloadInput {
+        offload: Some(o),
+        pool,
+        nodes: &inventory,
+        pending: 0,
+        pinned_node,
+    });
     let policy_name = policy.metadata.name.as_deref().unwrap_or_default();
-    let mut pools: Vec<&AcceleratorPool> = pools
-        .iter()
-        .map(AsRef::as_ref)
-        .filter(|p| p.spec.resource_name == o.resource)
-        .filter(|p| o.pool.is_none() || p.metadata.name == o.pool)
-        .collect();
-    pools.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    let node_refs: Vec<&Node> = nodes.iter().map(AsRef::as_ref).collect();
-    let mut reasons = Vec::new();
-    for pool in &pools {
-        let name = pool.metadata.name.clone().unwrap_or_default();
-        let free = free_devices(pool, &node_refs);
-        let need = i64::from(pool.spec.devices_per_sidecar);
-        if free >= need {
-            return Ok(Offload::Granted {
-                mode: o.mode,
-                pool: name,
-                resource: o.resource.clone(),
-                devices: need,
-            });
-        }
-        reasons.push(format!("AcceleratorPool {name} has {free} free {} (needs {need})", o.resource));
-    }
-    let reason = if pools.is_empty() {
-        match &o.pool {
-            Some(p) => format!("no AcceleratorPool {p} offers {}", o.resource),
-            None => format!("no AcceleratorPool offers {}", o.resource),
-        }
-    } else {
-        reasons.join("; ")
-    };
-    match o.mode {
-        OffloadMode::Required => Err(format!(
+    match decision {
+        OffloadDecision::Disabled => Ok(Offload::Disabled),
+        OffloadDecision::Grant {
+            resource,
+            count,
+            pool,
+        } => Ok(Offload::Granted {
+            mode: o.mode,
+            pool,
+            resource,
+            devices: count,
+        }),
+        OffloadDecision::Fallback { reason } => Ok(Offload::Fallback {
+            reason: reason.to_string(),
+        }),
+        OffloadDecision::Deny { reason } => Err(format!(
             "TlsPolicy {policy_name} requires private-key offload (mode Required) but {reason}; \
-             add devices or nodes to the pool, or set privateKeyOffload.mode to Preferred"
+             add devices to the pool, or set privateKeyOffload.mode to Preferred"
         )),
-        _ => Ok(Offload::Fallback { reason }),
     }
-}
-
-/// Devices of `pool` not yet allocated. The operator's pool controller
-/// writes per-node capacity and allocations to the pool's status; until it
-/// has, capacity is read from the allocatable of the nodes the pool selects.
-fn free_devices(pool: &AcceleratorPool, nodes: &[&Node]) -> i64 {
-    let status = pool.status.clone().unwrap_or_default();
-    let capacity = if status.nodes.is_empty() && status.capacity == 0 {
-        nodes
-            .iter()
-            .filter(|n| {
-                selector::matches_opt(
-                    pool.spec.node_selector.as_ref(),
-                    n.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()),
-                )
-            })
-            .filter_map(|n| {
-                n.status
-                    .as_ref()?
-                    .allocatable
-                    .as_ref()?
-                    .get(&pool.spec.resource_name)
-                    .and_then(|q| q.0.parse::<i64>().ok())
-            })
-            .sum()
-    } else {
-        status.capacity
-    };
-    (capacity - status.allocated).max(0)
 }

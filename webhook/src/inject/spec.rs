@@ -3,9 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use baton_crds::contract::{
-    self, SIDECAR_UID, commands, containers, env, ports, volumes,
-};
+use baton_crds::contract::{self, SIDECAR_UID, commands, containers, env, ports, volumes};
 use k8s_openapi::{
     api::core::v1::{
         Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
@@ -136,7 +134,11 @@ pub fn slot_a(inputs: &SlotInputs<'_>) -> Container {
         // QAT user-space drivers pin DMA memory.
         caps.push("IPC_LOCK".to_owned());
     }
-    let engine = if inputs.grant.is_some() { "openssl" } else { "software" };
+    let engine = if inputs.grant.is_some() {
+        "openssl"
+    } else {
+        "software"
+    };
     let mut c = Container {
         name: containers::SLOT_A.to_owned(),
         image: Some(inputs.image.to_owned()),
@@ -187,16 +189,14 @@ pub fn slot_a(inputs: &SlotInputs<'_>) -> Container {
 /// new sidecar into it. Requests are minimal so the pod's requests are not
 /// doubled; limits follow the release so the upgraded sidecar can run.
 pub fn slot_b(inputs: &SlotInputs<'_>, empty_image: &str) -> Container {
-    let limits = inputs
-        .resources
-        .limits
-        .clone()
-        .filter(|l| !l.is_empty());
+    let limits = inputs.resources.limits.clone().filter(|l| !l.is_empty());
     let mut requests = inputs.config.standby_requests.clone();
     // A request above the limit is invalid: clamp to the limit when set.
     if let Some(limits) = &limits {
         for (k, v) in limits {
-            if requests.contains_key(k) && parse_quantity(v) < requests.get(k).map(parse_quantity) .unwrap_or(0.0) {
+            if requests.contains_key(k)
+                && parse_quantity(v) < requests.get(k).map(parse_quantity).unwrap_or(0.0)
+            {
                 requests.insert(k.clone(), v.clone());
             }
         }
@@ -205,7 +205,12 @@ pub fn slot_b(inputs: &SlotInputs<'_>, empty_image: &str) -> Container {
         name: containers::SLOT_B.to_owned(),
         image: Some(empty_image.to_owned()),
         image_pull_policy: inputs.config.image_pull_policy.clone(),
-        env: Some(common_env("b", inputs.version, inputs.offload_mode, "software")),
+        env: Some(common_env(
+            "b",
+            inputs.version,
+            inputs.offload_mode,
+            "software",
+        )),
         resources: Some(ResourceRequirements {
             requests: Some(requests),
             limits,
@@ -249,7 +254,10 @@ pub struct Exclusions {
 }
 
 fn join<T: ToString>(v: &[T]) -> String {
-    v.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+    v.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The init container that programs iptables (transparent capture only).
@@ -262,17 +270,24 @@ pub fn init_container(image: &str, exclusions: &Exclusions, config: &InjectConfi
         args: Some(vec![commands::INIT.to_owned()]),
         env: Some(vec![
             env_value(env::EXCLUDE_INBOUND_PORTS, join(&exclusions.inbound_ports)),
-            env_value(env::EXCLUDE_OUTBOUND_PORTS, join(&exclusions.outbound_ports)),
-            env_value(env::EXCLUDE_OUTBOUND_CIDRS, exclusions.outbound_cidrs.join(",")),
+            env_value(
+                env::EXCLUDE_OUTBOUND_PORTS,
+                join(&exclusions.outbound_ports),
+            ),
+            env_value(
+                env::EXCLUDE_OUTBOUND_CIDRS,
+                exclusions.outbound_cidrs.join(","),
+            ),
         ]),
         resources: Some(ResourceRequirements {
             requests: Some(BTreeMap::from([
                 ("cpu".to_owned(), Quantity("10m".to_owned())),
                 ("memory".to_owned(), Quantity("16Mi".to_owned())),
             ])),
-            limits: Some(BTreeMap::from([
-                ("memory".to_owned(), Quantity("64Mi".to_owned())),
-            ])),
+            limits: Some(BTreeMap::from([(
+                "memory".to_owned(),
+                Quantity("64Mi".to_owned()),
+            )])),
             ..ResourceRequirements::default()
         }),
         security_context: Some(SecurityContext {

@@ -87,7 +87,10 @@ struct Fixture {
 impl Fixture {
     fn new() -> Self {
         Self {
-            ns_labels: BTreeMap::from([(labels::INJECT.to_owned(), labels::INJECT_ENABLED.to_owned())]),
+            ns_labels: BTreeMap::from([(
+                labels::INJECT.to_owned(),
+                labels::INJECT_ENABLED.to_owned(),
+            )]),
             releases: vec![release("default", json!({}))],
             policies: vec![],
             pools: vec![],
@@ -150,7 +153,8 @@ impl Fixture {
 
 fn apply(pod: &Pod, patch: &Patch) -> Pod {
     let mut doc = serde_json::to_value(pod).unwrap();
-    json_patch::patch(&mut doc, patch).unwrap_or_else(|e| panic!("patch does not apply: {e}\n{patch:#?}"));
+    json_patch::patch(&mut doc, patch)
+        .unwrap_or_else(|e| panic!("patch does not apply: {e}\n{patch:#?}"));
     serde_json::from_value(doc).unwrap()
 }
 
@@ -168,15 +172,30 @@ fn container<'a>(p: &'a Pod, name: &str) -> &'a Container {
 }
 
 fn annotation<'a>(p: &'a Pod, key: &str) -> Option<&'a str> {
-    p.metadata.annotations.as_ref()?.get(key).map(String::as_str)
+    p.metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
 }
 
 fn env_of<'a>(c: &'a Container, name: &str) -> Option<&'a str> {
-    c.env.as_ref()?.iter().find(|e| e.name == name)?.value.as_deref()
+    c.env
+        .as_ref()?
+        .iter()
+        .find(|e| e.name == name)?
+        .value
+        .as_deref()
 }
 
 fn caps(c: &Container) -> (Vec<String>, Vec<String>) {
-    let caps = c.security_context.as_ref().unwrap().capabilities.clone().unwrap();
+    let caps = c
+        .security_context
+        .as_ref()
+        .unwrap()
+        .capabilities
+        .clone()
+        .unwrap();
     (caps.add.unwrap_or_default(), caps.drop.unwrap_or_default())
 }
 
@@ -195,14 +214,22 @@ fn a_pod_label_opts_in_inside_a_namespace_that_did_not() {
     f.ns_labels.clear();
     assert_eq!(f.skip(&app_pod()), Skip::NotOptedIn);
     let mut p = app_pod();
-    p.metadata.labels.as_mut().unwrap().insert(labels::INJECT.into(), labels::INJECT_ENABLED.into());
+    p.metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert(labels::INJECT.into(), labels::INJECT_ENABLED.into());
     f.inject(&p);
 }
 
 #[test]
 fn a_pod_label_disabled_opts_out_of_an_opted_in_namespace() {
     let mut p = app_pod();
-    p.metadata.labels.as_mut().unwrap().insert(labels::INJECT.into(), labels::INJECT_DISABLED.into());
+    p.metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert(labels::INJECT.into(), labels::INJECT_DISABLED.into());
     assert_eq!(Fixture::new().skip(&p), Skip::OptedOut);
 }
 
@@ -218,7 +245,10 @@ fn system_namespaces_are_never_injected_even_when_labelled() {
     let f = Fixture::new();
     for ns in ["kube-system", "baton-system", "kube-public"] {
         let out = mutate(&app_pod(), &f.view(ns), &f.config).unwrap();
-        assert!(matches!(out, Outcome::Skipped(Skip::SystemNamespace)), "{ns}");
+        assert!(
+            matches!(out, Outcome::Skipped(Skip::SystemNamespace)),
+            "{ns}"
+        );
     }
 }
 
@@ -265,10 +295,17 @@ fn the_patch_is_deterministic() {
 #[test]
 fn no_release_selecting_the_pod_is_a_clear_denial() {
     let mut f = Fixture::new();
-    f.releases = vec![release("only-db", json!({"podSelector": {"matchLabels": {"app": "db"}}}))];
+    f.releases = vec![release(
+        "only-db",
+        json!({"podSelector": {"matchLabels": {"app": "db"}}}),
+    )];
     let d = f.deny(&app_pod());
     assert_eq!(d.reason, DenialReason::NoRelease);
-    assert!(d.message.contains("no SidecarRelease selects it"), "{}", d.message);
+    assert!(
+        d.message.contains("no SidecarRelease selects it"),
+        "{}",
+        d.message
+    );
     assert!(d.message.contains("apps/web-1"), "{}", d.message);
     assert!(d.reason.wants_event());
 }
@@ -278,21 +315,33 @@ fn the_highest_priority_release_wins_and_is_recorded() {
     let mut f = Fixture::new();
     f.releases = vec![
         release("base", json!({})),
-        release("canary", json!({"priority": 10, "version": "1.3.0-rc1", "image": "baton/sidecar:1.3.0-rc1",
-                                 "podSelector": {"matchLabels": {"app": "web"}}})),
+        release(
+            "canary",
+            json!({"priority": 10, "version": "1.3.0-rc1", "image": "baton/sidecar:1.3.0-rc1",
+                                 "podSelector": {"matchLabels": {"app": "web"}}}),
+        ),
     ];
     let (inj, p) = f.inject(&app_pod());
     assert_eq!(inj.release, "canary");
     assert_eq!(annotation(&p, annotations::RELEASE), Some("canary"));
     assert_eq!(annotation(&p, annotations::VERSION), Some("1.3.0-rc1"));
-    assert_eq!(container(&p, containers::SLOT_A).image.as_deref(), Some("baton/sidecar:1.3.0-rc1"));
-    assert_eq!(p.metadata.labels.as_ref().unwrap()[labels::RELEASE], "canary");
+    assert_eq!(
+        container(&p, containers::SLOT_A).image.as_deref(),
+        Some("baton/sidecar:1.3.0-rc1")
+    );
+    assert_eq!(
+        p.metadata.labels.as_ref().unwrap()[labels::RELEASE],
+        "canary"
+    );
 }
 
 #[test]
 fn a_release_namespace_selector_is_honoured() {
     let mut f = Fixture::new();
-    f.releases = vec![release("prod-only", json!({"namespaceSelector": {"matchLabels": {"env": "prod"}}}))];
+    f.releases = vec![release(
+        "prod-only",
+        json!({"namespaceSelector": {"matchLabels": {"env": "prod"}}}),
+    )];
     assert_eq!(f.deny(&app_pod()).reason, DenialReason::NoRelease);
     f.ns_labels.insert("env".into(), "prod".into());
     f.inject(&app_pod());
@@ -305,45 +354,74 @@ fn old_servers_get_ordinary_containers_placed_first_with_a_wait_hook() {
     let (inj, p) = Fixture::new().old().inject(&app_pod());
     assert!(!inj.native_sidecars);
     let s = p.spec.as_ref().unwrap();
-    assert_eq!(names(&s.containers), [containers::SLOT_A, containers::SLOT_B, "app"]);
+    assert_eq!(
+        names(&s.containers),
+        [containers::SLOT_A, containers::SLOT_B, "app"]
+    );
     let a = container(&p, containers::SLOT_A);
     assert!(a.restart_policy.is_none());
     let hook = a.lifecycle.as_ref().unwrap().post_start.as_ref().unwrap();
     let cmd = hook.exec.as_ref().unwrap().command.as_ref().unwrap();
     assert_eq!(cmd[1], "wait-ready");
-    assert_eq!(annotation(&p, "kubectl.kubernetes.io/default-container"), Some("app"));
+    assert_eq!(
+        annotation(&p, "kubectl.kubernetes.io/default-container"),
+        Some("app")
+    );
     // baton-init is the only init container.
-    assert_eq!(names(s.init_containers.as_ref().unwrap()), [containers::INIT]);
+    assert_eq!(
+        names(s.init_containers.as_ref().unwrap()),
+        [containers::INIT]
+    );
 }
 
 #[test]
 fn servers_from_1_29_get_native_sidecars_before_user_init_containers() {
     let mut p = app_pod();
-    p.spec.as_mut().unwrap().init_containers = Some(vec![Container { name: "migrate".into(), ..Container::default() }]);
+    p.spec.as_mut().unwrap().init_containers = Some(vec![Container {
+        name: "migrate".into(),
+        ..Container::default()
+    }]);
     let (inj, p) = Fixture::new().native().inject(&p);
     assert!(inj.native_sidecars);
     let s = p.spec.as_ref().unwrap();
     assert_eq!(
         names(s.init_containers.as_ref().unwrap()),
-        [containers::INIT, containers::SLOT_A, containers::SLOT_B, "migrate"]
+        [
+            containers::INIT,
+            containers::SLOT_A,
+            containers::SLOT_B,
+            "migrate"
+        ]
     );
     assert_eq!(names(&s.containers), ["app"]);
     for slot in [containers::SLOT_A, containers::SLOT_B] {
-        assert_eq!(container(&p, slot).restart_policy.as_deref(), Some("Always"));
+        assert_eq!(
+            container(&p, slot).restart_policy.as_deref(),
+            Some("Always")
+        );
     }
     let a = container(&p, containers::SLOT_A);
     assert!(a.startup_probe.is_some());
     assert!(a.lifecycle.is_none());
     assert!(container(&p, containers::INIT).restart_policy.is_none());
-    assert_eq!(annotation(&p, "kubectl.kubernetes.io/default-container"), None);
+    assert_eq!(
+        annotation(&p, "kubectl.kubernetes.io/default-container"),
+        None
+    );
 }
 
 #[test]
 fn old_servers_run_user_init_containers_before_capture_starts() {
     let mut p = app_pod();
-    p.spec.as_mut().unwrap().init_containers = Some(vec![Container { name: "fetch".into(), ..Container::default() }]);
+    p.spec.as_mut().unwrap().init_containers = Some(vec![Container {
+        name: "fetch".into(),
+        ..Container::default()
+    }]);
     let (_, p) = Fixture::new().old().inject(&p);
-    assert_eq!(names(p.spec.as_ref().unwrap().init_containers.as_ref().unwrap()), ["fetch", containers::INIT]);
+    assert_eq!(
+        names(p.spec.as_ref().unwrap().init_containers.as_ref().unwrap()),
+        ["fetch", containers::INIT]
+    );
 }
 
 #[test]
@@ -363,7 +441,10 @@ fn a_release_without_empty_image_gets_only_the_active_slot() {
     r.spec.empty_image = None;
     f.releases = vec![Arc::new(r)];
     let (_, p) = f.inject(&app_pod());
-    assert_eq!(names(&p.spec.as_ref().unwrap().containers), [containers::SLOT_A, "app"]);
+    assert_eq!(
+        names(&p.spec.as_ref().unwrap().containers),
+        [containers::SLOT_A, "app"]
+    );
 }
 
 #[test]
@@ -379,12 +460,29 @@ fn the_slots_share_the_handoff_volume_and_the_identity_token() {
     assert_eq!(sat.path, volumes::TOKEN_FILE);
     for slot in [containers::SLOT_A, containers::SLOT_B] {
         let mounts = container(&p, slot).volume_mounts.clone().unwrap();
-        assert!(mounts.iter().any(|m| m.name == volumes::SHARED && m.mount_path == volumes::SHARED_MOUNT_PATH));
-        assert!(mounts.iter().any(|m| m.name == volumes::TOKEN && m.read_only == Some(true)));
+        assert!(
+            mounts
+                .iter()
+                .any(|m| m.name == volumes::SHARED && m.mount_path == volumes::SHARED_MOUNT_PATH)
+        );
+        assert!(
+            mounts
+                .iter()
+                .any(|m| m.name == volumes::TOKEN && m.read_only == Some(true))
+        );
     }
-    assert_eq!(env_of(container(&p, containers::SLOT_A), env::SLOT), Some("a"));
-    assert_eq!(env_of(container(&p, containers::SLOT_B), env::SLOT), Some("b"));
-    assert_eq!(container(&p, containers::SLOT_B).image.as_deref(), Some("baton/empty:1"));
+    assert_eq!(
+        env_of(container(&p, containers::SLOT_A), env::SLOT),
+        Some("a")
+    );
+    assert_eq!(
+        env_of(container(&p, containers::SLOT_B), env::SLOT),
+        Some("b")
+    );
+    assert_eq!(
+        container(&p, containers::SLOT_B).image.as_deref(),
+        Some("baton/empty:1")
+    );
 }
 
 #[test]
@@ -394,11 +492,26 @@ fn the_active_slot_exposes_the_admin_port_and_probes() {
     let port = &a.ports.as_ref().unwrap()[0];
     assert_eq!(port.container_port, i32::from(ports::ADMIN));
     assert_eq!(port.name.as_deref(), Some(ports::ADMIN_NAME));
-    let ready = a.readiness_probe.as_ref().unwrap().http_get.as_ref().unwrap();
+    let ready = a
+        .readiness_probe
+        .as_ref()
+        .unwrap()
+        .http_get
+        .as_ref()
+        .unwrap();
     assert_eq!(ready.path.as_deref(), Some("/ready"));
-    let live = a.liveness_probe.as_ref().unwrap().http_get.as_ref().unwrap();
+    let live = a
+        .liveness_probe
+        .as_ref()
+        .unwrap()
+        .http_get
+        .as_ref()
+        .unwrap();
     assert_eq!(live.path.as_deref(), Some("/live"));
-    assert_eq!(live.port, k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(15020));
+    assert_eq!(
+        live.port,
+        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(15020)
+    );
 }
 
 #[test]
@@ -451,12 +564,22 @@ fn transparent_capture_adds_the_only_privileged_container() {
     let (add, drop) = caps(init);
     assert_eq!(add, ["NET_ADMIN", "NET_RAW"]);
     assert_eq!(drop, ["ALL"]);
-    assert_eq!(init.security_context.as_ref().unwrap().run_as_non_root, Some(false));
-    assert_eq!(annotation(&p, annotations::CAPTURE_MODE), Some("transparent"));
+    assert_eq!(
+        init.security_context.as_ref().unwrap().run_as_non_root,
+        Some(false)
+    );
+    assert_eq!(
+        annotation(&p, annotations::CAPTURE_MODE),
+        Some("transparent")
+    );
     // Nobody else gets NET_ADMIN.
     for c in &p.spec.as_ref().unwrap().containers {
         if let Some(sc) = &c.security_context {
-            let add = sc.capabilities.as_ref().and_then(|c| c.add.clone()).unwrap_or_default();
+            let add = sc
+                .capabilities
+                .as_ref()
+                .and_then(|c| c.add.clone())
+                .unwrap_or_default();
             assert!(!add.iter().any(|c| c == "NET_ADMIN"), "{}", c.name);
         }
     }
@@ -466,14 +589,26 @@ fn transparent_capture_adds_the_only_privileged_container() {
 fn exclusions_come_from_annotations_and_always_spare_the_admin_port() {
     let mut p = app_pod();
     let a = p.metadata.annotations.as_mut().unwrap();
-    a.insert(annotations::EXCLUDE_INBOUND_PORTS.into(), "8081, 9090".into());
+    a.insert(
+        annotations::EXCLUDE_INBOUND_PORTS.into(),
+        "8081, 9090".into(),
+    );
     a.insert(annotations::EXCLUDE_OUTBOUND_PORTS.into(), "5432".into());
-    a.insert(annotations::EXCLUDE_OUTBOUND_CIDRS.into(), "10.0.0.0/8,fd00::/8".into());
+    a.insert(
+        annotations::EXCLUDE_OUTBOUND_CIDRS.into(),
+        "10.0.0.0/8,fd00::/8".into(),
+    );
     let (_, p) = Fixture::new().inject(&p);
     let init = container(&p, containers::INIT);
-    assert_eq!(env_of(init, env::EXCLUDE_INBOUND_PORTS), Some("8081,9090,15020"));
+    assert_eq!(
+        env_of(init, env::EXCLUDE_INBOUND_PORTS),
+        Some("8081,9090,15020")
+    );
     assert_eq!(env_of(init, env::EXCLUDE_OUTBOUND_PORTS), Some("5432"));
-    assert_eq!(env_of(init, env::EXCLUDE_OUTBOUND_CIDRS), Some("10.0.0.0/8,fd00::/8"));
+    assert_eq!(
+        env_of(init, env::EXCLUDE_OUTBOUND_CIDRS),
+        Some("10.0.0.0/8,fd00::/8")
+    );
 }
 
 #[test]
@@ -482,25 +617,48 @@ fn malformed_exclusions_are_refused_with_the_offending_value() {
         (annotations::EXCLUDE_INBOUND_PORTS, "80,http", "\"http\""),
         (annotations::EXCLUDE_OUTBOUND_PORTS, "70000", "\"70000\""),
         (annotations::EXCLUDE_OUTBOUND_PORTS, "0", "\"0\""),
-        (annotations::EXCLUDE_OUTBOUND_CIDRS, "10.0.0.0/33", "\"10.0.0.0/33\""),
-        (annotations::EXCLUDE_OUTBOUND_CIDRS, "10.0.0.1", "\"10.0.0.1\""),
+        (
+            annotations::EXCLUDE_OUTBOUND_CIDRS,
+            "10.0.0.0/33",
+            "\"10.0.0.0/33\"",
+        ),
+        (
+            annotations::EXCLUDE_OUTBOUND_CIDRS,
+            "10.0.0.1",
+            "\"10.0.0.1\"",
+        ),
     ] {
         let mut p = app_pod();
-        p.metadata.annotations.as_mut().unwrap().insert(key.into(), value.into());
+        p.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(key.into(), value.into());
         let d = Fixture::new().deny(&p);
         assert_eq!(d.reason, DenialReason::InvalidAnnotation);
-        assert!(d.message.contains(key) && d.message.contains(needle), "{}", d.message);
+        assert!(
+            d.message.contains(key) && d.message.contains(needle),
+            "{}",
+            d.message
+        );
     }
 }
 
 #[test]
 fn explicit_capture_sets_env_on_every_app_container_and_no_init_container() {
     let mut p = app_pod();
-    p.metadata.annotations.as_mut().unwrap().insert(annotations::CAPTURE_MODE.into(), "explicit".into());
+    p.metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(annotations::CAPTURE_MODE.into(), "explicit".into());
     let spec = p.spec.as_mut().unwrap();
     spec.containers.push(Container {
         name: "worker".into(),
-        env: Some(vec![spec::env_value("HTTP_PROXY", "http://corp-proxy:3128"), spec::env_value("X", "1")]),
+        env: Some(vec![
+            spec::env_value("HTTP_PROXY", "http://corp-proxy:3128"),
+            spec::env_value("X", "1"),
+        ]),
         ..Container::default()
     });
     let (inj, p) = Fixture::new().inject(&p);
@@ -511,7 +669,10 @@ fn explicit_capture_sets_env_on_every_app_container_and_no_init_container() {
     assert_eq!(env_of(app, env::HTTP_PROXY), Some("http://127.0.0.1:15001"));
     let worker = container(&p, "worker");
     // The user's own HTTP_PROXY is kept; the missing var is appended.
-    assert_eq!(env_of(worker, env::HTTP_PROXY), Some("http://corp-proxy:3128"));
+    assert_eq!(
+        env_of(worker, env::HTTP_PROXY),
+        Some("http://corp-proxy:3128")
+    );
     assert_eq!(env_of(worker, env::OUTBOUND_PROXY), Some("127.0.0.1:15001"));
     assert_eq!(env_of(worker, "X"), Some("1"));
     assert_eq!(annotation(&p, annotations::CAPTURE_MODE), Some("explicit"));
@@ -528,7 +689,11 @@ fn the_default_capture_mode_is_configurable() {
 #[test]
 fn an_unknown_capture_mode_is_refused() {
     let mut p = app_pod();
-    p.metadata.annotations.as_mut().unwrap().insert(annotations::CAPTURE_MODE.into(), "magic".into());
+    p.metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(annotations::CAPTURE_MODE.into(), "magic".into());
     let d = Fixture::new().deny(&p);
     assert_eq!(d.reason, DenialReason::InvalidAnnotation);
     assert!(d.message.contains("\"magic\""), "{}", d.message);
@@ -538,14 +703,25 @@ fn an_unknown_capture_mode_is_refused() {
 
 #[test]
 fn absent_annotation_and_label_maps_are_added_whole() {
-    let p = pod(json!({"metadata": {"generateName": "web-"}, "spec": {"containers": [{"name": "app"}]}}));
+    let p = pod(
+        json!({"metadata": {"generateName": "web-"}, "spec": {"containers": [{"name": "app"}]}}),
+    );
     let (inj, patched) = Fixture::new().inject(&p);
     let paths: Vec<String> = inj.patch.0.iter().map(|op| op.path().to_string()).collect();
-    assert!(paths.contains(&"/metadata/annotations".to_owned()), "{paths:?}");
+    assert!(
+        paths.contains(&"/metadata/annotations".to_owned()),
+        "{paths:?}"
+    );
     assert!(paths.contains(&"/metadata/labels".to_owned()), "{paths:?}");
     assert!(paths.contains(&"/spec/volumes".to_owned()), "{paths:?}");
-    assert!(paths.contains(&"/spec/initContainers".to_owned()), "{paths:?}");
-    assert_eq!(patched.metadata.labels.as_ref().unwrap()[labels::INJECTED], "true");
+    assert!(
+        paths.contains(&"/spec/initContainers".to_owned()),
+        "{paths:?}"
+    );
+    assert_eq!(
+        patched.metadata.labels.as_ref().unwrap()[labels::INJECTED],
+        "true"
+    );
     assert_eq!(annotation(&patched, annotations::ACTIVE_SLOT), Some("a"));
 }
 
@@ -553,7 +729,10 @@ fn absent_annotation_and_label_maps_are_added_whole() {
 fn present_maps_get_one_escaped_entry_each_and_keep_user_entries() {
     let (inj, p) = Fixture::new().inject(&app_pod());
     let paths: Vec<String> = inj.patch.0.iter().map(|op| op.path().to_string()).collect();
-    assert!(paths.contains(&"/metadata/annotations/baton.dev~1status".to_owned()), "{paths:?}");
+    assert!(
+        paths.contains(&"/metadata/annotations/baton.dev~1status".to_owned()),
+        "{paths:?}"
+    );
     assert_eq!(annotation(&p, "team"), Some("a"));
     assert_eq!(p.metadata.labels.as_ref().unwrap()["app"], "web");
 }
@@ -561,9 +740,20 @@ fn present_maps_get_one_escaped_entry_each_and_keep_user_entries() {
 #[test]
 fn existing_volumes_are_kept_and_ours_appended() {
     let mut p = app_pod();
-    p.spec.as_mut().unwrap().volumes = Some(vec![serde_json::from_value(json!({"name": "data", "emptyDir": {}})).unwrap()]);
+    p.spec.as_mut().unwrap().volumes = Some(vec![
+        serde_json::from_value(json!({"name": "data", "emptyDir": {}})).unwrap(),
+    ]);
     let (_, p) = Fixture::new().inject(&p);
-    let names: Vec<&str> = p.spec.as_ref().unwrap().volumes.as_ref().unwrap().iter().map(|v| v.name.as_str()).collect();
+    let names: Vec<&str> = p
+        .spec
+        .as_ref()
+        .unwrap()
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|v| v.name.as_str())
+        .collect();
     assert_eq!(names, ["data", volumes::SHARED, volumes::TOKEN]);
 }
 
@@ -572,7 +762,10 @@ fn every_annotation_the_operator_reads_is_recorded() {
     let (inj, p) = Fixture::new().inject(&app_pod());
     assert_eq!(annotation(&p, annotations::RELEASE), Some("default"));
     assert_eq!(annotation(&p, annotations::VERSION), Some("1.2.0"));
-    assert_eq!(annotation(&p, annotations::CONFIG_HASH), Some(inj.config_hash.as_str()));
+    assert_eq!(
+        annotation(&p, annotations::CONFIG_HASH),
+        Some(inj.config_hash.as_str())
+    );
     assert_eq!(inj.config_hash.len(), 16);
     assert_eq!(annotation(&p, annotations::ACTIVE_SLOT), Some("a"));
     assert_eq!(annotation(&p, annotations::STATUS), Some("injected"));
@@ -595,20 +788,28 @@ fn the_config_hash_changes_with_the_injected_spec() {
 fn a_user_container_with_a_reserved_name_is_refused() {
     for name in [containers::SLOT_A, containers::SLOT_B, containers::INIT] {
         let mut p = app_pod();
-        p.spec.as_mut().unwrap().containers.push(Container { name: name.into(), ..Container::default() });
+        p.spec.as_mut().unwrap().containers.push(Container {
+            name: name.into(),
+            ..Container::default()
+        });
         let d = Fixture::new().deny(&p);
         assert_eq!(d.reason, DenialReason::ReservedName);
         assert!(d.message.contains(name), "{}", d.message);
     }
     let mut p = app_pod();
-    p.spec.as_mut().unwrap().init_containers = Some(vec![Container { name: containers::INIT.into(), ..Container::default() }]);
+    p.spec.as_mut().unwrap().init_containers = Some(vec![Container {
+        name: containers::INIT.into(),
+        ..Container::default()
+    }]);
     assert_eq!(Fixture::new().deny(&p).reason, DenialReason::ReservedName);
 }
 
 #[test]
 fn a_user_volume_with_a_reserved_name_is_refused() {
     let mut p = app_pod();
-    p.spec.as_mut().unwrap().volumes = Some(vec![serde_json::from_value(json!({"name": volumes::TOKEN, "emptyDir": {}})).unwrap()]);
+    p.spec.as_mut().unwrap().volumes = Some(vec![
+        serde_json::from_value(json!({"name": volumes::TOKEN, "emptyDir": {}})).unwrap(),
+    ]);
     let d = Fixture::new().deny(&p);
     assert_eq!(d.reason, DenialReason::ReservedName);
     assert!(d.message.contains(volumes::TOKEN), "{}", d.message);
@@ -624,7 +825,12 @@ fn a_pod_without_spec_is_refused_not_half_injected() {
 
 fn qat_fixture(mode: &str, pools: Vec<Arc<AcceleratorPool>>, nodes: Vec<Arc<Node>>) -> Fixture {
     let mut f = Fixture::new();
-    f.policies = vec![policy("apps", "tls", json!({"matchLabels": {"app": "web"}}), json!({"mode": mode}))];
+    f.policies = vec![policy(
+        "apps",
+        "tls",
+        json!({"matchLabels": {"app": "web"}}),
+        json!({"mode": mode}),
+    )];
     f.pools = pools;
     f.nodes = nodes;
     f
@@ -632,7 +838,11 @@ fn qat_fixture(mode: &str, pools: Vec<Arc<AcceleratorPool>>, nodes: Vec<Arc<Node
 
 #[test]
 fn qat_is_granted_from_node_allocatable_when_the_pool_has_no_status_yet() {
-    let f = qat_fixture("Preferred", vec![pool("qat", json!(null))], vec![node("n1", Some("4"))]);
+    let f = qat_fixture(
+        "Preferred",
+        vec![pool("qat", json!(null))],
+        vec![node("n1", Some("4"))],
+    );
     let (inj, p) = f.inject(&app_pod());
     assert!(matches!(inj.offload, Offload::Granted { devices: 1, .. }));
     let a = container(&p, containers::SLOT_A);
@@ -645,38 +855,81 @@ fn qat_is_granted_from_node_allocatable_when_the_pool_has_no_status_yet() {
     assert_eq!(annotation(&p, annotations::ACCELERATOR_POOL), Some("qat"));
     // The standby slot gets no device and no extra capability.
     let b = container(&p, containers::SLOT_B);
-    assert!(!b.resources.as_ref().unwrap().limits.as_ref().unwrap().contains_key("qat.intel.com/cy"));
+    assert!(
+        !b.resources
+            .as_ref()
+            .unwrap()
+            .limits
+            .as_ref()
+            .unwrap()
+            .contains_key("qat.intel.com/cy")
+    );
     assert!(caps(b).0.is_empty());
 }
 
 #[test]
 fn qat_capacity_comes_from_the_pool_status_once_the_operator_writes_it() {
     let full = json!({"capacity": 4, "allocated": 4, "nodes": [{"node": "n1", "capacity": 4, "allocated": 4}]});
-    let f = qat_fixture("Preferred", vec![pool("qat", full)], vec![node("n1", Some("4"))]);
+    let f = qat_fixture(
+        "Preferred",
+        vec![pool("qat", full)],
+        vec![node("n1", Some("4"))],
+    );
     let (inj, _) = f.inject(&app_pod());
-    assert!(matches!(inj.offload, Offload::Fallback { .. }), "{:?}", inj.offload);
+    assert!(
+        matches!(inj.offload, Offload::Fallback { .. }),
+        "{:?}",
+        inj.offload
+    );
 }
 
 #[test]
 fn exhausted_preferred_offload_falls_back_with_an_annotation_and_no_device() {
-    let f = qat_fixture("Preferred", vec![pool("qat", json!(null))], vec![node("n1", Some("0"))]);
+    let full = json!({"capacity": 2, "allocated": 2, "nodes": [{"node": "n1", "capacity": 2, "allocated": 2}]});
+    let f = qat_fixture(
+        "Preferred",
+        vec![pool("qat", full)],
+        vec![node("n1", Some("2"))],
+    );
     let (inj, p) = f.inject(&app_pod());
-    let Offload::Fallback { reason } = &inj.offload else { panic!("{:?}", inj.offload) };
+    let Offload::Fallback { reason } = &inj.offload else {
+        panic!("{:?}", inj.offload)
+    };
     assert!(reason.contains("0 free"), "{reason}");
-    assert_eq!(annotation(&p, annotations::OFFLOAD), Some("software-fallback"));
+    assert_eq!(
+        annotation(&p, annotations::OFFLOAD),
+        Some("software-fallback")
+    );
     assert!(annotation(&p, annotations::OFFLOAD_FALLBACK_REASON).is_some());
     let a = container(&p, containers::SLOT_A);
-    assert!(!a.resources.as_ref().unwrap().limits.as_ref().unwrap().contains_key("qat.intel.com/cy"));
+    assert!(
+        !a.resources
+            .as_ref()
+            .unwrap()
+            .limits
+            .as_ref()
+            .unwrap()
+            .contains_key("qat.intel.com/cy")
+    );
     assert!(caps(a).0.is_empty());
     assert_eq!(env_of(a, env::OFFLOAD_ENGINE), Some("software"));
 }
 
 #[test]
 fn required_offload_without_capacity_is_a_clear_denial() {
-    let f = qat_fixture("Required", vec![pool("qat", json!(null))], vec![node("n1", None)]);
+    let f = qat_fixture(
+        "Required",
+        vec![pool("qat", json!(null))],
+        vec![node("n1", None)],
+    );
     let d = f.deny(&app_pod());
     assert_eq!(d.reason, DenialReason::OffloadUnavailable);
-    assert!(d.message.contains("TlsPolicy tls requires private-key offload"), "{}", d.message);
+    assert!(
+        d.message
+            .contains("TlsPolicy tls requires private-key offload"),
+        "{}",
+        d.message
+    );
     assert!(d.reason.wants_event());
 }
 
@@ -684,14 +937,23 @@ fn required_offload_without_capacity_is_a_clear_denial() {
 fn required_offload_without_any_pool_is_a_clear_denial() {
     let f = qat_fixture("Required", vec![], vec![]);
     let d = f.deny(&app_pod());
-    assert!(d.message.contains("no AcceleratorPool offers qat.intel.com/cy"), "{}", d.message);
+    assert!(
+        d.message
+            .contains("no AcceleratorPool has resourceName qat.intel.com/cy"),
+        "{}",
+        d.message
+    );
 }
 
 #[test]
 fn nodes_outside_the_pool_selector_do_not_count() {
     let mut other: Node = (*node("n2", Some("8"))).clone();
     other.metadata.labels = Some(BTreeMap::new());
-    let f = qat_fixture("Required", vec![pool("qat", json!(null))], vec![Arc::new(other)]);
+    let f = qat_fixture(
+        "Required",
+        vec![pool("qat", json!(null))],
+        vec![Arc::new(other)],
+    );
     assert_eq!(f.deny(&app_pod()).reason, DenialReason::OffloadUnavailable);
 }
 
@@ -699,7 +961,12 @@ fn nodes_outside_the_pool_selector_do_not_count() {
 fn a_policy_that_does_not_select_the_pod_or_lives_elsewhere_is_ignored() {
     let mut f = qat_fixture("Required", vec![], vec![]);
     f.policies = vec![
-        policy("apps", "db-only", json!({"matchLabels": {"app": "db"}}), json!({"mode": "Required"})),
+        policy(
+            "apps",
+            "db-only",
+            json!({"matchLabels": {"app": "db"}}),
+            json!({"mode": "Required"}),
+        ),
         policy("other", "tls", json!({}), json!({"mode": "Required"})),
     ];
     let (inj, _) = f.inject(&app_pod());
@@ -707,8 +974,27 @@ fn a_policy_that_does_not_select_the_pod_or_lives_elsewhere_is_ignored() {
 }
 
 #[test]
+fn a_pod_already_bound_to_a_node_only_counts_that_node() {
+    let mut p = app_pod();
+    p.spec.as_mut().unwrap().node_name = Some("n2".into());
+    let f = qat_fixture(
+        "Required",
+        vec![pool("qat", json!(null))],
+        vec![node("n1", Some("4")), node("n2", None)],
+    );
+    assert_eq!(f.deny(&p).reason, DenialReason::OffloadUnavailable);
+    let mut p = app_pod();
+    p.spec.as_mut().unwrap().node_name = Some("n1".into());
+    assert!(matches!(f.inject(&p).0.offload, Offload::Granted { .. }));
+}
+
+#[test]
 fn granted_qat_keeps_the_release_resources() {
-    let f = qat_fixture("Required", vec![pool("qat", json!(null))], vec![node("n1", Some("2"))]);
+    let f = qat_fixture(
+        "Required",
+        vec![pool("qat", json!(null))],
+        vec![node("n1", Some("2"))],
+    );
     let (_, p) = f.inject(&app_pod());
     let r = container(&p, containers::SLOT_A).resources.clone().unwrap();
     assert_eq!(r.requests.unwrap()["cpu"].0, "100m");

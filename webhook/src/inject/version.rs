@@ -12,7 +12,10 @@ pub struct ServerVersion {
 
 /// First minor with native sidecars (init containers with
 /// `restartPolicy: Always`) enabled by default (beta in 1.29, GA in 1.33).
-pub const NATIVE_SIDECARS_SINCE: ServerVersion = ServerVersion { major: 1, minor: 29 };
+pub const NATIVE_SIDECARS_SINCE: ServerVersion = ServerVersion {
+    major: 1,
+    minor: 29,
+};
 
 impl ServerVersion {
     pub const fn new(major: u32, minor: u32) -> Self {
@@ -45,8 +48,14 @@ mod tests {
 
     #[test]
     fn parses_plain_and_plus_suffixed_minors() {
-        assert_eq!(ServerVersion::parse("1", "20"), Some(ServerVersion::new(1, 20)));
-        assert_eq!(ServerVersion::parse("1", "29+"), Some(ServerVersion::new(1, 29)));
+        assert_eq!(
+            ServerVersion::parse("1", "20"),
+            Some(ServerVersion::new(1, 20))
+        );
+        assert_eq!(
+            ServerVersion::parse("1", "29+"),
+            Some(ServerVersion::new(1, 29))
+        );
         assert_eq!(ServerVersion::parse("", "29"), None);
         assert_eq!(ServerVersion::parse("1", "x"), None);
     }

@@ -1,0 +1,78 @@
+//! The admin port (plain HTTP, never exposed outside the pod): `/live`,
+//! `/ready` (serving certificate loaded and caches synced, the two things
+//! without which admission answers would be wrong) and `/metrics`.
+
+use std::sync::Arc;
+
+use http::{Method, StatusCode};
+use prometheus_client::registry::Registry;
+
+use crate::{
+    cache::ClusterState,
+    metrics::Metrics,
+    server::{SimpleRequest, SimpleResponse, response},
+    tls::CertStore,
+};
+
+/// What the admin endpoints report on.
+pub struct Admin {
+    pub store: Arc<CertStore>,
+    pub state: Arc<dyn ClusterState>,
+    pub registry: Arc<Registry>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Admin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admin").finish_non_exhaustive()
+    }
+}
+
+impl Admin {
+    /// Why the webhook is not ready, or `None` when it is.
+    pub fn not_ready_reason(&self) -> Option<&'static str> {
+        let cert = self.store.is_loaded();
+        let synced = self.state.is_synced();
+        self.metrics.cert_loaded.set(i64::from(cert));
+        self.metrics.caches_synced.set(i64::from(synced));
+        match (cert, synced) {
+            (false, _) => Some("no serving certificate loaded yet"),
+            (true, false) => Some("caches not synced yet"),
+            (true, true) => None,
+        }
+    }
+
+    pub async fn handle(&self, req: SimpleRequest) -> SimpleResponse {
+        if req.method != Method::GET && req.method != Method::HEAD {
+            return response(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "use GET\n");
+        }
+        match req.path.as_str() {
+            "/live" => response(StatusCode::OK, "text/plain", "live\n"),
+            "/ready" => match self.not_ready_reason() {
+                None => response(StatusCode::OK, "text/plain", "ready\n"),
+                Some(why) => response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    format!("{why}\n"),
+                ),
+            },
+            "/metrics" => {
+                let _ = self.not_ready_reason();
+                let mut text = String::new();
+                match prometheus_client::encoding::text::encode(&mut text, &self.registry) {
+                    Ok(()) => response(
+                        StatusCode::OK,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        text,
+                    ),
+                    Err(_) => response(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "text/plain",
+                        "encoding failed\n",
+                    ),
+                }
+            }
+            _ => response(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
+        }
+    }
+}

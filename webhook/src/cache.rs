@@ -1,0 +1,302 @@
+//! In-memory caches feeding admission: kube-runtime reflectors on the
+//! objects `mutate` and `validate` read, plus the API server's version.
+//!
+//! Admission never calls the API server on its hot path (the timeout budget
+//! is a few seconds and pods are created in bursts); it reads a
+//! [`Snapshot`] of these stores. Readiness (`/ready`) waits until every
+//! store has received its initial list, so a fresh replica never answers
+//! "no SidecarRelease selects this pod" just because it has not listed yet.
+//!
+//! Watchers use the default `watcher::Config` (list then watch), not
+//! streaming lists, which the 1.20 API server of the e2e suite lacks.
+
+use std::{
+    collections::BTreeMap,
+    fmt::Debug,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use arc_swap::ArcSwapOption;
+use baton_crds::{AcceleratorPool, Route, SidecarRelease, TlsPolicy, tls_policy::OffloadMode};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use kube::{
+    Api, Client, Resource,
+    runtime::{
+        WatchStreamExt,
+        reflector::{self, ObjectRef, Store},
+        watcher,
+    },
+};
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    inject::{ClusterView, ServerVersion},
+    validate::ValidationView,
+};
+
+/// The caches' contents at one instant, owned (cheap: `Arc`s).
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub namespace: String,
+    pub namespace_labels: BTreeMap<String, String>,
+    pub releases: Vec<Arc<SidecarRelease>>,
+    pub tls_policies: Vec<Arc<TlsPolicy>>,
+    pub pools: Vec<Arc<AcceleratorPool>>,
+    pub nodes: Vec<Arc<Node>>,
+    pub routes: Vec<Arc<Route>>,
+    pub server_version: Option<ServerVersion>,
+}
+
+impl Snapshot {
+    /// The view `mutate` reads. An unknown server version counts as the
+    /// oldest supported (ordinary containers work everywhere).
+    pub fn cluster_view(&self) -> ClusterView<'_> {
+        ClusterView {
+            namespace: &self.namespace,
+            namespace_labels: &self.namespace_labels,
+            releases: &self.releases,
+            tls_policies: &self.tls_policies,
+            pools: &self.pools,
+            nodes: &self.nodes,
+            server_version: self.server_version.unwrap_or(ServerVersion::new(1, 0)),
+        }
+    }
+
+    pub fn validation_view(&self) -> ValidationView<'_> {
+        ValidationView {
+            tls_policies: &self.tls_policies,
+            routes: &self.routes,
+        }
+    }
+}
+
+/// Where admission gets cluster state from: the reflectors in production,
+/// a fixed [`Snapshot`] in tests.
+pub trait ClusterState: Send + Sync + 'static {
+    /// State relevant to an object in `namespace`; `None` labels when the
+    /// namespace is not (yet) known.
+    fn snapshot(&self, namespace: &str) -> (Snapshot, bool);
+    /// Every cache has listed at least once and the version is known.
+    fn is_synced(&self) -> bool;
+}
+
+/// A fixed state (tests and benchmarks).
+#[derive(Debug, Clone)]
+pub struct StaticState(pub Snapshot);
+
+impl ClusterState for StaticState {
+    fn snapshot(&self, namespace: &str) -> (Snapshot, bool) {
+        let mut s = self.0.clone();
+        s.namespace = namespace.to_owned();
+        (s, true)
+    }
+
+    fn is_synced(&self) -> bool {
+        true
+    }
+}
+
+/// The reflector-backed caches.
+#[derive(Clone)]
+pub struct Caches {
+    releases: Store<SidecarRelease>,
+    tls_policies: Store<TlsPolicy>,
+    pools: Store<AcceleratorPool>,
+    routes: Store<Route>,
+    namespaces: Store<Namespace>,
+    nodes: Store<Node>,
+    synced: Arc<AtomicBool>,
+    version: Arc<ArcSwapOption<ServerVersion>>,
+}
+
+impl Debug for Caches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Caches")
+            .field("synced", &self.synced.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+fn spawn_reflector<K>(api: Api<K>, trim: fn(&mut K), stop: CancellationToken) -> Store<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .map_ok(move |ev| ev.modify(trim));
+    let stream = reflector::reflector(writer, stream);
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                item = stream.next() => match item {
+                    None => return,
+                    Some(Err(error)) => tracing::warn!(
+                        kind = %K::kind(&()), %error, "watch failed; retrying with backoff"
+                    ),
+                    Some(Ok(_)) => {}
+                },
+            }
+        }
+    });
+    reader
+}
+
+fn trim_meta(meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
+    meta.managed_fields = None;
+}
+
+impl Caches {
+    /// Starts every reflector and the version poller; returns immediately.
+    pub fn start(client: Client, stop: CancellationToken) -> Self {
+        let caches = Self {
+            releases: spawn_reflector(
+                Api::all(client.clone()),
+                |o: &mut SidecarRelease| trim_meta(&mut o.metadata),
+                stop.clone(),
+            ),
+            tls_policies: spawn_reflector(
+                Api::all(client.clone()),
+                |o: &mut TlsPolicy| trim_meta(&mut o.metadata),
+                stop.clone(),
+            ),
+            pools: spawn_reflector(
+                Api::all(client.clone()),
+                |o: &mut AcceleratorPool| trim_meta(&mut o.metadata),
+                stop.clone(),
+            ),
+            routes: spawn_reflector(
+                Api::all(client.clone()),
+                |o: &mut Route| trim_meta(&mut o.metadata),
+                stop.clone(),
+            ),
+            namespaces: spawn_reflector(
+                Api::all(client.clone()),
+                |n: &mut Namespace| {
+                    trim_meta(&mut n.metadata);
+                    n.metadata.annotations = None;
+                },
+                stop.clone(),
+            ),
+            nodes: spawn_reflector(
+                Api::all(client.clone()),
+                |n: &mut Node| {
+                    // Only labels and allocatable are read: drop the bulk
+                    // (images alone can be tens of kilobytes per node).
+                    trim_meta(&mut n.metadata);
+                    n.metadata.annotations = None;
+                    if let Some(s) = n.status.as_mut() {
+                        s.images = None;
+                        s.conditions = None;
+                        s.volumes_attached = None;
+                        s.volumes_in_use = None;
+                    }
+                },
+                stop.clone(),
+            ),
+            synced: Arc::new(AtomicBool::new(false)),
+            version: Arc::new(ArcSwapOption::empty()),
+        };
+        let me = caches.clone();
+        let stop2 = stop.clone();
+        tokio::spawn(async move {
+            let all = async {
+                me.releases.wait_until_ready().await.ok();
+                me.tls_policies.wait_until_ready().await.ok();
+                me.pools.wait_until_ready().await.ok();
+                me.routes.wait_until_ready().await.ok();
+                me.namespaces.wait_until_ready().await.ok();
+                me.nodes.wait_until_ready().await.ok();
+            };
+            tokio::select! {
+                () = stop2.cancelled() => {}
+                () = all => {
+                    me.synced.store(true, Ordering::Release);
+                    tracing::info!("caches synced");
+                }
+            }
+        });
+        let version = caches.version.clone();
+        tokio::spawn(async move {
+            // The version decides native vs ordinary sidecars; clusters are
+            // upgraded under running webhooks, so it is re-read periodically.
+            loop {
+                let wait = match client.apiserver_version().await {
+                    Ok(info) => {
+                        match ServerVersion::parse(&info.major, &info.minor) {
+                            Some(v) => {
+                                if version.load().as_deref() != Some(&v) {
+                                    tracing::info!(version = %v, native_sidecars = v.supports_native_sidecars(), "API server version");
+                                }
+                                version.store(Some(Arc::new(v)));
+                            }
+                            None => {
+                                tracing::warn!(major = %info.major, minor = %info.minor, "unparsable API server version")
+                            }
+                        }
+                        Duration::from_secs(300)
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot read the API server version");
+                        Duration::from_secs(5)
+                    }
+                };
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(wait) => {}
+                }
+            }
+        });
+        caches
+    }
+}
+
+impl ClusterState for Caches {
+    fn snapshot(&self, namespace: &str) -> (Snapshot, bool) {
+        let ns = self.namespaces.get(&ObjectRef::new(namespace));
+        let known = ns.is_some();
+        let tls_policies = self
+            .tls_policies
+            .state_filter(|p| p.metadata.namespace.as_deref() == Some(namespace));
+        // Pools and nodes only matter to offload: skip copying them (there
+        // may be thousands of nodes) unless a policy here asks for it.
+        let offload = tls_policies
+            .iter()
+            .any(|p| p.spec.private_key_offload.mode != OffloadMode::Disabled);
+        let snapshot = Snapshot {
+            namespace: namespace.to_owned(),
+            namespace_labels: ns
+                .and_then(|n| n.metadata.labels.clone())
+                .unwrap_or_default(),
+            releases: self.releases.state(),
+            tls_policies,
+            pools: if offload {
+                self.pools.state()
+            } else {
+                Vec::new()
+            },
+            nodes: if offload {
+                self.nodes.state()
+            } else {
+                Vec::new()
+            },
+            routes: self
+                .routes
+                .state_filter(|r| r.metadata.namespace.as_deref() == Some(namespace)),
+            server_version: self.version.load().as_deref().copied(),
+        };
+        (snapshot, known)
+    }
+
+    fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire) && self.version.load().is_some()
+    }
+}

@@ -1,0 +1,351 @@
+//! Admission request handling: routing, decoding, calling the pure cores,
+//! encoding the answer, metrics and Events. The only place where
+//! `mutate`/`validate` meet I/O.
+//!
+//! HTTP status policy (what the API server handles well):
+//! * 200 with an AdmissionReview for every request we can attribute to a
+//!   review `uid` — allowed, patched or denied with a message;
+//! * 400 (plain text) for a body with no recoverable `uid` (see
+//!   [`crate::review`]): the API server counts it as a failed call and
+//!   applies `failurePolicy`;
+//! * 404 for any other path, 405 for a non-POST to an admission path.
+//!
+//! Never 500: every failure inside is mapped to one of the above.
+
+use std::{sync::Arc, time::Instant};
+
+use baton_crds::contract::webhook as names;
+use http::{Method, StatusCode};
+use k8s_openapi::api::core::v1::{Namespace, ObjectReference, Pod};
+use kube::{
+    Api, Client,
+    core::{
+        DynamicObject, Status,
+        admission::{AdmissionRequest, AdmissionResponse, Operation},
+    },
+    runtime::events::{Event, EventType, Recorder, Reporter},
+};
+
+use crate::{
+    cache::ClusterState,
+    inject::{self, Denial, InjectConfig, Outcome, Skip},
+    metrics::{DecisionLabels, Metrics},
+    review::{self, Decoded},
+    server::{SimpleRequest, SimpleResponse, response},
+    validate::{self, Verdict},
+};
+
+/// Everything a request needs.
+pub struct Admission {
+    pub state: Arc<dyn ClusterState>,
+    pub config: InjectConfig,
+    pub metrics: Arc<Metrics>,
+    /// For the live namespace re-check and Events; `None` in tests.
+    pub client: Option<Client>,
+    recorder: Option<Recorder>,
+}
+
+impl std::fmt::Debug for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admission")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+const MUTATE: &str = "mutate-pods";
+const VALIDATE: &str = "validate";
+
+impl Admission {
+    pub fn new(
+        state: Arc<dyn ClusterState>,
+        config: InjectConfig,
+        metrics: Arc<Metrics>,
+        client: Option<Client>,
+    ) -> Self {
+        let recorder = client.clone().map(|c| {
+            Recorder::new(
+                c,
+                Reporter {
+                    controller: names::SERVICE.to_owned(),
+                    instance: std::env::var("POD_NAME").ok(),
+                },
+            )
+        });
+        Self {
+            state,
+            config,
+            metrics,
+            client,
+            recorder,
+        }
+    }
+
+    /// Answers one HTTP request.
+    pub async fn handle(&self, req: SimpleRequest) -> SimpleResponse {
+        let start = Instant::now();
+        let (endpoint, result, resp) = match (req.path.as_str(), &req.method) {
+            (names::MUTATE_PODS_PATH, &Method::POST) => {
+                let (result, resp) = self.mutate_pods(&req.body).await;
+                (MUTATE, result, resp)
+            }
+            (names::VALIDATE_PATH, &Method::POST) => {
+                let (result, resp) = self.validate(&req.body);
+                (VALIDATE, result, resp)
+            }
+            (names::MUTATE_PODS_PATH | names::VALIDATE_PATH, _) => (
+                "other",
+                "method_not_allowed",
+                response(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "use POST\n"),
+            ),
+            _ => (
+                "other",
+                "not_found",
+                response(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
+            ),
+        };
+        self.metrics.observe(endpoint, result, start.elapsed());
+        resp
+    }
+
+    async fn mutate_pods(&self, body: &[u8]) -> (&'static str, SimpleResponse) {
+        let request = match decode(body) {
+            Ok(r) => r,
+            Err(answer) => return *answer,
+        };
+        let span = tracing::info_span!("mutate", uid = %request.uid, ns = ?request.namespace, name = %request.name);
+        let _guard = span.enter();
+        let base = AdmissionResponse::from(request.as_ref());
+        if request.kind.kind != "Pod" || !request.kind.group.is_empty() {
+            let message = format!(
+                "the Baton injector only handles core/v1 Pods, got {}/{} {}: check the MutatingWebhookConfiguration rules",
+                request.kind.group, request.kind.version, request.kind.kind
+            );
+            return ("denied", answer(denied(base, &message)));
+        }
+        if request.operation != Operation::Create {
+            // Injection happens once, at creation; pod specs are immutable
+            // in the parts we touch.
+            return ("allowed", answer(base));
+        }
+        let pod: Pod = match review::typed_object(&request) {
+            Ok(p) => p,
+            Err(message) => return ("denied", answer(denied(base, &message))),
+        };
+        let namespace = request
+            .namespace
+            .clone()
+            .or_else(|| pod.metadata.namespace.clone())
+            .unwrap_or_else(|| "default".to_owned());
+        drop(_guard);
+        let outcome = self.decide(&pod, &namespace).await;
+        let _guard = span.enter();
+        match outcome {
+            Ok(Outcome::Skipped(skip)) => {
+                self.count_decision(skip.metric_label());
+                tracing::debug!(?skip, "not injected");
+                ("allowed", answer(base))
+            }
+            Ok(Outcome::Injected(injection)) => {
+                self.count_decision("injected");
+                self.count_decision(match injection.offload.metric_label() {
+                    "granted" => "offload_granted",
+                    "fallback" => "offload_fallback",
+                    _ => "offload_disabled",
+                });
+                tracing::info!(
+                    release = %injection.release, version = %injection.version,
+                    native = injection.native_sidecars, capture = injection.capture.as_str(),
+                    offload = injection.offload.metric_label(), "injected"
+                );
+                match base.clone().with_patch(injection.patch) {
+                    Ok(patched) => ("patched", answer(patched)),
+                    Err(e) => (
+                        "denied",
+                        answer(denied(base, &format!("cannot encode the patch: {e}"))),
+                    ),
+                }
+            }
+            Err(denial) => {
+                self.count_decision(denial.reason.metric_label());
+                tracing::info!(reason = denial.reason.metric_label(), message = %denial.message, "refused");
+                if denial.reason.wants_event() && !request.dry_run {
+                    self.publish_event(&pod, &namespace, &denial);
+                }
+                ("denied", answer(denied(base, &denial.message)))
+            }
+        }
+    }
+
+    /// Runs `mutate` on a snapshot. If the cache does not know the
+    /// namespace, or says it did not opt in (the API server only sends pods
+    /// its selectors matched, so that suggests the cache lags a fresh
+    /// label), the namespace is read live once before deciding.
+    async fn decide(&self, pod: &Pod, namespace: &str) -> Result<Outcome, Denial> {
+        let (mut snapshot, known) = self.state.snapshot(namespace);
+        let first = inject::mutate(pod, &snapshot.cluster_view(), &self.config);
+        let lagging = !known || matches!(first, Ok(Outcome::Skipped(Skip::NotOptedIn)));
+        let Some(client) = self.client.as_ref().filter(|_| lagging) else {
+            return first;
+        };
+        match Api::<Namespace>::all(client.clone())
+            .get_opt(namespace)
+            .await
+        {
+            Ok(Some(ns)) => {
+                let labels = ns.metadata.labels.unwrap_or_default();
+                if labels == snapshot.namespace_labels {
+                    return first;
+                }
+                snapshot.namespace_labels = labels;
+                inject::mutate(pod, &snapshot.cluster_view(), &self.config)
+            }
+            Ok(None) => first,
+            Err(error) => {
+                tracing::warn!(%error, namespace, "live namespace read failed; using the cache");
+                first
+            }
+        }
+    }
+
+    fn count_decision(&self, decision: &'static str) {
+        self.metrics
+            .injection_decisions
+            .get_or_create(&DecisionLabels { decision })
+            .inc();
+    }
+
+    /// Records the refusal where `kubectl describe` shows it: on the pod's
+    /// controller (a ReplicaSet, Job...) when there is one, else on the
+    /// namespace. Fire and forget: admission never waits for it.
+    fn publish_event(&self, pod: &Pod, namespace: &str, denial: &Denial) {
+        let Some(recorder) = self.recorder.clone() else {
+            return;
+        };
+        let reference = pod
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true))
+            .map(|o| ObjectReference {
+                api_version: Some(o.api_version.clone()),
+                kind: Some(o.kind.clone()),
+                name: Some(o.name.clone()),
+                namespace: Some(namespace.to_owned()),
+                uid: Some(o.uid.clone()),
+                ..ObjectReference::default()
+            })
+            .unwrap_or_else(|| ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("Namespace".to_owned()),
+                name: Some(namespace.to_owned()),
+                ..ObjectReference::default()
+            });
+        let reason = match denial.reason {
+            inject::DenialReason::OffloadUnavailable => names::EVENT_REASON_OFFLOAD_DENIED,
+            _ => names::EVENT_REASON_NO_RELEASE,
+        };
+        let event = Event {
+            type_: EventType::Warning,
+            reason: reason.to_owned(),
+            note: Some(truncate(&denial.message, 1000)),
+            action: "InjectSidecar".to_owned(),
+            secondary: None,
+        };
+        let metrics = self.metrics.clone();
+        tokio::spawn(async move {
+            if let Err(error) = recorder.publish(&event, &reference).await {
+                tracing::warn!(%error, "could not publish the refusal Event");
+                metrics
+                    .errors
+                    .get_or_create(&crate::metrics::ErrorLabels { error: "event" })
+                    .inc();
+            }
+        });
+    }
+
+    fn validate(&self, body: &[u8]) -> (&'static str, SimpleResponse) {
+        let request = match decode(body) {
+            Ok(r) => r,
+            Err(answer) => return *answer,
+        };
+        let _guard = tracing::info_span!("validate", uid = %request.uid, kind = %request.kind.kind, name = %request.name).entered();
+        let base = AdmissionResponse::from(request.as_ref());
+        if request.operation == Operation::Delete || request.operation == Operation::Connect {
+            return ("allowed", answer(base));
+        }
+        let Some(object) = request.object.as_ref() else {
+            let message = format!(
+                "{} {} request has no object",
+                request.kind.kind, request.name
+            );
+            return ("denied", answer(denied(base, &message)));
+        };
+        let value = match serde_json::to_value(object) {
+            Ok(v) => v,
+            Err(e) => {
+                return (
+                    "denied",
+                    answer(denied(base, &format!("object does not encode: {e}"))),
+                );
+            }
+        };
+        let namespace = request.namespace.clone().unwrap_or_default();
+        let (snapshot, _) = self.state.snapshot(&namespace);
+        match validate::validate(
+            &request.kind.group,
+            &request.kind.kind,
+            &value,
+            &snapshot.validation_view(),
+        ) {
+            Verdict::Allowed(warnings) => {
+                let mut resp = base;
+                if !warnings.is_empty() {
+                    resp.warnings = Some(warnings);
+                }
+                ("allowed", answer(resp))
+            }
+            Verdict::Denied(message) => {
+                tracing::info!(%message, "refused");
+                ("denied", answer(denied(base, &message)))
+            }
+        }
+    }
+}
+
+type Answer = (&'static str, SimpleResponse);
+
+fn decode(body: &[u8]) -> Result<Box<AdmissionRequest<DynamicObject>>, Box<Answer>> {
+    match review::decode(body) {
+        Ok(Decoded::Request(r)) => Ok(r),
+        Ok(Decoded::Refused(resp)) => Err(Box::new(("denied", answer(*resp)))),
+        Err(e) => Err(Box::new((
+            "invalid",
+            response(StatusCode::BAD_REQUEST, "text/plain", format!("{e}\n")),
+        ))),
+    }
+}
+
+fn answer(resp: AdmissionResponse) -> SimpleResponse {
+    response(StatusCode::OK, "application/json", review::encode(resp))
+}
+
+/// A denial with a message and a 403 code, which the API server shows as
+/// `admission webhook "..." denied the request: <message>`.
+fn denied(base: AdmissionResponse, message: &str) -> AdmissionResponse {
+    let mut resp = base.deny(message);
+    resp.result = Status::failure(message, "Forbidden").with_code(403);
+    resp
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}

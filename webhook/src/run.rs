@@ -1,0 +1,292 @@
+//! Process wiring: flags, certificates, caches, the two listeners, signals.
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+    sync::Arc,
+    time::Duration,
+};
+
+use baton_crds::contract::{SYSTEM_NAMESPACE, webhook as names};
+use clap::{Parser, ValueEnum};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use tokio::{net::TcpListener, task::JoinHandle};
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    admin::Admin,
+    ca::{self, SelfManaged},
+    cache::{Caches, ClusterState},
+    error::Result,
+    handler::Admission,
+    inject::{CaptureMode, InjectConfig, NativeSidecars},
+    metrics::{self, Metrics},
+    server,
+    tls::{self, CertFiles, CertStore},
+};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum CaptureArg {
+    Transparent,
+    Explicit,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum NativeArg {
+    Auto,
+    Always,
+    Never,
+}
+
+/// Baton's admission webhook: sidecar injection and CRD validation.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "baton-webhook", version)]
+pub struct Args {
+    /// HTTPS address for admission requests.
+    #[arg(long, env = "BATON_WEBHOOK_LISTEN", default_value_t = SocketAddr::from(([0, 0, 0, 0], names::PORT)))]
+    pub listen: SocketAddr,
+    /// Plain-HTTP admin address: /ready, /live, /metrics.
+    #[arg(long, env = "BATON_WEBHOOK_ADMIN_LISTEN", default_value_t = SocketAddr::from(([0, 0, 0, 0], names::ADMIN_PORT)))]
+    pub admin_listen: SocketAddr,
+    /// Serving certificate chain (PEM). With --tls-key, disables the
+    /// self-managed CA (cert-manager mode); the files are watched.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// Serving private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// How often the certificate files are checked for changes.
+    #[arg(long, default_value_t = 10)]
+    pub cert_reload_interval_secs: u64,
+    /// Service name the API server dials (serving-cert SANs).
+    #[arg(long, default_value = names::SERVICE)]
+    pub service: String,
+    /// Namespace of the Service and of the CA Secret.
+    #[arg(long, env = "POD_NAMESPACE", default_value = SYSTEM_NAMESPACE)]
+    pub namespace: String,
+    /// Extra SANs for the serving certificate (IP addresses or DNS names),
+    /// e.g. 127.0.0.1 when the API server dials a host process by URL.
+    #[arg(long = "extra-san")]
+    pub extra_sans: Vec<String>,
+    /// Lifetime of self-issued serving certificates (renewed at 2/3).
+    #[arg(long, default_value_t = 30 * 86_400)]
+    pub serving_cert_validity_secs: u64,
+    /// Lifetime of the self-managed CA (rotated at 2/3).
+    #[arg(long, default_value_t = 3650)]
+    pub ca_validity_days: u64,
+    /// How often caBundle is re-checked in the webhook configurations.
+    #[arg(long, default_value_t = 60)]
+    pub ca_bundle_sync_secs: u64,
+    /// Capture mode for pods without a baton.dev/capture-mode annotation.
+    #[arg(long, value_enum, default_value_t = CaptureArg::Transparent)]
+    pub capture_mode: CaptureArg,
+    /// Native sidecars: from the server version (auto), or forced.
+    #[arg(long, value_enum, default_value_t = NativeArg::Auto)]
+    pub native_sidecars: NativeArg,
+    /// Path of the sidecar binary in the sidecar image (exec hooks).
+    #[arg(long, default_value = "/usr/local/bin/baton-sidecar")]
+    pub sidecar_binary: String,
+    /// imagePullPolicy of injected containers (default: Kubernetes' default).
+    #[arg(long)]
+    pub image_pull_policy: Option<String>,
+    /// CPU request of the standby slot.
+    #[arg(long, default_value = "1m")]
+    pub standby_cpu: String,
+    /// Memory request of the standby slot.
+    #[arg(long, default_value = "4Mi")]
+    pub standby_memory: String,
+    /// Seconds the pre-1.29 postStart hook waits for the proxy.
+    #[arg(long, default_value_t = 60)]
+    pub wait_ready_timeout_secs: u32,
+    /// Longest graceful drain on SIGTERM.
+    #[arg(long, default_value_t = 20)]
+    pub shutdown_grace_secs: u64,
+}
+
+impl Args {
+    /// The injection settings these flags describe.
+    pub fn inject_config(&self) -> InjectConfig {
+        let mut c = InjectConfig {
+            default_capture: match self.capture_mode {
+                CaptureArg::Transparent => CaptureMode::Transparent,
+                CaptureArg::Explicit => CaptureMode::Explicit,
+            },
+            native_sidecars: match self.native_sidecars {
+                NativeArg::Auto => NativeSidecars::Auto,
+                NativeArg::Always => NativeSidecars::Always,
+                NativeArg::Never => NativeSidecars::Never,
+            },
+            sidecar_binary: self.sidecar_binary.clone(),
+            wait_ready_timeout_seconds: self.wait_ready_timeout_secs,
+            image_pull_policy: self.image_pull_policy.clone(),
+            ..InjectConfig::default()
+        };
+        c.standby_requests = [
+            ("cpu".to_owned(), Quantity(self.standby_cpu.clone())),
+            ("memory".to_owned(), Quantity(self.standby_memory.clone())),
+        ]
+        .into();
+        c
+    }
+
+    fn self_managed(&self) -> SelfManaged {
+        let mut cfg = SelfManaged::new(&self.service, &self.namespace, Vec::new());
+        for san in &self.extra_sans {
+            match san.parse::<IpAddr>() {
+                Ok(ip) => cfg.ips.push(ip),
+                Err(_) => cfg.dns_names.push(san.clone()),
+            }
+        }
+        cfg.lifetimes.serving = Duration::from_secs(self.serving_cert_validity_secs);
+        cfg.lifetimes.ca = Duration::from_secs(self.ca_validity_days * 86_400);
+        cfg.sync_interval = Duration::from_secs(self.ca_bundle_sync_secs);
+        cfg
+    }
+}
+
+/// Installs the tracing subscriber (`RUST_LOG`, default `info`).
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).try_init();
+}
+
+/// The two listeners of a running webhook (for tests and `run`).
+#[derive(Debug)]
+pub struct Servers {
+    pub addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub admission: JoinHandle<()>,
+    pub admin: JoinHandle<()>,
+}
+
+/// Serves admission (HTTPS, certificate from `store`) and admin on the given
+/// listeners until `stop`.
+pub fn spawn_servers(
+    listener: TcpListener,
+    admin_listener: TcpListener,
+    admission: Arc<Admission>,
+    admin: Arc<Admin>,
+    store: Arc<CertStore>,
+    stop: CancellationToken,
+) -> Result<Servers> {
+    let addr = listener.local_addr()?;
+    let admin_addr = admin_listener.local_addr()?;
+    let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(store)?));
+    let admission = tokio::spawn(server::serve(
+        listener,
+        Some(acceptor),
+        move |req| {
+            let a = admission.clone();
+            async move { a.handle(req).await }
+        },
+        stop.clone(),
+    ));
+    let admin = tokio::spawn(server::serve(
+        admin_listener,
+        None,
+        move |req| {
+            let a = admin.clone();
+            async move { a.handle(req).await }
+        },
+        stop,
+    ));
+    Ok(Servers {
+        addr,
+        admin_addr,
+        admission,
+        admin,
+    })
+}
+
+/// Runs the webhook until SIGTERM/SIGINT.
+pub async fn run(args: Args) -> Result<()> {
+    let stop = CancellationToken::new();
+    let client = kube::Client::try_default().await?;
+    let mut registry = metrics::registry();
+    let metrics = Arc::new(Metrics::register(&mut registry));
+    let registry = Arc::new(registry);
+
+    let store = CertStore::new();
+    match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            let files = CertFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+            };
+            files.load_into(&store)?;
+            metrics.cert_reloads.inc();
+            tracing::info!(cert = %cert.display(), "serving certificate from files (CA managed elsewhere)");
+            tokio::spawn(files.watch(
+                store.clone(),
+                Duration::from_secs(args.cert_reload_interval_secs),
+                stop.clone(),
+            ));
+        }
+        _ => {
+            tracing::info!(namespace = %args.namespace, "self-managed CA");
+            tokio::spawn(ca::run(
+                client.clone(),
+                args.self_managed(),
+                store.clone(),
+                stop.clone(),
+            ));
+        }
+    }
+
+    let caches = Caches::start(client.clone(), stop.clone());
+    let state: Arc<dyn ClusterState> = Arc::new(caches);
+    let admission = Arc::new(Admission::new(
+        state.clone(),
+        args.inject_config(),
+        metrics.clone(),
+        Some(client),
+    ));
+    let admin = Arc::new(Admin {
+        store: store.clone(),
+        state,
+        registry,
+        metrics,
+    });
+    let listener = TcpListener::bind(args.listen).await?;
+    let admin_listener = TcpListener::bind(args.admin_listen).await?;
+    let servers = spawn_servers(
+        listener,
+        admin_listener,
+        admission,
+        admin,
+        store,
+        stop.clone(),
+    )?;
+    tracing::info!(addr = %servers.addr, admin = %servers.admin_addr, "serving");
+
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    stop.cancel();
+    let grace = Duration::from_secs(args.shutdown_grace_secs);
+    let drained = tokio::time::timeout(grace, async {
+        let _ = servers.admission.await;
+        let _ = servers.admin.await;
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!("connections still open after the grace period; exiting");
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
+}
