@@ -124,7 +124,7 @@ pub struct SidecarReleaseSpec {
 
 /// How running pods move to a new version.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
-#[x_kube(validation = Rule::new("type(self.maxUnavailable) == int ? self.maxUnavailable >= 1 : self.maxUnavailable.matches('^([1-9][0-9]?|100)%$')").message("maxUnavailable must be an integer >= 1 or a percentage between 1% and 100%"))]
+#[x_kube(validation = Rule::new("string(self.maxUnavailable).matches('^([1-9][0-9]*|([1-9][0-9]?|100)%)$')").message("maxUnavailable must be an integer >= 1 or a percentage between 1% and 100%"))]
 #[serde(rename_all = "camelCase")]
 pub struct UpgradeSpec {
     /// HotUpgrade: start the new sidecar in the standby slot and hand the
@@ -343,5 +343,151 @@ impl Validate for SidecarRelease {
             );
         }
         e.into_result()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn release(
+        name: &str,
+        priority: i32,
+        ns: Option<LabelSelector>,
+        pod: Option<LabelSelector>,
+    ) -> SidecarRelease {
+        SidecarRelease::new(
+            name,
+            SidecarReleaseSpec {
+                version: "1.0.0".into(),
+                image: "sidecar:1.0.0".into(),
+                empty_image: Some("empty:1".into()),
+                namespace_selector: ns,
+                pod_selector: pod,
+                priority,
+                resources: None,
+                upgrade: UpgradeSpec::default(),
+            },
+        )
+    }
+
+    fn match_labels(pairs: &[(&str, &str)]) -> Option<LabelSelector> {
+        Some(LabelSelector {
+            match_labels: Some(labels(pairs)),
+            match_expressions: None,
+        })
+    }
+
+    #[test]
+    fn a_release_without_selectors_selects_every_pod() {
+        let r = release("all", 0, None, None);
+        assert!(r.selects(&labels(&[]), &labels(&[])));
+    }
+
+    #[test]
+    fn selects_requires_both_the_namespace_and_the_pod_selector() {
+        let r = release(
+            "r",
+            0,
+            match_labels(&[("team", "a")]),
+            Some(LabelSelector {
+                match_labels: None,
+                match_expressions: Some(vec![LabelSelectorRequirement {
+                    key: "app".into(),
+                    operator: "In".into(),
+                    values: Some(vec!["web".into(), "api".into()]),
+                }]),
+            }),
+        );
+        let team_a = labels(&[("team", "a")]);
+        assert!(r.selects(&team_a, &labels(&[("app", "api")])));
+        assert!(!r.selects(&team_a, &labels(&[("app", "db")])));
+        assert!(!r.selects(&labels(&[("team", "b")]), &labels(&[("app", "web")])));
+    }
+
+    #[test]
+    fn pick_prefers_the_highest_priority_release_that_selects_the_pod() {
+        let rs = [
+            release("low", 0, None, None),
+            release("high", 10, None, None),
+            release(
+                "higher-but-elsewhere",
+                20,
+                match_labels(&[("team", "x")]),
+                None,
+            ),
+        ];
+        let got = SidecarRelease::pick(&rs, &labels(&[]), &labels(&[]));
+        assert_eq!(got.and_then(|r| r.metadata.name.as_deref()), Some("high"));
+    }
+
+    #[test]
+    fn pick_breaks_priority_ties_by_name() {
+        let rs = [release("b", 5, None, None), release("a", 5, None, None)];
+        let got = SidecarRelease::pick(&rs, &labels(&[]), &labels(&[]));
+        assert_eq!(got.and_then(|r| r.metadata.name.as_deref()), Some("a"));
+    }
+
+    #[test]
+    fn pick_returns_none_when_no_release_selects_the_pod() {
+        let rs = [release("r", 0, None, match_labels(&[("app", "web")]))];
+        assert!(SidecarRelease::pick(&rs, &labels(&[]), &labels(&[("app", "db")])).is_none());
+    }
+
+    #[test]
+    fn max_unavailable_integers_are_used_as_is() {
+        assert_eq!(resolve_max_unavailable(&IntOrString::Int(3), 10), Some(3));
+        assert_eq!(resolve_max_unavailable(&IntOrString::Int(30), 10), Some(30));
+    }
+
+    #[test]
+    fn max_unavailable_percentages_round_up_and_are_at_least_one() {
+        let pct = |s: &str| IntOrString::String(s.into());
+        assert_eq!(resolve_max_unavailable(&pct("25%"), 10), Some(3));
+        assert_eq!(resolve_max_unavailable(&pct("100%"), 7), Some(7));
+        assert_eq!(resolve_max_unavailable(&pct("1%"), 10), Some(1));
+        assert_eq!(resolve_max_unavailable(&pct("50%"), 0), Some(1));
+    }
+
+    #[test]
+    fn malformed_max_unavailable_resolves_to_none() {
+        for bad in ["0%", "101%", "10", "abc", "%", "+5%", "05%", "-5%"] {
+            assert_eq!(
+                resolve_max_unavailable(&IntOrString::String(bad.into()), 10),
+                None,
+                "{bad}"
+            );
+        }
+        assert_eq!(resolve_max_unavailable(&IntOrString::Int(0), 10), None);
+        assert_eq!(resolve_max_unavailable(&IntOrString::Int(-1), 10), None);
+    }
+
+    #[test]
+    fn default_upgrade_spec_is_hot_upgrade_one_at_a_time() {
+        let u = UpgradeSpec::default();
+        assert_eq!(u.strategy, UpgradeStrategy::HotUpgrade);
+        assert_eq!(u.max_unavailable, IntOrString::Int(1));
+        assert_eq!(
+            (u.partition, u.paused, u.handoff_timeout_seconds),
+            (0, false, 30)
+        );
+    }
+
+    #[test]
+    fn a_release_parsed_from_yaml_gets_the_same_defaults() {
+        let r: SidecarRelease = crate::yaml::from_str(
+            "apiVersion: baton.dev/v1alpha1\nkind: SidecarRelease\nmetadata: {name: r}\nspec: {version: '1', image: i, emptyImage: e}\n",
+        )
+        .unwrap();
+        assert_eq!(r.spec.upgrade, UpgradeSpec::default());
+        assert_eq!(r.spec.priority, 0);
     }
 }
