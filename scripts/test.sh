@@ -5,6 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
+# Heavy dependencies compile once per toolchain and are reused by later runs on
+# the same machine (cargo's fingerprints keep a shared target dir correct).
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/baton/target-$(rustc --version | awk '{print $2}')}"
 
 step() { printf '\n==> %s\n' "$*"; }
 
