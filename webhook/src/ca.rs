@@ -290,6 +290,9 @@ pub struct SelfManaged {
     pub lifetimes: Lifetimes,
     /// How often caBundle is re-checked (self-heals a reapplied manifest).
     pub sync_interval: Duration,
+    /// Webhook configurations whose `caBundle` this CA owns.
+    pub mutating_configuration: String,
+    pub validating_configuration: String,
 }
 
 impl SelfManaged {
@@ -300,6 +303,8 @@ impl SelfManaged {
             ips,
             lifetimes: Lifetimes::default(),
             sync_interval: Duration::from_secs(60),
+            mutating_configuration: names::MUTATING_CONFIGURATION.to_owned(),
+            validating_configuration: names::VALIDATING_CONFIGURATION.to_owned(),
         }
     }
 }
@@ -368,11 +373,16 @@ pub async fn ensure_ca(api: &Api<Secret>, cfg: &SelfManaged) -> Result<CaMateria
 /// Sets `caBundle` on every webhook of Baton's two configurations. Missing
 /// configurations are skipped (installed later or not at all); unchanged
 /// ones are not written. Returns how many configurations were updated.
-pub async fn patch_ca_bundles(client: &Client, bundle_pem: &str) -> Result<usize> {
+pub async fn patch_ca_bundles(
+    client: &Client,
+    mutating_name: &str,
+    validating_name: &str,
+    bundle_pem: &str,
+) -> Result<usize> {
     let bundle = ByteString(bundle_pem.as_bytes().to_vec());
     let mut updated = 0;
     let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    match mutating.get_opt(names::MUTATING_CONFIGURATION).await? {
+    match mutating.get_opt(mutating_name).await? {
         Some(mut config) => {
             let mut changed = false;
             for hook in config.webhooks.iter_mut().flatten() {
@@ -383,22 +393,15 @@ pub async fn patch_ca_bundles(client: &Client, bundle_pem: &str) -> Result<usize
             }
             if changed {
                 mutating
-                    .replace(
-                        names::MUTATING_CONFIGURATION,
-                        &PostParams::default(),
-                        &config,
-                    )
+                    .replace(mutating_name, &PostParams::default(), &config)
                     .await?;
                 updated += 1;
             }
         }
-        None => tracing::debug!(
-            name = names::MUTATING_CONFIGURATION,
-            "not installed; caBundle not patched"
-        ),
+        None => tracing::debug!(name = mutating_name, "not installed; caBundle not patched"),
     }
     let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    match validating.get_opt(names::VALIDATING_CONFIGURATION).await? {
+    match validating.get_opt(validating_name).await? {
         Some(mut config) => {
             let mut changed = false;
             for hook in config.webhooks.iter_mut().flatten() {
@@ -409,17 +412,13 @@ pub async fn patch_ca_bundles(client: &Client, bundle_pem: &str) -> Result<usize
             }
             if changed {
                 validating
-                    .replace(
-                        names::VALIDATING_CONFIGURATION,
-                        &PostParams::default(),
-                        &config,
-                    )
+                    .replace(validating_name, &PostParams::default(), &config)
                     .await?;
                 updated += 1;
             }
         }
         None => tracing::debug!(
-            name = names::VALIDATING_CONFIGURATION,
+            name = validating_name,
             "not installed; caBundle not patched"
         ),
     }
@@ -438,7 +437,14 @@ pub async fn reconcile(
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &cfg.namespace);
     let ca = ensure_ca(&secrets, cfg).await?;
     // Bundle first: a certificate from a new CA must be trusted before use.
-    if let Err(error) = patch_ca_bundles(client, &ca.bundle_pem).await {
+    if let Err(error) = patch_ca_bundles(
+        client,
+        &cfg.mutating_configuration,
+        &cfg.validating_configuration,
+        &ca.bundle_pem,
+    )
+    .await
+    {
         // Not fatal for serving (the API server may still trust the old
         // bundle); retried on the next pass.
         tracing::warn!(%error, "could not patch caBundle");
@@ -604,5 +610,176 @@ mod tests {
             pem_blocks(&merge_bundle(&newer.cert_pem, &newer.cert_pem, at(1400))).len(),
             1
         );
+    }
+
+    // ---- against a mock API server (tower-test), asserting every request ----
+
+    use http::{Request, Response};
+    use kube::client::Body;
+
+    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+    fn mock_client() -> (Client, Handle) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        (Client::new(service, "default"), handle)
+    }
+
+    async fn expect(
+        handle: &mut Handle,
+        method: &str,
+        path: &str,
+    ) -> (
+        serde_json::Value,
+        tower_test::mock::SendResponse<Response<Body>>,
+    ) {
+        let (request, send) = handle.next_request().await.expect("a request");
+        assert_eq!(request.method().as_str(), method, "{}", request.uri());
+        assert_eq!(request.uri().path(), path);
+        let bytes = request.into_body().collect_bytes().await.unwrap();
+        let body = if bytes.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap()
+        };
+        (body, send)
+    }
+
+    fn reply(
+        send: tower_test::mock::SendResponse<Response<Body>>,
+        code: u16,
+        body: &serde_json::Value,
+    ) {
+        let bytes = serde_json::to_vec(body).unwrap();
+        send.send_response(
+            Response::builder()
+                .status(code)
+                .body(Body::from(bytes))
+                .unwrap(),
+        );
+    }
+
+    fn status(code: u16, reason: &str) -> serde_json::Value {
+        serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": reason, "message": reason})
+    }
+
+    const SECRET_PATH: &str = "/api/v1/namespaces/baton-system/secrets";
+
+    #[tokio::test]
+    async fn a_missing_ca_secret_is_created() {
+        let (client, mut handle) = mock_client();
+        let cfg = SelfManaged::default();
+        let server = tokio::spawn(async move {
+            let (_, send) = expect(
+                &mut handle,
+                "GET",
+                &format!("{SECRET_PATH}/{}", names::CA_SECRET),
+            )
+            .await;
+            reply(send, 404, &status(404, "NotFound"));
+            let (body, send) = expect(&mut handle, "POST", SECRET_PATH).await;
+            assert_eq!(body["metadata"]["name"], names::CA_SECRET);
+            assert!(body["data"][names::CA_KEY_KEY].is_string());
+            reply(send, 201, &body);
+        });
+        let api: Api<Secret> = Api::namespaced(client, "baton-system");
+        let ca = ensure_ca(&api, &cfg).await.unwrap();
+        server.await.unwrap();
+        assert!(ca.cert_pem.contains("BEGIN CERTIFICATE"));
+    }
+
+    #[tokio::test]
+    async fn a_replica_losing_the_creation_race_adopts_the_winners_ca() {
+        let (client, mut handle) = mock_client();
+        let winner = generate_ca(OffsetDateTime::now_utc(), Duration::from_secs(86_400)).unwrap();
+        let winner_secret = serde_json::to_value(secret_for(&winner, "baton-system")).unwrap();
+        let server = tokio::spawn(async move {
+            let get = format!("{SECRET_PATH}/{}", names::CA_SECRET);
+            let (_, send) = expect(&mut handle, "GET", &get).await;
+            reply(send, 404, &status(404, "NotFound"));
+            let (_, send) = expect(&mut handle, "POST", SECRET_PATH).await;
+            reply(send, 409, &status(409, "AlreadyExists"));
+            let (_, send) = expect(&mut handle, "GET", &get).await;
+            reply(send, 200, &winner_secret);
+        });
+        let api: Api<Secret> = Api::namespaced(client, "baton-system");
+        let ca = ensure_ca(&api, &SelfManaged::default()).await.unwrap();
+        server.await.unwrap();
+        assert_eq!(ca, winner);
+    }
+
+    #[tokio::test]
+    async fn a_ca_past_two_thirds_of_its_life_is_rotated_with_the_old_one_kept_in_the_bundle() {
+        let (client, mut handle) = mock_client();
+        let now = OffsetDateTime::now_utc();
+        // Issued 700 s ago for 1000 s: due for rotation, not expired.
+        let old = generate_ca(
+            now - time::Duration::seconds(700),
+            Duration::from_secs(1000),
+        )
+        .unwrap();
+        let mut old_secret = serde_json::to_value(secret_for(&old, "baton-system")).unwrap();
+        old_secret["metadata"]["resourceVersion"] = "42".into();
+        let server = tokio::spawn(async move {
+            let path = format!("{SECRET_PATH}/{}", names::CA_SECRET);
+            let (_, send) = expect(&mut handle, "GET", &path).await;
+            reply(send, 200, &old_secret);
+            let (body, send) = expect(&mut handle, "PUT", &path).await;
+            // Optimistic concurrency: the replace carries what was read.
+            assert_eq!(body["metadata"]["resourceVersion"], "42");
+            reply(send, 200, &body);
+        });
+        let api: Api<Secret> = Api::namespaced(client, "baton-system");
+        let ca = ensure_ca(&api, &SelfManaged::default()).await.unwrap();
+        server.await.unwrap();
+        assert_ne!(ca.cert_pem, old.cert_pem);
+        let blocks = pem_blocks(&ca.bundle_pem);
+        assert_eq!(blocks.len(), 2);
+        assert_eq!(blocks[1], pem_blocks(&old.cert_pem)[0]);
+    }
+
+    #[tokio::test]
+    async fn ca_bundle_is_patched_into_existing_configurations_only_when_it_differs() {
+        let (client, mut handle) = mock_client();
+        let bundle = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        let config = serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": names::MUTATING_CONFIGURATION, "resourceVersion": "7"},
+            "webhooks": [{"name": names::MUTATING_WEBHOOK, "sideEffects": "None", "admissionReviewVersions": ["v1"],
+                          "clientConfig": {"url": "https://127.0.0.1:8443/mutate-pods"}}],
+        });
+        let server = tokio::spawn(async move {
+            let mpath = format!(
+                "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{}",
+                names::MUTATING_CONFIGURATION
+            );
+            let vpath = format!(
+                "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{}",
+                names::VALIDATING_CONFIGURATION
+            );
+            let (_, send) = expect(&mut handle, "GET", &mpath).await;
+            reply(send, 200, &config);
+            let (body, send) = expect(&mut handle, "PUT", &mpath).await;
+            assert_eq!(
+                body["webhooks"][0]["clientConfig"]["caBundle"],
+                crate::review::base64(bundle.as_bytes())
+            );
+            assert_eq!(body["metadata"]["resourceVersion"], "7");
+            reply(send, 200, &body);
+            let (_, send) = expect(&mut handle, "GET", &vpath).await;
+            reply(send, 404, &status(404, "NotFound"));
+            // Second pass: already up to date, so only reads.
+            let (_, send) = expect(&mut handle, "GET", &mpath).await;
+            let mut current = config.clone();
+            current["webhooks"][0]["clientConfig"]["caBundle"] =
+                crate::review::base64(bundle.as_bytes()).into();
+            reply(send, 200, &current);
+            let (_, send) = expect(&mut handle, "GET", &vpath).await;
+            reply(send, 404, &status(404, "NotFound"));
+        });
+        let m = names::MUTATING_CONFIGURATION;
+        let v = names::VALIDATING_CONFIGURATION;
+        assert_eq!(patch_ca_bundles(&client, m, v, bundle).await.unwrap(), 1);
+        assert_eq!(patch_ca_bundles(&client, m, v, bundle).await.unwrap(), 0);
+        server.await.unwrap();
     }
 }

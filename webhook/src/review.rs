@@ -310,6 +310,59 @@ mod tests {
         assert_eq!(encoded["response"]["patchType"], "JSONPatch");
     }
 
+    /// A bounded, deterministic stand-in for the cargo-fuzz target (which
+    /// needs nightly): thousands of mutations of a valid review, each
+    /// decoded and, when answerable, encoded. Must never panic.
+    #[test]
+    fn the_decoder_survives_thousands_of_mutated_reviews() {
+        let seed = review(pod_request(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "labels": {"a": "b"}},
+            "spec": {"containers": [{"name": "app", "image": "app", "env": [{"name": "X", "value": "1"}]}]}
+        })));
+        let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let interesting = [
+            b'"', b'{', b'}', b'[', b']', b':', b',', b'0', b'\\', 0xff, b'n',
+        ];
+        let (mut requests, mut refused, mut errors) = (0, 0, 0);
+        for _ in 0..5_000 {
+            let mut input = seed.clone();
+            for _ in 0..(next() % 4 + 1) {
+                if input.is_empty() {
+                    break;
+                }
+                let at = (next() as usize) % input.len();
+                match next() % 3 {
+                    0 => input[at] = interesting[(next() as usize) % interesting.len()],
+                    1 => {
+                        input.remove(at);
+                    }
+                    _ => input.truncate(at.max(1)),
+                }
+            }
+            match decode(&input) {
+                Ok(Decoded::Request(r)) => {
+                    requests += 1;
+                    let _ = typed_object::<k8s_openapi::api::core::v1::Pod>(&r);
+                    let _ = encode(AdmissionResponse::from(r.as_ref()));
+                }
+                Ok(Decoded::Refused(r)) => {
+                    refused += 1;
+                    assert!(!r.uid.is_empty());
+                    let _ = encode(*r);
+                }
+                Err(_) => errors += 1,
+            }
+        }
+        // The mutations reach all three outcomes.
+        assert!(requests > 0 && errors > 0, "{requests} {refused} {errors}");
+    }
+
     #[test]
     fn v1beta1_reviews_are_answered_in_v1beta1() {
         let mut body: serde_json::Value = serde_json::from_slice(&review(pod_request(

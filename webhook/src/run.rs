@@ -75,6 +75,12 @@ pub struct Args {
     /// Lifetime of the self-managed CA (rotated at 2/3).
     #[arg(long, default_value_t = 3650)]
     pub ca_validity_days: u64,
+    /// MutatingWebhookConfiguration whose caBundle the self-managed CA sets.
+    #[arg(long, default_value = names::MUTATING_CONFIGURATION)]
+    pub mutating_configuration: String,
+    /// ValidatingWebhookConfiguration whose caBundle the self-managed CA sets.
+    #[arg(long, default_value = names::VALIDATING_CONFIGURATION)]
+    pub validating_configuration: String,
     /// How often caBundle is re-checked in the webhook configurations.
     #[arg(long, default_value_t = 60)]
     pub ca_bundle_sync_secs: u64,
@@ -141,6 +147,8 @@ impl Args {
         cfg.lifetimes.serving = Duration::from_secs(self.serving_cert_validity_secs);
         cfg.lifetimes.ca = Duration::from_secs(self.ca_validity_days * 86_400);
         cfg.sync_interval = Duration::from_secs(self.ca_bundle_sync_secs);
+        cfg.mutating_configuration = self.mutating_configuration.clone();
+        cfg.validating_configuration = self.validating_configuration.clone();
         cfg
     }
 }
@@ -202,6 +210,9 @@ pub fn spawn_servers(
 
 /// Runs the webhook until SIGTERM/SIGINT.
 pub async fn run(args: Args) -> Result<()> {
+    // Several rustls backends may be compiled into a workspace build: pick
+    // ring for the kube client as the serving side does.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let stop = CancellationToken::new();
     let client = kube::Client::try_default().await?;
     let mut registry = metrics::registry();
