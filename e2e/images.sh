@@ -43,6 +43,26 @@ copy_bin() {
   fi
 }
 
+# add_iptables ROOTFS: iptables (nft backend, like the host's) with its
+# dlopen()ed extensions, for containers that program a pod's netns.
+add_iptables() {
+  local rootfs=$1 xt so lib t
+  xt="$(readlink -f /usr/sbin/xtables-nft-multi)"
+  copy_bin "$rootfs" "$xt" /usr/sbin/xtables-nft-multi
+  for t in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore; do
+    ln -sf xtables-nft-multi "$rootfs/usr/sbin/$t"
+  done
+  mkdir -p "$rootfs/usr/lib/x86_64-linux-gnu"
+  cp -r /usr/lib/x86_64-linux-gnu/xtables "$rootfs/usr/lib/x86_64-linux-gnu/"
+  for so in "$rootfs"/usr/lib/x86_64-linux-gnu/xtables/*.so; do
+    while read -r lib; do
+      if [ -n "$lib" ] && [ -e "$lib" ] && [ ! -e "$rootfs$lib" ]; then
+        install -D -m 0755 "$(readlink -f "$lib")" "$rootfs$lib"
+      fi
+    done < <(ldd "$so" 2>/dev/null | awk '/=>/ { print $3 }')
+  done
+}
+
 base_rootfs() { # ROOTFS
   local rootfs=$1
   mkdir -p "$rootfs/etc" "$rootfs/tmp" "$rootfs/proc" "$rootfs/sys" "$rootfs/dev" "$rootfs/var/run/baton"
@@ -120,9 +140,9 @@ cargo_bins() {
   [ "${cargo_done[$pkg]}" = ok ]
 }
 
-# rust_image NAME PACKAGE BINARY ENTRYPOINT_JSON CMD_JSON USER
+# rust_image NAME PACKAGE BINARY ENTRYPOINT_JSON CMD_JSON USER [with-iptables]
 rust_image() {
-  local name=$1 pkg=$2 bin=$3 ep=$4 cmd=$5 user=$6
+  local name=$1 pkg=$2 bin=$3 ep=$4 cmd=$5 user=$6 extra=${7:-}
   if ! cargo_bins "$pkg" || [ ! -x "$RELEASE/$bin" ]; then
     skipped+=("$name (release build of $pkg failed or has no binary $bin)")
     return 0
@@ -131,6 +151,7 @@ rust_image() {
   rootfs="$(mktemp -d)"
   base_rootfs "$rootfs"
   copy_bin "$rootfs" "$RELEASE/$bin" "/usr/local/bin/$bin"
+  if [ "$extra" = with-iptables ]; then add_iptables "$rootfs"; fi
   # OpenSSL providers are loaded at run time (QAT offload via OPENSSL_CONF).
   if ldd "$RELEASE/$bin" 2>/dev/null | grep -q libssl && [ -d /usr/lib/x86_64-linux-gnu/ossl-modules ]; then
     mkdir -p "$rootfs/usr/lib/x86_64-linux-gnu"
@@ -150,7 +171,8 @@ for name in "${names[@]}"; do
       rm -rf "$rootfs"
       ;;
     empty) rust_image empty baton-sidecar baton-empty '["/usr/local/bin/baton-empty"]' null "$UID_BATON:$UID_BATON" ;;
-    sidecar) rust_image sidecar baton-sidecar baton-sidecar '["/usr/local/bin/baton-sidecar"]' '["run"]' "$UID_BATON:$UID_BATON" ;;
+    # `baton-sidecar init` (the injected init container) runs iptables.
+    sidecar) rust_image sidecar baton-sidecar baton-sidecar '["/usr/local/bin/baton-sidecar"]' '["run"]' "$UID_BATON:$UID_BATON" with-iptables ;;
     operator) rust_image operator baton-operator baton-operator '["/usr/local/bin/baton-operator"]' null "$UID_BATON:$UID_BATON" ;;
     webhook) rust_image webhook baton-webhook baton-webhook '["/usr/local/bin/baton-webhook"]' null "$UID_BATON:$UID_BATON" ;;
     demo-http-echo | demo-tcp-echo | demo-load)
@@ -163,18 +185,7 @@ for name in "${names[@]}"; do
       base_rootfs "$rootfs"
       copy_bin "$rootfs" "$(command -v busybox)" /bin/busybox
       for applet in sh nc wget ip cat echo sleep ls grep head; do ln -s busybox "$rootfs/bin/$applet"; done
-      xt="$(readlink -f /usr/sbin/xtables-nft-multi)"
-      copy_bin "$rootfs" "$xt" /usr/sbin/xtables-nft-multi
-      for t in iptables iptables-save iptables-restore ip6tables; do ln -s xtables-nft-multi "$rootfs/usr/sbin/$t"; done
-      mkdir -p "$rootfs/usr/lib/x86_64-linux-gnu"
-      cp -r /usr/lib/x86_64-linux-gnu/xtables "$rootfs/usr/lib/x86_64-linux-gnu/"
-      for so in "$rootfs"/usr/lib/x86_64-linux-gnu/xtables/*.so; do
-        while read -r lib; do
-          if [ -n "$lib" ] && [ -e "$lib" ] && [ ! -e "$rootfs$lib" ]; then
-            install -D -m 0755 "$(readlink -f "$lib")" "$rootfs$lib"
-          fi
-        done < <(ldd "$so" 2>/dev/null | awk '/=>/ { print $3 }')
-      done
+      add_iptables "$rootfs"
       oci_tar nettools "$rootfs" '["/bin/sh"]' null ""
       rm -rf "$rootfs"
       ;;

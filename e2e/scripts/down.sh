@@ -39,7 +39,8 @@ stop_recorded() {
   local pid
   pid="$(recorded_pid "$name")"
   [ -n "$pid" ] && stop_pid "$name" "$pid" "$grace"
-  rm -f "$PIDS/$name.pid"
+  # A survivor keeps its PID file: the final sweep retries and reports it.
+  pid_alive "$pid" || rm -f "$PIDS/$name.pid"
 }
 
 if [ -d "$RUN" ]; then
@@ -91,9 +92,11 @@ unmount_under "$KUBELET_ROOT"
 unmount_under "$RUN"
 
 if [ -d "$RUN" ]; then
-  stop_recorded kube-scheduler 5
-  stop_recorded kube-controller-manager 5
-  stop_recorded kube-apiserver 10
+  # The control plane stops in parallel (each takes 1-3 s); etcd last.
+  stop_recorded kube-scheduler 5 &
+  stop_recorded kube-controller-manager 5 &
+  stop_recorded kube-apiserver 10 &
+  wait
   stop_recorded etcd 10
   for f in "$PIDS"/*.pid; do
     [ -e "$f" ] && stop_recorded "$(basename "$f" .pid)" 5

@@ -38,12 +38,12 @@ for p in "${HOST_PATHS[@]}"; do if [ -e "$p" ]; then echo "$p" >>"$STATE/preexis
 log "PKI"
 (
   cd "$PKI"
-  openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 30 \
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout ca.key -out ca.crt -days 30 \
     -subj "/CN=baton-e2e-ca" 2>/dev/null
   # name  subject  extra-extensions
   issue() {
     local name=$1 subj=$2 ext=$3
-    openssl req -newkey rsa:2048 -nodes -keyout "$name.key" -out "$name.csr" -subj "$subj" 2>/dev/null
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$name.key" -out "$name.csr" -subj "$subj" 2>/dev/null
     printf '%s\n' "$ext" >"$name.ext"
     openssl x509 -req -in "$name.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 30 \
       -extfile "$name.ext" -out "$name.crt" 2>/dev/null
