@@ -160,6 +160,9 @@ pub mod webhook {
     pub const MUTATING_CONFIGURATION: &str = "baton-sidecar-injector";
     /// Name of the injector webhook inside that configuration.
     pub const MUTATING_WEBHOOK: &str = "inject.baton.dev";
+    /// Second injector entry of the same configuration: pods labelled
+    /// `baton.dev/inject=enabled` in namespaces that did not opt in.
+    pub const MUTATING_WEBHOOK_POD_OPT_IN: &str = "inject-pod.baton.dev";
     /// ValidatingWebhookConfiguration for Baton's CRDs.
     pub const VALIDATING_CONFIGURATION: &str = "baton-validator";
     /// Name of the validating webhook inside that configuration.
