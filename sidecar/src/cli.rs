@@ -99,6 +99,8 @@ pub enum CliError {
     #[error(transparent)]
     Start(#[from] StartError),
     #[error(transparent)]
+    Handoff(#[from] crate::handoff::RunError),
+    #[error(transparent)]
     Init(#[from] crate::init::InitError),
     #[error("{0}")]
     Usage(String),
@@ -253,13 +255,16 @@ fn run_proxy(args: RunArgs) -> Result<(), CliError> {
         .enable_all()
         .build()
         .map_err(CliError::Runtime)?;
-    runtime.block_on(crate::server::run(
+    // With handoff: adopt from a live sidecar on the shared volume, or
+    // start fresh and answer the next one's handoff request.
+    runtime.block_on(crate::handoff::run(
         snapshot,
         StartOptions {
             watch,
             log_level,
             ..Default::default()
         },
+        crate::handoff::HandoffConfig::from_env(),
     ))?;
     Ok(())
 }

@@ -177,8 +177,24 @@ pub async fn watch_file(
         if Some(hash) == last {
             continue;
         }
+        // A writer that truncates and rewrites in place can be caught
+        // mid-write: apply only content that is stable across two reads
+        // (atomic rename-into-place writers, like ConfigMap volumes, always are).
+        tokio::time::sleep(interval.min(Duration::from_millis(50))).await;
+        match tokio::fs::read(&path).await {
+            Ok(again) if content_hash(&again) == hash => {}
+            _ => continue,
+        }
         last = Some(hash);
         match std::str::from_utf8(&bytes) {
+            Ok(text) if text.trim().is_empty() => {
+                store
+                    .metrics
+                    .config_apply_errors
+                    .get_or_create(&vec![("reason", "empty")])
+                    .inc();
+                tracing::error!(path = %path.display(), "config file is empty; keeping the serving config");
+            }
             Ok(text) => {
                 let _ = store.apply_yaml(text);
             }
