@@ -24,6 +24,14 @@ APISERVER_PORT=6443
 # Never answered: docker.io is pointed here so an accidental pull dies on loopback.
 DEAD_REGISTRY=127.0.0.1:1
 
+# Baton's webhook and operator as host processes (see e2e/overlay): the
+# overlay's clientConfig URLs use WEBHOOK_PORT.
+WEBHOOK_PORT=8443
+WEBHOOK_ADMIN_PORT=9443
+OPERATOR_ADMIN_PORT=9090
+SYSTEM_NAMESPACE=baton-system
+INSTALL_FIELD_MANAGER=baton-e2e-install
+
 CONTAINERD_SOCK="$RUN/containerd/containerd.sock"
 KUBELET_ROOT=/var/lib/kubelet
 # Host paths the kubelet / libcni write outside the run dir; removed on down

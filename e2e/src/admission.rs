@@ -28,7 +28,9 @@ where
     async move {
         match api.create(&dry_run(), obj).await {
             Ok(admitted) => admitted,
-            Err(error) => panic!("{caller}: expected the API server to admit {obj:#?}\nbut it refused: {error}"),
+            Err(error) => panic!(
+                "{caller}: expected the API server to admit {obj:#?}\nbut it refused: {error}"
+            ),
         }
     }
 }
@@ -43,9 +45,13 @@ where
     let caller = std::panic::Location::caller();
     async move {
         match api.create(&dry_run(), obj).await {
-            Ok(admitted) => panic!("{caller}: expected the API server to refuse {obj:#?}\nbut it admitted {admitted:#?}"),
+            Ok(admitted) => panic!(
+                "{caller}: expected the API server to refuse {obj:#?}\nbut it admitted {admitted:#?}"
+            ),
             Err(kube::Error::Api(status)) if (400..500).contains(&status.code) => *status,
-            Err(error) => panic!("{caller}: expected an admission refusal, got a different error: {error}"),
+            Err(error) => {
+                panic!("{caller}: expected an admission refusal, got a different error: {error}")
+            }
         }
     }
 }

@@ -34,7 +34,8 @@ pub async fn client() -> Client {
     // pick ring (the workspace's choice) explicitly, once per process.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let path = kubeconfig_path();
-    let kubeconfig = Kubeconfig::read_from(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let kubeconfig =
+        Kubeconfig::read_from(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .unwrap_or_else(|e| panic!("kubeconfig {}: {e}", path.display()));
@@ -84,4 +85,21 @@ pub fn kubectl_ok(args: &[&str]) -> String {
         out.stderr
     );
     out.stdout
+}
+
+/// Environment variable listing the components `e2e/run.sh` had to skip
+/// (their binary did not build), `;`-separated.
+pub const SKIPPED_ENV: &str = "BATON_E2E_SKIPPED";
+
+/// Panics with a clear message when `component` (e.g. `webhook`) was skipped
+/// by the harness: a test that needs it must fail, never pass silently.
+#[track_caller]
+pub fn require_component(component: &str) {
+    let skipped = std::env::var(SKIPPED_ENV).unwrap_or_default();
+    if let Some(entry) = skipped
+        .split(';')
+        .find(|e| e.split_whitespace().next().map(|w| w.trim_end_matches(':')) == Some(component))
+    {
+        panic!("this test needs the {component}, which the harness skipped: {entry}");
+    }
 }

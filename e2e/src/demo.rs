@@ -69,7 +69,10 @@ pub async fn serve_http_echo(listener: TcpListener, server_name: String) -> std:
         tokio::spawn(async move {
             let service = service_fn(move |req| echo(req, info.clone()));
             let builder = auto::Builder::new(TokioExecutor::new());
-            if let Err(error) = builder.serve_connection(TokioIo::new(stream), service).await {
+            if let Err(error) = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
                 tracing::debug!(%error, "http echo connection ended with an error");
             }
         });
@@ -82,7 +85,8 @@ async fn echo(req: Request<Incoming>, info: ConnInfo) -> Result<Response<Full<By
     let body = match req.into_body().collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(error) => {
-            let mut response = Response::new(Full::new(Bytes::from(format!("body error: {error}\n"))));
+            let mut response =
+                Response::new(Full::new(Bytes::from(format!("body error: {error}\n"))));
             *response.status_mut() = StatusCode::BAD_REQUEST;
             return Ok(response);
         }
@@ -90,7 +94,10 @@ async fn echo(req: Request<Incoming>, info: ConnInfo) -> Result<Response<Full<By
     let body = if is_post {
         body
     } else {
-        Bytes::from(format!("baton demo-http-echo {} {}\n", info.server_name, protocol))
+        Bytes::from(format!(
+            "baton demo-http-echo {} {}\n",
+            info.server_name, protocol
+        ))
     };
     let mut builder = Response::builder()
         .status(StatusCode::OK)
@@ -147,7 +154,9 @@ mod tests {
         F: FnOnce(TcpListener) -> Fut,
         Fut: std::future::Future<Output = std::io::Result<()>> + Send + 'static,
     {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
         let addr = listener.local_addr().expect("local addr");
         (addr, tokio::spawn(serve(listener)))
     }
@@ -155,7 +164,13 @@ mod tests {
     #[tokio::test]
     async fn tcp_streams_are_echoed_byte_for_byte() {
         let (addr, server) = spawn(serve_tcp_echo).await;
-        let report = traffic::run(addr, &Load::new(Protocol::Tcp).exchanges(16).payload_bytes(256 * 1024)).await;
+        let report = traffic::run(
+            addr,
+            &Load::new(Protocol::Tcp)
+                .exchanges(16)
+                .payload_bytes(256 * 1024),
+        )
+        .await;
         report.assert_all_ok();
         assert_eq!(report.bytes_echoed, 16 * 256 * 1024);
         server.abort();
@@ -167,15 +182,26 @@ mod tests {
         let report = traffic::run(addr, &Load::new(Protocol::Http1).exchanges(10)).await;
         report.assert_all_ok();
         assert_eq!(report.header(HEADER_PROTOCOL), Some("HTTP/1.1"));
-        assert_eq!(report.header(HEADER_SERVER_PORT), Some(addr.port().to_string().as_str()));
-        assert_eq!(report.header(HEADER_ORIGINAL_DST), None, "no redirect on loopback");
+        assert_eq!(
+            report.header(HEADER_SERVER_PORT),
+            Some(addr.port().to_string().as_str())
+        );
+        assert_eq!(
+            report.header(HEADER_ORIGINAL_DST),
+            None,
+            "no redirect on loopback"
+        );
         server.abort();
     }
 
     #[tokio::test]
     async fn http2_streams_share_one_connection_and_are_echoed() {
         let (addr, server) = spawn(|l| serve_http_echo(l, "test".to_owned())).await;
-        let report = traffic::run(addr, &Load::new(Protocol::Http2).exchanges(50).concurrency(16)).await;
+        let report = traffic::run(
+            addr,
+            &Load::new(Protocol::Http2).exchanges(50).concurrency(16),
+        )
+        .await;
         report.assert_all_ok();
         assert_eq!(report.header(HEADER_PROTOCOL), Some("HTTP/2.0"));
         server.abort();
@@ -189,7 +215,10 @@ mod tests {
         let report = traffic::run(addr, &Load::new(Protocol::Tcp).exchanges(3)).await;
         assert!(!report.ok());
         assert_eq!(report.failures.len(), 3);
-        assert!(report.failures.iter().all(|f| f.stage == Stage::Connect), "{report}");
+        assert!(
+            report.failures.iter().all(|f| f.stage == Stage::Connect),
+            "{report}"
+        );
     }
 
     #[tokio::test]
@@ -210,7 +239,11 @@ mod tests {
             }
         })
         .await;
-        let report = traffic::run(addr, &Load::new(Protocol::Tcp).exchanges(2).payload_bytes(1000)).await;
+        let report = traffic::run(
+            addr,
+            &Load::new(Protocol::Tcp).exchanges(2).payload_bytes(1000),
+        )
+        .await;
         assert_eq!(report.succeeded, 0);
         for failure in &report.failures {
             assert!(
@@ -235,7 +268,10 @@ mod tests {
             .exchanges(2)
             .timeout(std::time::Duration::from_millis(300));
         let report = traffic::run(addr, &load).await;
-        assert!(report.failures.iter().all(|f| f.stage == Stage::Timeout), "{report}");
+        assert!(
+            report.failures.iter().all(|f| f.stage == Stage::Timeout),
+            "{report}"
+        );
         assert_eq!(report.failures.len(), 2);
         server.abort();
     }

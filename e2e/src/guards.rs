@@ -29,7 +29,11 @@ pub enum GuardError {
     #[error("running {0}: {1}")]
     Exec(&'static str, std::io::Error),
     #[error("{tool} could not read chain {chain}: {stderr}")]
-    Missing { tool: &'static str, chain: String, stderr: String },
+    Missing {
+        tool: &'static str,
+        chain: String,
+        stderr: String,
+    },
 }
 
 /// Rules of `chain` in the filter table, with exact counters.

@@ -78,11 +78,21 @@ impl OutsideNetns {
             accept_task: None,
         };
         ip(&["netns", "add", &name])?;
-        ip(&["link", "add", &host_veth, "type", "veth", "peer", "name", &ns_veth])?;
+        ip(&[
+            "link", "add", &host_veth, "type", "veth", "peer", "name", &ns_veth,
+        ])?;
         ip(&["link", "set", &ns_veth, "netns", &name])?;
         ip(&["addr", "add", &format!("{host_ip}/30"), "dev", &host_veth])?;
         ip(&["link", "set", &host_veth, "up"])?;
-        ip(&["-n", &name, "addr", "add", &format!("{ns_ip}/30"), "dev", &ns_veth])?;
+        ip(&[
+            "-n",
+            &name,
+            "addr",
+            "add",
+            &format!("{ns_ip}/30"),
+            "dev",
+            &ns_veth,
+        ])?;
         ip(&["-n", &name, "link", "set", &ns_veth, "up"])?;
         ip(&["-n", &name, "link", "set", "lo", "up"])?;
         // Replies to pods (10.88/16) would need a route back; the guard must
@@ -107,9 +117,11 @@ impl OutsideNetns {
     fn listen_inside(name: &str, addr: SocketAddr) -> Result<TcpListener, NetnsError> {
         let path = format!("/run/netns/{name}");
         let handle = std::thread::spawn(move || -> Result<std::net::TcpListener, NetnsError> {
-            let file = std::fs::File::open(&path).map_err(|e| NetnsError::Io("opening the netns", e))?;
+            let file =
+                std::fs::File::open(&path).map_err(|e| NetnsError::Io("opening the netns", e))?;
             setns(file.as_fd(), CloneFlags::CLONE_NEWNET).map_err(NetnsError::Setns)?;
-            let listener = std::net::TcpListener::bind(addr).map_err(|e| NetnsError::Io("binding", e))?;
+            let listener =
+                std::net::TcpListener::bind(addr).map_err(|e| NetnsError::Io("binding", e))?;
             listener
                 .set_nonblocking(true)
                 .map_err(|e| NetnsError::Io("set_nonblocking", e))?;

@@ -48,7 +48,9 @@ where
     async {
         create_namespace(&client, &ns, labels).await;
         tracing::info!("namespace created");
-        let outcome = AssertUnwindSafe(test(client.clone(), ns.clone())).catch_unwind().await;
+        let outcome = AssertUnwindSafe(test(client.clone(), ns.clone()))
+            .catch_unwind()
+            .await;
         if outcome.is_err() {
             eprintln!("==== e2e test {test_name} failed; state of namespace {ns}:");
             eprintln!("{}", dump_namespace(&client, &ns).await);
@@ -66,10 +68,12 @@ where
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn,hyper=warn")),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("info,kube=warn,hyper=warn")
+            }),
         )
         .with_test_writer()
+        .with_ansi(false)
         .try_init();
 }
 
@@ -89,7 +93,13 @@ pub fn namespace_name(test_name: &str, suffix: u32) -> String {
     let last = test_name.rsplit("::").next().unwrap_or(test_name);
     let mut stem: String = last
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
         .collect();
     stem.truncate(40);
     let stem = stem.trim_matches('-');
@@ -136,7 +146,10 @@ async fn delete_namespace(client: &Client, ns: &str) {
     // Pods in test namespaces don't need a graceful stop.
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let _ = pods
-        .delete_collection(&DeleteParams::default().grace_period(0), &ListParams::default())
+        .delete_collection(
+            &DeleteParams::default().grace_period(0),
+            &ListParams::default(),
+        )
         .await;
     if let Err(error) = api.delete(ns, &DeleteParams::default()).await {
         tracing::warn!(%error, "deleting namespace {ns}");
@@ -171,7 +184,10 @@ pub async fn dump_namespace(client: &Client, ns: &str) -> String {
                             container.image.as_deref().unwrap_or("?"),
                             indent(&logs)
                         )),
-                        Err(e) => out.push_str(&format!("    logs of {}: unavailable ({e})\n", container.name)),
+                        Err(e) => out.push_str(&format!(
+                            "    logs of {}: unavailable ({e})\n",
+                            container.name
+                        )),
                     }
                 }
             }
@@ -199,7 +215,10 @@ pub async fn dump_namespace(client: &Client, ns: &str) -> String {
 }
 
 fn indent(text: &str) -> String {
-    text.lines().map(|l| format!("      {l}")).collect::<Vec<_>>().join("\n")
+    text.lines()
+        .map(|l| format!("      {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 #[cfg(test)]

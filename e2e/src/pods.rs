@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Capabilities, Container, ContainerPort, Pod, PodSpec, SecurityContext};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, Pod, PodSpec, SecurityContext,
+};
 use kube::api::ObjectMeta;
 
 /// Image repository of every e2e image.
@@ -47,7 +49,11 @@ pub fn pod(name: &str, containers: Vec<Container>) -> Pod {
 
 /// The HTTP/1.1 + HTTP/2 echo server listening on `port`.
 pub fn http_echo(name: &str, port: u16) -> Pod {
-    let mut c = container("echo", "demo-http-echo", &["--listen", &format!("0.0.0.0:{port}")]);
+    let mut c = container(
+        "echo",
+        "demo-http-echo",
+        &["--listen", &format!("0.0.0.0:{port}")],
+    );
     c.ports = Some(vec![ContainerPort {
         container_port: i32::from(port),
         name: Some("http".to_owned()),
@@ -68,14 +74,22 @@ pub fn http_echo(name: &str, port: u16) -> Pod {
 pub fn tcp_echo(name: &str, port: u16) -> Pod {
     pod(
         name,
-        vec![container("echo", "demo-tcp-echo", &["--listen", &format!("0.0.0.0:{port}")])],
+        vec![container(
+            "echo",
+            "demo-tcp-echo",
+            &["--listen", &format!("0.0.0.0:{port}")],
+        )],
     )
 }
 
 /// A `nettools` (busybox + iptables) container running `script` with `sh -c`.
 pub fn shell(name: &str, script: &str) -> Container {
     let mut c = container(name, "nettools", &[]);
-    c.command = Some(vec!["/bin/sh".to_owned(), "-c".to_owned(), script.to_owned()]);
+    c.command = Some(vec![
+        "/bin/sh".to_owned(),
+        "-c".to_owned(),
+        script.to_owned(),
+    ]);
     c
 }
 

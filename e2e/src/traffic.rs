@@ -120,9 +120,16 @@ pub enum Stage {
     /// The server spoke another HTTP version than asked for.
     Version(String),
     /// Fewer or more bytes came back than were sent.
-    Length { sent: usize, received: usize },
+    Length {
+        sent: usize,
+        received: usize,
+    },
     /// The first differing byte.
-    Mismatch { offset: usize, expected: u8, received: u8 },
+    Mismatch {
+        offset: usize,
+        expected: u8,
+        received: u8,
+    },
     Timeout,
     /// The run's deadline passed before the exchange began.
     NotStarted,
@@ -185,7 +192,12 @@ impl fmt::Display for Report {
         write!(
             f,
             "{} to {}: {}/{} exchanges ok, {} bytes echoed in {:?}",
-            self.protocol, self.target, self.succeeded, self.attempted, self.bytes_echoed, self.elapsed
+            self.protocol,
+            self.target,
+            self.succeeded,
+            self.attempted,
+            self.bytes_echoed,
+            self.elapsed
         )?;
         for failure in self.failures.iter().take(20) {
             write!(f, "\n  {failure}")?;
@@ -230,6 +242,8 @@ pub fn check_echo(sent: &[u8], received: &[u8]) -> Result<(), Stage> {
 }
 
 type Headers = Vec<(String, String)>;
+/// Outcome of one exchange: bytes echoed and response headers, or why not.
+type Outcome = Result<(usize, Headers), Failure>;
 
 fn fail(index: usize, stage: Stage, detail: impl fmt::Display) -> Failure {
     Failure {
@@ -253,7 +267,9 @@ pub async fn run(target: SocketAddr, load: &Load) -> Report {
     };
     if let Some(Err(failure)) = &h2 {
         let mut failures = vec![failure.clone()];
-        failures.extend((1..load.exchanges).map(|i| fail(i, Stage::NotStarted, "no HTTP/2 connection")));
+        failures.extend(
+            (1..load.exchanges).map(|i| fail(i, Stage::NotStarted, "no HTTP/2 connection")),
+        );
         return Report {
             target,
             protocol: load.protocol,
@@ -267,12 +283,15 @@ pub async fn run(target: SocketAddr, load: &Load) -> Report {
     }
     let h2 = h2.and_then(Result::ok);
 
-    let results: Vec<(usize, Result<(usize, Headers), Failure>)> = stream::iter(0..load.exchanges)
+    let results: Vec<(usize, Outcome)> = stream::iter(0..load.exchanges)
         .map(|index| {
             let h2 = h2.clone();
             async move {
                 if Instant::now() >= deadline {
-                    return (index, Err(fail(index, Stage::NotStarted, "run deadline passed")));
+                    return (
+                        index,
+                        Err(fail(index, Stage::NotStarted, "run deadline passed")),
+                    );
                 }
                 let body = payload(load.seed, index, load.payload_bytes);
                 let exchange = async {
@@ -287,7 +306,11 @@ pub async fn run(target: SocketAddr, load: &Load) -> Report {
                 };
                 let result = match tokio::time::timeout(load.timeout, exchange).await {
                     Ok(result) => result,
-                    Err(_) => Err(fail(index, Stage::Timeout, format!("no complete echo within {:?}", load.timeout))),
+                    Err(_) => Err(fail(
+                        index,
+                        Stage::Timeout,
+                        format!("no complete echo within {:?}", load.timeout),
+                    )),
                 };
                 (index, result.map(|headers| (body.len(), headers)))
             }
@@ -350,7 +373,9 @@ fn echo_request(target: SocketAddr, body: Vec<u8>, version: Version) -> Request<
     let builder = if version == Version::HTTP_2 {
         builder.uri(format!("http://{target}/echo"))
     } else {
-        builder.uri("/echo").header(http::header::HOST, target.to_string())
+        builder
+            .uri("/echo")
+            .header(http::header::HOST, target.to_string())
     };
     builder
         .body(Full::new(Bytes::from(body)))
@@ -367,7 +392,11 @@ async fn check_response(
         return Err(fail(index, Stage::Status(response.status().as_u16()), ""));
     }
     if response.version() != expected_version {
-        return Err(fail(index, Stage::Version(format!("{:?}", response.version())), ""));
+        return Err(fail(
+            index,
+            Stage::Version(format!("{:?}", response.version())),
+            "",
+        ));
     }
     let headers: Headers = response
         .headers()
@@ -384,7 +413,11 @@ async fn check_response(
     Ok(headers)
 }
 
-async fn http1_exchange(target: SocketAddr, index: usize, body: Vec<u8>) -> Result<Headers, Failure> {
+async fn http1_exchange(
+    target: SocketAddr,
+    index: usize,
+    body: Vec<u8>,
+) -> Result<Headers, Failure> {
     let stream = TcpStream::connect(target)
         .await
         .map_err(|e| fail(index, Stage::Connect, e))?;
@@ -409,9 +442,10 @@ async fn connect_h2(target: SocketAddr, timeout: Duration) -> Result<H2Sender, F
         let stream = TcpStream::connect(target)
             .await
             .map_err(|e| fail(0, Stage::Connect, e))?;
-        let (sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-            .await
-            .map_err(|e| fail(0, Stage::Handshake, e))?;
+        let (sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .map_err(|e| fail(0, Stage::Handshake, e))?;
         tokio::spawn(async move {
             if let Err(error) = conn.await {
                 tracing::debug!(%error, "http/2 client connection ended");
@@ -430,7 +464,10 @@ async fn http2_exchange(
     index: usize,
     body: Vec<u8>,
 ) -> Result<Headers, Failure> {
-    sender.ready().await.map_err(|e| fail(index, Stage::Handshake, e))?;
+    sender
+        .ready()
+        .await
+        .map_err(|e| fail(index, Stage::Handshake, e))?;
     let sent = body.clone();
     let response = sender
         .send_request(echo_request(target, body, Version::HTTP_2))
@@ -470,7 +507,10 @@ mod tests {
         let sent = payload(7, 0, 100);
         assert_eq!(
             check_echo(&sent, &sent[..60]),
-            Err(Stage::Length { sent: 100, received: 60 })
+            Err(Stage::Length {
+                sent: 100,
+                received: 60
+            })
         );
         assert_eq!(check_echo(&sent, &sent), Ok(()));
     }

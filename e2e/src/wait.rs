@@ -74,12 +74,19 @@ pub fn pod_state(pod: &Pod) -> String {
             Some(s) if s.running.is_some() => "running".to_owned(),
             Some(s) => match (&s.waiting, &s.terminated) {
                 (Some(w), _) => format!("waiting({})", w.reason.as_deref().unwrap_or("")),
-                (_, Some(t)) => format!("terminated({},{})", t.exit_code, t.reason.as_deref().unwrap_or("")),
+                (_, Some(t)) => format!(
+                    "terminated({},{})",
+                    t.exit_code,
+                    t.reason.as_deref().unwrap_or("")
+                ),
                 _ => "unknown".to_owned(),
             },
             None => "none".to_owned(),
         };
-        out.push_str(&format!(" [{}: {} ready={} restarts={}]", cs.name, state, cs.ready, cs.restart_count));
+        out.push_str(&format!(
+            " [{}: {} ready={} restarts={}]",
+            cs.name, state, cs.ready, cs.restart_count
+        ));
     }
     out
 }
@@ -92,7 +99,12 @@ fn is_ready(pod: &Pod) -> bool {
 }
 
 /// Waits until the pod is Ready and returns it.
-pub async fn pod_ready(client: &Client, ns: &str, name: &str, timeout: Duration) -> Result<Pod, Timeout> {
+pub async fn pod_ready(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    timeout: Duration,
+) -> Result<Pod, Timeout> {
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     wait_for(&format!("pod {ns}/{name} Ready"), timeout, || async {
         match api.get_opt(name).await {
@@ -106,12 +118,21 @@ pub async fn pod_ready(client: &Client, ns: &str, name: &str, timeout: Duration)
 }
 
 /// Waits until the pod reached phase `Succeeded` or `Failed` and returns it.
-pub async fn pod_finished(client: &Client, ns: &str, name: &str, timeout: Duration) -> Result<Pod, Timeout> {
+pub async fn pod_finished(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    timeout: Duration,
+) -> Result<Pod, Timeout> {
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     wait_for(&format!("pod {ns}/{name} finished"), timeout, || async {
         match api.get_opt(name).await {
             Ok(Some(pod)) => {
-                let phase = pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+                let phase = pod
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.phase.clone())
+                    .unwrap_or_default();
                 if phase == "Succeeded" || phase == "Failed" {
                     Check::Done(pod)
                 } else {

@@ -46,17 +46,25 @@ async fn a_plain_pod_in_an_unlabelled_namespace_runs_untouched_and_serves_every_
     with_temp_ns(|client, ns| async move {
         let mut pod = pods::http_echo("echo", 8080);
         let spec = pod.spec.as_mut().expect("pod spec");
-        spec.containers
-            .push(pods::container("tcp", "demo-tcp-echo", &["--listen", "0.0.0.0:9000"]));
+        spec.containers.push(pods::container(
+            "tcp",
+            "demo-tcp-echo",
+            &["--listen", "0.0.0.0:9000"],
+        ));
         create(&client, &ns, &pod).await;
-        let running = wait::pod_ready(&client, &ns, "echo", READY).await.expect("pod Ready");
+        let running = wait::pod_ready(&client, &ns, "echo", READY)
+            .await
+            .expect("pod Ready");
 
         // Untouched: exactly what was submitted, no init containers, no
         // Baton labels or annotations.
         let spec = running.spec.as_ref().expect("spec");
         let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, ["echo", "tcp"]);
-        assert!(spec.init_containers.as_ref().is_none_or(Vec::is_empty), "{spec:#?}");
+        assert!(
+            spec.init_containers.as_ref().is_none_or(Vec::is_empty),
+            "{spec:#?}"
+        );
         let meta = &running.metadata;
         let baton_keys: Vec<&String> = meta
             .labels
@@ -66,16 +74,25 @@ async fn a_plain_pod_in_an_unlabelled_namespace_runs_untouched_and_serves_every_
             .map(|(k, _)| k)
             .filter(|k| k.starts_with("baton.dev/"))
             .collect();
-        assert!(baton_keys.is_empty(), "unexpected Baton metadata: {baton_keys:?}");
+        assert!(
+            baton_keys.is_empty(),
+            "unexpected Baton metadata: {baton_keys:?}"
+        );
 
         let ip = wait::pod_ip(&running);
         for protocol in [Protocol::Http1, Protocol::Http2] {
-            let report = traffic::run(SocketAddr::new(ip, 8080), &Load::new(protocol).exchanges(40)).await;
+            let report = traffic::run(
+                SocketAddr::new(ip, 8080),
+                &Load::new(protocol).exchanges(40),
+            )
+            .await;
             report.assert_all_ok();
         }
         let report = traffic::run(
             SocketAddr::new(ip, 9000),
-            &Load::new(Protocol::Tcp).exchanges(20).payload_bytes(64 * 1024),
+            &Load::new(Protocol::Tcp)
+                .exchanges(20)
+                .payload_bytes(64 * 1024),
         )
         .await;
         report.assert_all_ok();
@@ -96,7 +113,9 @@ async fn an_init_container_with_net_admin_programs_an_iptables_redirect_that_tak
         ));
         pod.spec.as_mut().expect("spec").init_containers = Some(vec![init]);
         let api = create(&client, &ns, &pod).await;
-        let running = wait::pod_ready(&client, &ns, "redirected", READY).await.expect("pod Ready");
+        let running = wait::pod_ready(&client, &ns, "redirected", READY)
+            .await
+            .expect("pod Ready");
 
         let rules = logs(&api, "redirected", "iptables-init").await;
         assert!(
@@ -105,11 +124,20 @@ async fn an_init_container_with_net_admin_programs_an_iptables_redirect_that_tak
         );
 
         let ip = wait::pod_ip(&running);
-        let report = traffic::run(SocketAddr::new(ip, 8080), &Load::new(Protocol::Http1).exchanges(10)).await;
+        let report = traffic::run(
+            SocketAddr::new(ip, 8080),
+            &Load::new(Protocol::Http1).exchanges(10),
+        )
+        .await;
         report.assert_all_ok();
         // Served by the 9090 listener, and the kernel kept the pre-NAT
         // destination: the redirect did it, not a listener on 8080.
-        assert_eq!(report.header(HEADER_SERVER_PORT), Some("9090"), "{:?}", report.first_headers);
+        assert_eq!(
+            report.header(HEADER_SERVER_PORT),
+            Some("9090"),
+            "{:?}",
+            report.first_headers
+        );
         assert_eq!(
             report.header(HEADER_ORIGINAL_DST),
             Some(SocketAddr::new(ip, 8080).to_string().as_str()),
@@ -117,9 +145,12 @@ async fn an_init_container_with_net_admin_programs_an_iptables_redirect_that_tak
             report.first_headers
         );
         // HTTP/2 streams go through the same redirect.
-        traffic::run(SocketAddr::new(ip, 8080), &Load::new(Protocol::Http2).exchanges(10))
-            .await
-            .assert_all_ok();
+        traffic::run(
+            SocketAddr::new(ip, 8080),
+            &Load::new(Protocol::Http2).exchanges(10),
+        )
+        .await
+        .assert_all_ok();
     })
     .await;
 }
@@ -130,22 +161,32 @@ async fn pods_cannot_reach_an_address_off_the_bridge_and_the_forward_guard_count
     with_temp_ns(|client, ns| async move {
         // "Outside": a namespace of our own, reachable from the host.
         let id = rand::rng().random_range(1..=250u8);
-        let outside = OutsideNetns::create(id).await.expect("creating the outside netns");
+        let outside = OutsideNetns::create(id)
+            .await
+            .expect("creating the outside netns");
         let mut control = tokio::net::TcpStream::connect(outside.addr)
             .await
             .expect("the host reaches the outside namespace (control)");
         let mut greeting = String::new();
-        control.read_to_string(&mut greeting).await.expect("read greeting");
+        control
+            .read_to_string(&mut greeting)
+            .await
+            .expect("read greeting");
         assert_eq!(greeting, "outside\n");
         assert_eq!(outside.accepted(), 1);
 
         // A listener on the bridge gateway: what a pod may reach.
         let gateway: IpAddr = "10.88.0.1".parse().expect("gateway ip");
-        let on_bridge = tokio::net::TcpListener::bind((gateway, 0)).await.expect("bind on the bridge");
+        let on_bridge = tokio::net::TcpListener::bind((gateway, 0))
+            .await
+            .expect("bind on the bridge");
         let bridge_port = on_bridge.local_addr().expect("addr").port();
-        let accept_bridge = tokio::spawn(async move { on_bridge.accept().await.map(|(_, peer)| peer) });
+        let accept_bridge =
+            tokio::spawn(async move { on_bridge.accept().await.map(|(_, peer)| peer) });
 
-        let before = guards::dropped_packets(&guards::read_chain("iptables", FORWARD_GUARD).expect("guard chain"));
+        let before = guards::dropped_packets(
+            &guards::read_chain("iptables", FORWARD_GUARD).expect("guard chain"),
+        );
         let script = format!(
             "nc -w 3 {gateway} {bridge_port} </dev/null; echo bridge=$?; \
              nc -w 3 {outside_ip} {outside_port} </dev/null; echo outside=$?",
@@ -155,10 +196,15 @@ async fn pods_cannot_reach_an_address_off_the_bridge_and_the_forward_guard_count
         let mut prober = pods::pod("prober", vec![pods::shell("probe", &script)]);
         prober.spec.as_mut().expect("spec").restart_policy = Some("Never".to_owned());
         let api = create(&client, &ns, &prober).await;
-        wait::pod_finished(&client, &ns, "prober", READY).await.expect("prober finished");
+        wait::pod_finished(&client, &ns, "prober", READY)
+            .await
+            .expect("prober finished");
         let output = logs(&api, "prober", "probe").await;
 
-        assert!(output.contains("bridge=0"), "the pod could not reach the bridge gateway: {output}");
+        assert!(
+            output.contains("bridge=0"),
+            "the pod could not reach the bridge gateway: {output}"
+        );
         let peer = tokio::time::timeout(Duration::from_secs(5), accept_bridge)
             .await
             .expect("bridge listener accepted")
@@ -170,8 +216,14 @@ async fn pods_cannot_reach_an_address_off_the_bridge_and_the_forward_guard_count
             output.contains("outside=") && !output.contains("outside=0"),
             "the pod reached an address off the bridge: {output}"
         );
-        assert_eq!(outside.accepted(), 1, "the outside namespace saw a connection from the pod");
-        let after = guards::dropped_packets(&guards::read_chain("iptables", FORWARD_GUARD).expect("guard chain"));
+        assert_eq!(
+            outside.accepted(),
+            1,
+            "the outside namespace saw a connection from the pod"
+        );
+        let after = guards::dropped_packets(
+            &guards::read_chain("iptables", FORWARD_GUARD).expect("guard chain"),
+        );
         assert!(
             after > before,
             "the forward guard did not count the pod's SYNs (before {before}, after {after})"
@@ -197,7 +249,11 @@ async fn egress_guards_come_first_and_nothing_tried_the_metadata_address() {
         let fwd = guards::read_chain(tool, FORWARD_GUARD).expect("forward guard");
         assert_eq!(
             fwd.iter().map(|r| r.spec.as_str()).collect::<Vec<_>>(),
-            [format!("-i {} ! -o {} -j DROP", guards::BRIDGE, guards::BRIDGE)]
+            [format!(
+                "-i {} ! -o {} -j DROP",
+                guards::BRIDGE,
+                guards::BRIDGE
+            )]
         );
     }
     let out = guards::read_chain("iptables", OUTPUT_GUARD).expect("output guard");

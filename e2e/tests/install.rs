@@ -1,5 +1,7 @@
 //! Installing Baton the way a user does: `kubectl apply -f manifests/crds/`,
-//! then the install set through the e2e overlay, server-side. The CRDs'
+//! then the install set through the e2e overlay, server-side (with
+//! `--validate=false`, which kubectl needs against a 1.20 server because its
+//! OpenAPI does not know `x-kubernetes-validations`). The CRDs'
 //! schemas are enforced by the 1.20 API server (OpenAPI validation only:
 //! 1.20 drops `x-kubernetes-validations`, those rules are the validating
 //! webhook's job there) and `kubectl get` shows their printer columns.
@@ -40,29 +42,39 @@ fn read_crd(path: &PathBuf) -> CustomResourceDefinition {
 
 /// Applies the CRDs like a user and waits until each is Established.
 async fn apply_crds(client: &Client) -> Vec<CustomResourceDefinition> {
-    kubectl_ok(&["apply", "-f", "manifests/crds/"]);
+    // kubectl validates client-side against the server's OpenAPI; 1.20's
+    // does not know `x-kubernetes-validations`, so a 1.20 user must pass
+    // --validate=false (the server then drops the CEL rules).
+    kubectl_ok(&["apply", "--validate=false", "-f", "manifests/crds/"]);
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let mut crds = Vec::new();
     for path in crd_files() {
         let crd = read_crd(&path);
         let name = crd.metadata.name.clone().expect("CRD name");
-        let established = wait_for(&format!("CRD {name} Established"), Duration::from_secs(30), || async {
-            match api.get_opt(&name).await {
-                Ok(Some(c)) => {
-                    let ok = c
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.conditions.as_ref())
-                        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Established" && c.status == "True"));
-                    if ok {
-                        Check::Done(c)
-                    } else {
-                        Check::NotYet(format!("{:?}", c.status))
+        let established = wait_for(
+            &format!("CRD {name} Established"),
+            Duration::from_secs(30),
+            || async {
+                match api.get_opt(&name).await {
+                    Ok(Some(c)) => {
+                        let ok = c
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.conditions.as_ref())
+                            .is_some_and(|cs| {
+                                cs.iter()
+                                    .any(|c| c.type_ == "Established" && c.status == "True")
+                            });
+                        if ok {
+                            Check::Done(c)
+                        } else {
+                            Check::NotYet(format!("{:?}", c.status))
+                        }
                     }
+                    other => Check::NotYet(format!("{other:?}")),
                 }
-                other => Check::NotYet(format!("{other:?}")),
-            }
-        })
+            },
+        )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
         crds.push(established);
@@ -71,7 +83,13 @@ async fn apply_crds(client: &Client) -> Vec<CustomResourceDefinition> {
 }
 
 fn api_resource(crd: &CustomResourceDefinition) -> ApiResource {
-    let version = &crd.spec.versions.iter().find(|v| v.storage).expect("a storage version").name;
+    let version = &crd
+        .spec
+        .versions
+        .iter()
+        .find(|v| v.storage)
+        .expect("a storage version")
+        .name;
     let gvk = GroupVersionKind::gvk(&crd.spec.group, version, &crd.spec.names.kind);
     ApiResource::from_gvk_with_plural(&gvk, &crd.spec.names.plural)
 }
@@ -102,6 +120,9 @@ fn valid_spec(kind: &str) -> serde_json::Value {
 #[tokio::test]
 #[ignore = "needs the local cluster: run e2e/run.sh"]
 async fn crds_apply_and_kubectl_get_shows_their_printer_columns() {
+    // Creating Baton objects goes through the validating webhook
+    // (failurePolicy: Fail), so this test needs it running.
+    baton_e2e::cluster::require_component("webhook");
     with_temp_ns(|client, ns| async move {
         let crds = apply_crds(&client).await;
         assert!(crds.iter().all(|c| c.spec.group == contract::GROUP));
@@ -110,7 +131,8 @@ async fn crds_apply_and_kubectl_get_shows_their_printer_columns() {
             let api = dynamic_api(&client, crd, &ns);
             // Cluster-scoped objects outlive the namespace: name them after it.
             let name = format!("{ns}-{}", kind.to_lowercase());
-            let obj = DynamicObject::new(&name, &api_resource(crd)).data(json!({"spec": valid_spec(kind)}));
+            let obj = DynamicObject::new(&name, &api_resource(crd))
+                .data(json!({"spec": valid_spec(kind)}));
             api.create(&PostParams::default(), &obj)
                 .await
                 .unwrap_or_else(|e| panic!("creating a valid {kind}: {e}"));
@@ -123,7 +145,12 @@ async fn crds_apply_and_kubectl_get_shows_their_printer_columns() {
             let table = kubectl_ok(&args);
             let header = table.lines().next().unwrap_or_default().to_owned();
             let columns: Vec<&str> = header.split_whitespace().collect();
-            let version = crd.spec.versions.iter().find(|v| v.served).expect("a served version");
+            let version = crd
+                .spec
+                .versions
+                .iter()
+                .find(|v| v.served)
+                .expect("a served version");
             for column in version.additional_printer_columns.iter().flatten() {
                 let wanted = column.name.to_uppercase();
                 assert!(
@@ -144,8 +171,11 @@ async fn crds_apply_and_kubectl_get_shows_their_printer_columns() {
         if let Some(crd) = release {
             let api = dynamic_api(&client, crd, &ns);
             let name = format!("{ns}-shown");
-            let obj = DynamicObject::new(&name, &api_resource(crd)).data(json!({"spec": valid_spec("SidecarRelease")}));
-            api.create(&PostParams::default(), &obj).await.expect("create release");
+            let obj = DynamicObject::new(&name, &api_resource(crd))
+                .data(json!({"spec": valid_spec("SidecarRelease")}));
+            api.create(&PostParams::default(), &obj)
+                .await
+                .expect("create release");
             let table = kubectl_ok(&["get", "sidecarreleases.baton.dev", &name]);
             let _ = api.delete(&name, &DeleteParams::default()).await;
             let row = table.lines().nth(1).unwrap_or_default();
@@ -208,7 +238,15 @@ async fn the_install_set_applies_server_side_dry_run_first_then_for_real() {
     let client = baton_e2e::client().await;
     apply_crds(&client).await;
     let apply = |dry_run: bool| {
-        let mut args = vec!["apply", "--server-side", "--field-manager", FIELD_MANAGER, "-k", OVERLAY];
+        let mut args = vec![
+            "apply",
+            "--server-side",
+            "--validate=false",
+            "--field-manager",
+            FIELD_MANAGER,
+            "-k",
+            OVERLAY,
+        ];
         if dry_run {
             args.push("--dry-run=server");
         }
@@ -226,8 +264,13 @@ async fn the_install_set_applies_server_side_dry_run_first_then_for_real() {
     std::fs::write(&file, &rendered).expect("write rendered overlay");
     let file_arg = file.to_string_lossy().into_owned();
     let got = kubectl(&["get", "-f", &file_arg, "-o", "name"]);
-    assert!(got.success, "objects of the install set are missing:\n{}{}", got.stdout, got.stderr);
-    let expected_objects = rendered.matches("\nkind: ").count() + usize::from(rendered.starts_with("kind: "));
+    assert!(
+        got.success,
+        "objects of the install set are missing:\n{}{}",
+        got.stdout, got.stderr
+    );
+    let expected_objects =
+        rendered.matches("\nkind: ").count() + usize::from(rendered.starts_with("kind: "));
     assert_eq!(
         got.stdout.lines().count(),
         expected_objects,
@@ -236,5 +279,8 @@ async fn the_install_set_applies_server_side_dry_run_first_then_for_real() {
     );
     // The system namespace is part of the install set.
     let ns = kubectl_ok(&["get", "namespace", contract::SYSTEM_NAMESPACE, "-o", "name"]);
-    assert_eq!(ns.trim(), format!("namespace/{}", contract::SYSTEM_NAMESPACE));
+    assert_eq!(
+        ns.trim(),
+        format!("namespace/{}", contract::SYSTEM_NAMESPACE)
+    );
 }

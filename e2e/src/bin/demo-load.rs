@@ -43,7 +43,11 @@ async fn main() -> anyhow::Result<()> {
     let report = traffic::run(args.target, &load).await;
     println!("{report}");
     if !report.ok() {
-        anyhow::bail!("{} of {} exchanges failed", report.failures.len(), report.attempted);
+        anyhow::bail!(
+            "{} of {} exchanges failed",
+            report.failures.len(),
+            report.attempted
+        );
     }
     Ok(())
 }
