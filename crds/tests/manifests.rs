@@ -562,3 +562,69 @@ fn the_system_namespace_is_labelled_so_the_injector_skips_it() {
         contract::SYSTEM_NAMESPACE
     );
 }
+
+/// JSON pointers of every `x-kubernetes-validations` in `v`.
+fn cel_pointers(v: &Value, path: &str, out: &mut Vec<String>) {
+    match v {
+        Value::Object(m) => {
+            for (k, c) in m {
+                let p = format!("{path}/{}", k.replace('~', "~0").replace('/', "~1"));
+                if k == "x-kubernetes-validations" {
+                    out.push(p);
+                } else {
+                    cel_pointers(c, &p, out);
+                }
+            }
+        }
+        Value::Array(a) => {
+            for (i, c) in a.iter().enumerate() {
+                cel_pointers(c, &format!("{path}/{i}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[test]
+fn the_k8s_1_20_component_removes_exactly_the_cel_rules_crdgen_emits() {
+    let comp = &read_docs(&manifests().join("components/k8s-1.20/kustomization.yaml"))[0];
+    let mut removed: Vec<String> = vec![];
+    for p in comp["patches"].as_array().unwrap() {
+        if p["target"]["kind"] != "CustomResourceDefinition" {
+            continue;
+        }
+        let name = p["target"]["name"].as_str().unwrap();
+        let ops = baton_crds::yaml::documents(p["patch"].as_str().unwrap()).unwrap();
+        for op in ops[0].as_array().unwrap() {
+            assert_eq!(op["op"], "remove");
+            removed.push(format!("{name}{}", op["path"].as_str().unwrap()));
+        }
+    }
+    let mut want = vec![];
+    for crd in baton_crds::schema::crds() {
+        let name = crd.metadata.name.clone().unwrap();
+        let mut ptrs = vec![];
+        cel_pointers(&serde_json::to_value(&crd).unwrap(), "", &mut ptrs);
+        want.extend(ptrs.into_iter().map(|p| format!("{name}{p}")));
+    }
+    removed.sort();
+    want.sort();
+    assert_eq!(
+        removed, want,
+        "update manifests/components/k8s-1.20/kustomization.yaml to remove exactly the CEL rules"
+    );
+}
+
+#[test]
+fn the_k8s_1_20_component_replaces_the_pdb_with_policy_v1beta1() {
+    let docs = read_docs(&manifests().join("components/k8s-1.20/pdb-v1beta1.yaml"));
+    assert_eq!(docs.len(), 1);
+    assert_eq!(docs[0]["apiVersion"], "policy/v1beta1");
+    let base = install_set()
+        .into_iter()
+        .find(|d| d["kind"] == "PodDisruptionBudget")
+        .unwrap();
+    assert_eq!(base["apiVersion"], "policy/v1");
+    assert_eq!(docs[0]["spec"], base["spec"]);
+    assert_eq!(docs[0]["metadata"], base["metadata"]);
+}
