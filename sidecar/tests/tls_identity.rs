@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use baton_sidecar::tls::TlsMetrics;
 use baton_sidecar::tls::identity_client::{RetryPolicy, SignRequest, SignResponse, bootstrap};
 use baton_sidecar::tls::settings::{CertSource, KeyType, TlsMode};
-use baton_sidecar::tls::TlsMetrics;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::service::service_fn;
@@ -41,7 +41,12 @@ fn respond(status: u16, body: impl Into<Bytes>) -> hyper::Response<Full<Bytes>> 
 }
 
 impl IdentityService {
-    async fn start(token: &str, fail_first: u64, lifetime: Duration, tls: Option<Arc<rustls::ServerConfig>>) -> Self {
+    async fn start(
+        token: &str,
+        fail_first: u64,
+        lifetime: Duration,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> Self {
         let pki = Arc::new(Pki::new("identity-ca"));
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
@@ -49,14 +54,20 @@ impl IdentityService {
         let (p, r, token) = (pki.clone(), requests.clone(), format!("Bearer {token}"));
         let task = tokio::spawn(async move {
             loop {
-                let Ok((tcp, _)) = l.accept().await else { return };
-                let (pki, requests, token, tls) = (p.clone(), r.clone(), token.clone(), tls.clone());
+                let Ok((tcp, _)) = l.accept().await else {
+                    return;
+                };
+                let (pki, requests, token, tls) =
+                    (p.clone(), r.clone(), token.clone(), tls.clone());
                 tokio::spawn(async move {
                     let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                         let (pki, requests, token) = (pki.clone(), requests.clone(), token.clone());
                         async move {
                             let n = requests.fetch_add(1, Ordering::SeqCst);
-                            let auth = req.headers().get("authorization").and_then(|v| v.to_str().ok());
+                            let auth = req
+                                .headers()
+                                .get("authorization")
+                                .and_then(|v| v.to_str().ok());
                             if auth != Some(token.as_str()) {
                                 return Ok::<_, hyper::Error>(respond(401, "bad token"));
                             }
@@ -67,7 +78,9 @@ impl IdentityService {
                             let Ok(sign) = serde_json::from_slice::<SignRequest>(&body) else {
                                 return Ok(respond(400, "bad json"));
                             };
-                            let Ok(mut csr) = rcgen::CertificateSigningRequestParams::from_pem(&sign.csr) else {
+                            let Ok(mut csr) =
+                                rcgen::CertificateSigningRequestParams::from_pem(&sign.csr)
+                            else {
                                 return Ok(respond(400, "bad csr"));
                             };
                             csr.params.not_before = now_plus(-1).into();
@@ -107,7 +120,11 @@ impl IdentityService {
     }
 }
 
-fn client_settings(url: String, token_path: std::path::PathBuf, ca_bundle: Option<std::path::PathBuf>) -> baton_sidecar::tls::TlsSettings {
+fn client_settings(
+    url: String,
+    token_path: std::path::PathBuf,
+    ca_bundle: Option<std::path::PathBuf>,
+) -> baton_sidecar::tls::TlsSettings {
     let mut s = settings(TlsMode::Strict);
     s.identity.local = Some(id("frontend").to_string());
     s.source = Some(CertSource::IdentityService {
@@ -135,13 +152,22 @@ async fn bootstrap_survives_transient_failures_and_renews_at_two_thirds_of_the_l
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let metrics = TlsMetrics::default();
     let ctx = bootstrap(&s, metrics.clone(), stop_rx, FAST).await.unwrap();
-    assert_eq!(svc.requests.load(Ordering::SeqCst), 3, "two 503s, then success");
+    assert_eq!(
+        svc.requests.load(Ordering::SeqCst),
+        3,
+        "two 503s, then success"
+    );
     assert_eq!(ctx.local_identity(), Some(id("frontend")));
 
     // The issued certificate really works for mTLS against a mesh peer.
-    let server = context(&settings(TlsMode::Strict), svc.pki.leaf("backend", Key::P256));
+    let server = context(
+        &settings(TlsMode::Strict),
+        svc.pki.leaf("backend", Key::P256),
+    );
     let srv = EchoServer::start(server).await;
-    let (banner, _) = mtls_round_trip(&ctx, srv.addr, &id("backend")).await.unwrap();
+    let (banner, _) = mtls_round_trip(&ctx, srv.addr, &id("backend"))
+        .await
+        .unwrap();
     assert_eq!(banner, format!("tls {}", id("frontend")));
 
     // Renewal at 2 s (± 0.15 s jitter) of a 3 s certificate; bounded wait.
@@ -159,7 +185,9 @@ async fn bootstrap_survives_transient_failures_and_renews_at_two_thirds_of_the_l
     assert!(renewed_at >= 4);
     stop_tx.send(true).unwrap();
     // Still serving with the renewed certificate.
-    mtls_round_trip(&ctx, srv.addr, &id("backend")).await.unwrap();
+    mtls_round_trip(&ctx, srv.addr, &id("backend"))
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -170,9 +198,14 @@ async fn a_refused_token_fails_bootstrap_after_bounded_retries() {
     let svc = IdentityService::start("projected-sa-token", 0, Duration::from_secs(60), None).await;
     let s = client_settings(format!("http://{}/v1/sign", svc.addr), token, None);
     let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let err = bootstrap(&s, TlsMetrics::default(), stop_rx, FAST).await.unwrap_err();
+    let err = bootstrap(&s, TlsMetrics::default(), stop_rx, FAST)
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("401"), "{err}");
-    assert_eq!(svc.requests.load(Ordering::SeqCst), u64::from(FAST.attempts));
+    assert_eq!(
+        svc.requests.load(Ordering::SeqCst),
+        u64::from(FAST.attempts)
+    );
 }
 
 #[tokio::test]
@@ -186,21 +219,30 @@ async fn the_identity_service_can_be_reached_over_https_with_a_ca_bundle() {
     let mut p = rcgen::CertificateParams::default();
     p.subject_alt_names = vec![rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap())];
     let cert = p.signed_by(&kp, &serving_ca.ca).unwrap();
-    let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![cert.der().clone()],
-            rustls_pki_types::PrivateKeyDer::Pkcs8(kp.serialize_der().into()),
-        )
-        .unwrap();
-    let svc = IdentityService::start("t0k3n", 0, Duration::from_secs(60), Some(Arc::new(cfg))).await;
+    let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![cert.der().clone()],
+        rustls_pki_types::PrivateKeyDer::Pkcs8(kp.serialize_der().into()),
+    )
+    .unwrap();
+    let svc =
+        IdentityService::start("t0k3n", 0, Duration::from_secs(60), Some(Arc::new(cfg))).await;
     let ca_file = dir.path().join("serving-ca.pem");
     std::fs::write(&ca_file, serving_ca.ca.pem()).unwrap();
-    let s = client_settings(format!("https://127.0.0.1:{}/v1/sign", svc.addr.port()), token, Some(ca_file));
+    let s = client_settings(
+        format!("https://127.0.0.1:{}/v1/sign", svc.addr.port()),
+        token,
+        Some(ca_file),
+    );
     let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let ctx = bootstrap(&s, TlsMetrics::default(), stop_rx, FAST).await.unwrap();
+    let ctx = bootstrap(&s, TlsMetrics::default(), stop_rx, FAST)
+        .await
+        .unwrap();
     assert_eq!(ctx.local_identity(), Some(id("frontend")));
     assert_eq!(svc.requests.load(Ordering::SeqCst), 1);
 }

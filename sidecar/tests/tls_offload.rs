@@ -42,10 +42,17 @@ fn openssl_verify(kp: &rcgen::KeyPair, s: SignatureScheme, msg: &[u8], sig: &[u8
     use openssl::hash::MessageDigest;
     use openssl::rsa::Padding;
     use openssl::sign::{RsaPssSaltlen, Verifier};
-    let pkey = openssl::pkey::PKey::public_key_from_der(&rcgen::PublicKeyData::subject_public_key_info(kp)).unwrap();
+    let pkey = openssl::pkey::PKey::public_key_from_der(
+        &rcgen::PublicKeyData::subject_public_key_info(kp),
+    )
+    .unwrap();
     let (md, pss) = match s {
-        SignatureScheme::ECDSA_NISTP256_SHA256 | SignatureScheme::RSA_PKCS1_SHA256 => (MessageDigest::sha256(), false),
-        SignatureScheme::ECDSA_NISTP384_SHA384 | SignatureScheme::RSA_PKCS1_SHA384 => (MessageDigest::sha384(), false),
+        SignatureScheme::ECDSA_NISTP256_SHA256 | SignatureScheme::RSA_PKCS1_SHA256 => {
+            (MessageDigest::sha256(), false)
+        }
+        SignatureScheme::ECDSA_NISTP384_SHA384 | SignatureScheme::RSA_PKCS1_SHA384 => {
+            (MessageDigest::sha384(), false)
+        }
         SignatureScheme::RSA_PKCS1_SHA512 => (MessageDigest::sha512(), false),
         SignatureScheme::RSA_PSS_SHA256 => (MessageDigest::sha256(), true),
         SignatureScheme::RSA_PSS_SHA384 => (MessageDigest::sha384(), true),
@@ -74,14 +81,20 @@ fn both_engines_produce_signatures_that_another_library_verifies() {
         let kp = key_pair(key);
         let sw = software.load_key(&der(&kp)).unwrap();
         let os = openssl.load_key(&der(&kp)).unwrap();
-        assert_eq!(sw.schemes(), os.schemes(), "{key:?}: engines disagree on schemes");
+        assert_eq!(
+            sw.schemes(),
+            os.schemes(),
+            "{key:?}: engines disagree on schemes"
+        );
         assert_eq!(sw.algorithm(), os.algorithm());
         for &scheme in os.schemes() {
             // OpenSSL's signature, checked by ring.
             let sig = os.sign(scheme, msg).unwrap();
             ring::signature::UnparsedPublicKey::new(ring_alg(scheme), kp.public_key_raw())
                 .verify(msg, &sig)
-                .unwrap_or_else(|_| panic!("{key:?} {scheme:?}: openssl signature rejected by ring"));
+                .unwrap_or_else(|_| {
+                    panic!("{key:?} {scheme:?}: openssl signature rejected by ring")
+                });
             // ring's signature (software engine), checked by OpenSSL.
             let sig = sw.sign(scheme, msg).unwrap();
             assert!(
@@ -103,7 +116,12 @@ fn the_openssl_engine_passes_its_self_test_with_the_default_provider() {
     baton_sidecar::tls::offload::self_test(&e).unwrap();
 }
 
-fn offload(engine: EngineKind, mode: OffloadMode, provider: Option<&str>, m: &TlsMetrics) -> Arc<Offload> {
+fn offload(
+    engine: EngineKind,
+    mode: OffloadMode,
+    provider: Option<&str>,
+    m: &TlsMetrics,
+) -> Arc<Offload> {
     Arc::new(Offload::select(
         &OffloadSettings {
             mode,
@@ -117,13 +135,21 @@ fn offload(engine: EngineKind, mode: OffloadMode, provider: Option<&str>, m: &Tl
     ))
 }
 
-fn ctx_with(offload: Arc<Offload>, m: TlsMetrics, pki: &Pki, sa: &str, key: Key) -> Arc<TlsContext> {
+fn ctx_with(
+    offload: Arc<Offload>,
+    m: TlsMetrics,
+    pki: &Pki,
+    sa: &str,
+    key: Key,
+) -> Arc<TlsContext> {
     TlsContext::new(&settings(TlsMode::Strict), pki.leaf(sa, key), offload, m).unwrap()
 }
 
 fn engine_count(m: &TlsMetrics, engine: &str) -> u64 {
     m.offload_signatures
-        .get_or_create(&EngineLabel { engine: engine.into() })
+        .get_or_create(&EngineLabel {
+            engine: engine.into(),
+        })
         .get()
 }
 
@@ -138,9 +164,14 @@ async fn handshakes_signed_by_the_openssl_engine_complete_and_are_measured() {
         let server = ctx_with(off, m.clone(), &pki, "backend", key);
         let client = context(&settings(TlsMode::Strict), pki.leaf("frontend", key));
         let srv = EchoServer::start(server).await;
-        let (banner, _) = mtls_round_trip(&client, srv.addr, &id("backend")).await.unwrap();
+        let (banner, _) = mtls_round_trip(&client, srv.addr, &id("backend"))
+            .await
+            .unwrap();
         assert_eq!(banner, format!("tls {}", id("frontend")));
-        assert!(engine_count(&m, "openssl") >= 1, "{key:?}: no openssl signature recorded");
+        assert!(
+            engine_count(&m, "openssl") >= 1,
+            "{key:?}: no openssl signature recorded"
+        );
         assert_eq!(engine_count(&m, "software"), 0);
     }
 }
@@ -177,7 +208,10 @@ impl EngineKey for RecordingKey {
         self.inner.schemes()
     }
     fn sign(&self, scheme: SignatureScheme, message: &[u8]) -> Result<Vec<u8>, OffloadError> {
-        let name = std::thread::current().name().unwrap_or("unnamed").to_string();
+        let name = std::thread::current()
+            .name()
+            .unwrap_or("unnamed")
+            .to_string();
         self.threads.lock().unwrap().push(name);
         self.inner.sign(scheme, message)
     }
@@ -200,7 +234,9 @@ async fn signing_threads(mode: OffloadMode) -> Vec<String> {
     let server = ctx_with(off, m, &pki, "backend", Key::P256);
     let client = context(&settings(TlsMode::Strict), pki.leaf("frontend", Key::P256));
     let srv = EchoServer::start(server).await;
-    mtls_round_trip(&client, srv.addr, &id("backend")).await.unwrap();
+    mtls_round_trip(&client, srv.addr, &id("backend"))
+        .await
+        .unwrap();
     let t = threads.lock().unwrap().clone();
     // With a pool, the self-test signs once on the selecting thread first;
     // keep only the handshake's signatures.
@@ -210,28 +246,45 @@ async fn signing_threads(mode: OffloadMode) -> Vec<String> {
 
 #[tokio::test(flavor = "current_thread")]
 async fn with_offload_the_handshake_signature_runs_on_a_crypto_thread_not_the_event_loop() {
-    let loop_thread = std::thread::current().name().unwrap_or("unnamed").to_string();
+    let loop_thread = std::thread::current()
+        .name()
+        .unwrap_or("unnamed")
+        .to_string();
     let t = signing_threads(OffloadMode::Preferred).await;
     assert!(!t.is_empty(), "no handshake signature recorded");
     for name in &t {
-        assert!(name.starts_with("baton-crypto-software-"), "signed on {name:?}");
+        assert!(
+            name.starts_with("baton-crypto-software-"),
+            "signed on {name:?}"
+        );
         assert_ne!(name, &loop_thread);
     }
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn with_offload_disabled_the_signature_runs_inline_on_the_event_loop() {
-    let loop_thread = std::thread::current().name().unwrap_or("unnamed").to_string();
+    let loop_thread = std::thread::current()
+        .name()
+        .unwrap_or("unnamed")
+        .to_string();
     let t = signing_threads(OffloadMode::Disabled).await;
     assert!(!t.is_empty());
-    assert!(t.iter().all(|n| n == &loop_thread), "{t:?} vs {loop_thread}");
+    assert!(
+        t.iter().all(|n| n == &loop_thread),
+        "{t:?} vs {loop_thread}"
+    );
 }
 
 #[tokio::test]
 async fn an_unloadable_engine_falls_back_to_software_when_preferred() {
     let pki = Pki::new("mesh-ca");
     let m = TlsMetrics::default();
-    let off = offload(EngineKind::Openssl, OffloadMode::Preferred, Some("baton-no-such-provider"), &m);
+    let off = offload(
+        EngineKind::Openssl,
+        OffloadMode::Preferred,
+        Some("baton-no-such-provider"),
+        &m,
+    );
     assert_eq!(off.readiness(), Ok(()));
     assert_eq!(off.status().active, EngineKind::Software);
     let reason = off.status().fallback_reason.clone().unwrap();
@@ -241,7 +294,9 @@ async fn an_unloadable_engine_falls_back_to_software_when_preferred() {
     let server = ctx_with(off, m.clone(), &pki, "backend", Key::P256);
     let client = context(&settings(TlsMode::Strict), pki.leaf("frontend", Key::P256));
     let srv = EchoServer::start(server).await;
-    mtls_round_trip(&client, srv.addr, &id("backend")).await.unwrap();
+    mtls_round_trip(&client, srv.addr, &id("backend"))
+        .await
+        .unwrap();
     assert!(engine_count(&m, "software") >= 1);
 }
 
@@ -249,9 +304,17 @@ async fn an_unloadable_engine_falls_back_to_software_when_preferred() {
 async fn an_unloadable_engine_keeps_the_sidecar_not_ready_when_required() {
     let pki = Pki::new("mesh-ca");
     let m = TlsMetrics::default();
-    let off = offload(EngineKind::Openssl, OffloadMode::Required, Some("baton-no-such-provider"), &m);
+    let off = offload(
+        EngineKind::Openssl,
+        OffloadMode::Required,
+        Some("baton-no-such-provider"),
+        &m,
+    );
     let reason = off.readiness().unwrap_err();
-    assert!(reason.contains("Required") && reason.contains("baton-no-such-provider"), "{reason}");
+    assert!(
+        reason.contains("Required") && reason.contains("baton-no-such-provider"),
+        "{reason}"
+    );
     assert_eq!(m.offload_ready.get(), 0);
     assert_eq!(m.fallbacks("engine_unavailable"), 0);
     let server = ctx_with(off, m.clone(), &pki, "backend", Key::P256);
@@ -259,7 +322,11 @@ async fn an_unloadable_engine_keeps_the_sidecar_not_ready_when_required() {
     // No handshake is served in software behind the policy's back.
     let client = context(&settings(TlsMode::Strict), pki.leaf("frontend", Key::P256));
     let srv = EchoServer::start(server).await;
-    assert!(mtls_round_trip(&client, srv.addr, &id("backend")).await.is_err());
+    assert!(
+        mtls_round_trip(&client, srv.addr, &id("backend"))
+            .await
+            .is_err()
+    );
     assert_eq!(engine_count(&m, "software"), 0);
 }
 
@@ -273,7 +340,10 @@ fn the_environment_overrides_the_settings_and_a_bad_value_is_reported() {
     };
     let off = Offload::select(&OffloadSettings::default(), &env, m);
     let reason = off.readiness().unwrap_err();
-    assert!(reason.contains("BATON_OFFLOAD_ENGINE") && reason.contains("fpga"), "{reason}");
+    assert!(
+        reason.contains("BATON_OFFLOAD_ENGINE") && reason.contains("fpga"),
+        "{reason}"
+    );
 
     let env = |k: &str| (k == "BATON_OFFLOAD_ENGINE").then(|| "openssl".to_string());
     let off = Offload::select(&OffloadSettings::default(), &env, TlsMetrics::default());
@@ -327,7 +397,9 @@ impl EngineKey for FailingKey {
     }
 }
 
-async fn handshake_with_failing_engine(mode: OffloadMode) -> (Result<(String, String), String>, TlsMetrics) {
+async fn handshake_with_failing_engine(
+    mode: OffloadMode,
+) -> (Result<(String, String), String>, TlsMetrics) {
     let pki = Pki::new("mesh-ca");
     let engine = Failing::default();
     let broken = engine.broken.clone();
@@ -355,7 +427,9 @@ async fn a_signature_failure_at_run_time_is_redone_in_software_when_preferred() 
     assert!(m.fallbacks("sign_error") >= 1);
     let errors = m
         .offload_errors
-        .get_or_create(&EngineLabel { engine: "failing".into() })
+        .get_or_create(&EngineLabel {
+            engine: "failing".into(),
+        })
         .get();
     assert!(errors >= 1);
     assert!(engine_count(&m, "software") >= 1);
@@ -367,7 +441,9 @@ async fn a_signature_failure_at_run_time_fails_the_handshake_when_required() {
     assert!(r.is_err());
     assert_eq!(
         m.offload_fallbacks
-            .get_or_create(&ReasonLabel { reason: "sign_error".into() })
+            .get_or_create(&ReasonLabel {
+                reason: "sign_error".into()
+            })
             .get(),
         0
     );
@@ -403,7 +479,9 @@ async fn a_burst_larger_than_the_pool_queues_instead_of_failing() {
         t.await.unwrap().unwrap();
     }
     // Everything drained: nothing left queued or running.
-    let l = EngineLabel { engine: "software".into() };
+    let l = EngineLabel {
+        engine: "software".into(),
+    };
     assert_eq!(m.offload_queue_depth.get_or_create(&l).get(), 0);
     assert_eq!(m.offload_in_flight.get_or_create(&l).get(), 0);
     assert!(m.offload_jobs.get_or_create(&l).get() >= 24);

@@ -29,11 +29,20 @@ fn probe_client(pki: &Pki, bundle: Vec<CertificateDer<'static>>) -> Arc<TlsConte
 }
 
 /// The leaf certificate a full handshake sees now.
-async fn server_leaf(client: &Arc<TlsContext>, addr: std::net::SocketAddr) -> CertificateDer<'static> {
+async fn server_leaf(
+    client: &Arc<TlsContext>,
+    addr: std::net::SocketAddr,
+) -> CertificateDer<'static> {
     let tcp = TcpStream::connect(addr).await.unwrap();
-    let (mut s, _) = client.connector().connect(tcp, &id("backend"), None).await.unwrap();
+    let (mut s, _) = client
+        .connector()
+        .connect(tcp, &id("backend"), None)
+        .await
+        .unwrap();
     exchange(&mut s, "who").await.unwrap();
-    s.get_ref().1.peer_certificates().unwrap()[0].clone().into_owned()
+    s.get_ref().1.peer_certificates().unwrap()[0]
+        .clone()
+        .into_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -52,7 +61,11 @@ async fn rotation_under_load_fails_no_request_and_new_handshakes_see_the_new_cer
     // Long-lived connections established before any rotation.
     for n in 0..4 {
         let tcp = TcpStream::connect(srv.addr).await.unwrap();
-        let (mut s, _) = client.connector().connect(tcp, &id("backend"), None).await.unwrap();
+        let (mut s, _) = client
+            .connector()
+            .connect(tcp, &id("backend"), None)
+            .await
+            .unwrap();
         let (stop, ok) = (stop.clone(), ok.clone());
         tasks.push(tokio::spawn(async move {
             use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -65,7 +78,10 @@ async fn rotation_under_load_fails_no_request_and_new_handshakes_see_the_new_cer
                     break;
                 }
                 let msg = format!("long-{n}-{i}\n");
-                r.get_mut().write_all(msg.as_bytes()).await.map_err(|e| e.to_string())?;
+                r.get_mut()
+                    .write_all(msg.as_bytes())
+                    .await
+                    .map_err(|e| e.to_string())?;
                 r.get_mut().flush().await.map_err(|e| e.to_string())?;
                 line.clear();
                 r.read_line(&mut line).await.map_err(|e| e.to_string())?;
@@ -117,7 +133,10 @@ async fn rotation_under_load_fails_no_request_and_new_handshakes_see_the_new_cer
     for t in tasks {
         t.await.unwrap().expect("a request failed during rotation");
     }
-    assert!(ok.load(Ordering::SeqCst) > 20, "too little load to mean anything");
+    assert!(
+        ok.load(Ordering::SeqCst) > 20,
+        "too little load to mean anything"
+    );
     assert_eq!(server.metrics().material_generation.get(), 6);
     let now = server_leaf(&probe, srv.addr).await;
     assert_ne!(now, first);
@@ -141,7 +160,10 @@ async fn the_file_watcher_applies_a_complete_rotation_and_ignores_a_half_written
             .chunks(64)
             .map(|c| String::from_utf8(c.to_vec()).unwrap())
             .collect();
-        format!("-----BEGIN {label}-----\n{}\n-----END {label}-----\n", body.join("\n"))
+        format!(
+            "-----BEGIN {label}-----\n{}\n-----END {label}-----\n",
+            body.join("\n")
+        )
     };
     let write = |m: &Material, which: &str| {
         if which.contains('c') {

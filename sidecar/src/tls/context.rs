@@ -431,7 +431,7 @@ impl Acceptor {
         .await
         .map_err(|_| TlsError::HandshakeTimeout)?
         .map_err(TlsError::Handshake)?;
-        let peer = PeerInfo::of(&stream.get_ref().1, &self.ctx.policy.trust_domain);
+        let peer = PeerInfo::of(stream.get_ref().1, &self.ctx.policy.trust_domain);
         Ok((stream, peer))
     }
 }
@@ -519,7 +519,7 @@ impl Connector {
         .await
         .map_err(|_| TlsError::HandshakeTimeout)?
         .map_err(TlsError::Handshake)?;
-        let peer = PeerInfo::of(&stream.get_ref().1, &self.ctx.policy.trust_domain);
+        let peer = PeerInfo::of(stream.get_ref().1, &self.ctx.policy.trust_domain);
         Ok((stream, peer))
     }
 }

@@ -25,11 +25,15 @@
 //! - [`identity_client`]: the CSR client for the operator's identity service
 //!   (projected ServiceAccount token, renewal at 2/3 lifetime with jitter).
 //! - [`metrics`]: Prometheus metrics; the admin registry calls [`register`].
+//! - [`glue`]: [`MeshTls`], the data plane's view: the listener's
+//!   `TlsTerminator`, outbound connect by destination, the config hook,
+//!   readiness.
 //!
 //! See docs/tls.md for the design, in particular why offload is done per
 //! handshake step rather than inside `Signer::sign`.
 
 pub mod context;
+pub mod glue;
 pub mod identity_client;
 pub mod material;
 pub mod metrics;
@@ -40,6 +44,7 @@ pub mod stream;
 pub mod verify;
 
 pub use context::{Accepted, Acceptor, Connector, PeerInfo, TlsContext};
+pub use glue::MeshTls;
 pub use material::{CertStore, Material};
 pub use metrics::{TlsMetrics, register};
 pub use offload::{EngineKind, Offload, OffloadMode, OffloadSettings};

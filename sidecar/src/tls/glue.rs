@@ -1,0 +1,295 @@
+//! Glue between the data plane and the TLS layer.
+//!
+//! [`MeshTls`] is what the data plane holds: it implements the listener's
+//! [`TlsTerminator`] hook (inbound), offers [`MeshTls::connect`] for
+//! outbound mTLS by destination name, validates and applies the snapshot's
+//! `tls` section (the config store's TLS hook), and reports readiness.
+//!
+//! Wiring (three calls, done where the process is assembled):
+//!
+//! ```text
+//! let tls = MeshTls::from_section(snapshot.tls.as_ref())?;      // before start
+//! opts.tls = Some(tls.clone());                                  // StartOptions
+//! let running = server::start(snapshot, opts).await?;
+//! tls.attach(&running);   // config hook + /ready condition + /metrics families
+//! ```
+//!
+//! A context is rebuilt only when the settings change; certificate rotation
+//! within the same settings is the file watcher's / identity client's job,
+//! so a snapshot reload never restarts TLS.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwapOption;
+use tokio::net::TcpStream;
+
+use super::context::PeerInfo;
+use super::identity_client::{RetryPolicy, bootstrap};
+use super::material::FileWatcher;
+use super::metrics::TlsMetrics;
+use super::settings::{CertSource, TlsMode, TlsSettings};
+use super::spiffe::SpiffeId;
+use super::{TlsContext, TlsError};
+use crate::conn::{BoxIo, PrefixedIo};
+use crate::filters::ConnMeta;
+use crate::listener::{TlsAccepted, TlsTerminator};
+
+#[derive(Default)]
+struct Applied {
+    settings: Option<TlsSettings>,
+    _watcher: Option<FileWatcher>,
+    /// Stops the identity client's renewal task of the previous settings.
+    renewal_stop: Option<tokio::sync::watch::Sender<bool>>,
+}
+
+/// The TLS layer as the data plane sees it.
+pub struct MeshTls {
+    current: ArcSwapOption<TlsContext>,
+    mode: std::sync::atomic::AtomicU8,
+    applied: Mutex<Applied>,
+    metrics: TlsMetrics,
+    /// Set while an identity-service bootstrap is in flight (not ready).
+    pending: Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for MeshTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MeshTls")
+            .field("mode", &self.mode())
+            .field("active", &self.current.load().is_some())
+            .finish()
+    }
+}
+
+const MODE_NONE: u8 = 0;
+
+fn mode_code(m: TlsMode) -> u8 {
+    match m {
+        TlsMode::Strict => 1,
+        TlsMode::Permissive => 2,
+        TlsMode::Disabled => 3,
+    }
+}
+
+impl MeshTls {
+    pub fn new(metrics: TlsMetrics) -> Arc<Self> {
+        Arc::new(MeshTls {
+            current: ArcSwapOption::empty(),
+            mode: MODE_NONE.into(),
+            applied: Mutex::new(Applied::default()),
+            metrics,
+            pending: Mutex::new(None),
+        })
+    }
+
+    /// Builds from the initial snapshot's `tls` section (process metrics).
+    pub fn from_section(section: Option<&serde_json::Value>) -> Result<Arc<Self>, String> {
+        let tls = MeshTls::new(TlsMetrics::global());
+        tls.apply(section)?;
+        Ok(tls)
+    }
+
+    /// The policy mode in force (`None` = no `tls` section).
+    pub fn mode(&self) -> Option<TlsMode> {
+        match self.mode.load(std::sync::atomic::Ordering::Acquire) {
+            1 => Some(TlsMode::Strict),
+            2 => Some(TlsMode::Permissive),
+            3 => Some(TlsMode::Disabled),
+            _ => None,
+        }
+    }
+
+    pub fn context(&self) -> Option<Arc<TlsContext>> {
+        self.current.load_full()
+    }
+
+    /// Validates `section` and, if the settings changed, builds and swaps a
+    /// new context. On error nothing changes.
+    pub fn apply(self: &Arc<Self>, section: Option<&serde_json::Value>) -> Result<(), String> {
+        let settings: Option<TlsSettings> = match section {
+            None => None,
+            Some(v) => Some(serde_json::from_value(v.clone()).map_err(|e| e.to_string())?),
+        };
+        if let Some(s) = &settings {
+            s.compile().map_err(|e| e.to_string())?;
+        }
+        let mut applied = self.applied.lock().unwrap_or_else(|p| p.into_inner());
+        if applied.settings == settings && (settings.is_none() || self.current.load().is_some()) {
+            return Ok(());
+        }
+        let Some(s) = settings else {
+            self.current.store(None);
+            self.mode
+                .store(MODE_NONE, std::sync::atomic::Ordering::Release);
+            *applied = Applied::default();
+            return Ok(());
+        };
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        match (&s.source, s.mode) {
+            (_, TlsMode::Disabled) => {
+                self.current.store(None);
+                *applied = Applied {
+                    settings: Some(s.clone()),
+                    ..Default::default()
+                };
+            }
+            (Some(CertSource::Files { .. }), _) => {
+                let ctx =
+                    TlsContext::from_files(&s, self.metrics.clone()).map_err(|e| e.to_string())?;
+                let watcher = runtime.as_ref().and_then(|rt| {
+                    let _guard = rt.enter();
+                    ctx.watch_files()
+                });
+                self.current.store(Some(ctx));
+                *applied = Applied {
+                    settings: Some(s.clone()),
+                    _watcher: watcher,
+                    renewal_stop: None,
+                };
+            }
+            (Some(CertSource::IdentityService { .. }), _) => {
+                let Some(rt) = runtime else {
+                    return Err("the identity_service source needs a running tokio runtime".into());
+                };
+                let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+                *self.pending.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some("waiting for the first certificate from the identity service".into());
+                let metrics = self.metrics.clone();
+                let settings = s.clone();
+                // The task holds only a Weak: dropping the MeshTls ends it.
+                let this = Arc::downgrade(self);
+                rt.spawn(async move {
+                    let r = bootstrap(&settings, metrics, stop_rx, RetryPolicy::default()).await;
+                    let Some(this) = this.upgrade() else { return };
+                    match r {
+                        Ok(ctx) => {
+                            this.current.store(Some(ctx));
+                            *this.pending.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "identity bootstrap failed");
+                            *this.pending.lock().unwrap_or_else(|p| p.into_inner()) =
+                                Some(format!("identity bootstrap failed: {e}"));
+                        }
+                    }
+                });
+                if let Some(old) = applied.renewal_stop.take() {
+                    let _ = old.send(true);
+                }
+                *applied = Applied {
+                    settings: Some(s.clone()),
+                    _watcher: None,
+                    renewal_stop: Some(stop_tx),
+                };
+            }
+            (None, mode) => return Err(format!("mode {mode:?} needs a certificate source")),
+        }
+        self.mode
+            .store(mode_code(s.mode), std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+
+    /// `Err(reason)` while TLS cannot serve as configured.
+    pub fn readiness(&self) -> Result<(), String> {
+        if let Some(p) = self
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            return Err(p.clone());
+        }
+        match self.current.load().as_ref() {
+            Some(ctx) => ctx.readiness(),
+            None => Ok(()),
+        }
+    }
+
+    /// Outbound mTLS to `destination` (a cluster name in
+    /// `identity.expected_peers`), over an already connected socket.
+    pub async fn connect(
+        &self,
+        tcp: TcpStream,
+        destination: &str,
+        alpn: Option<Vec<Vec<u8>>>,
+    ) -> Result<(BoxIo, PeerInfo), TlsError> {
+        let Some(ctx) = self.current.load_full() else {
+            return Err(TlsError::Disabled);
+        };
+        let expected: SpiffeId = ctx
+            .settings()
+            .expected_identity(destination)
+            .ok_or_else(|| {
+                TlsError::Io(std::io::Error::other(format!(
+                    "no expected identity for destination {destination:?}"
+                )))
+            })?
+            .parse()
+            .map_err(|e| TlsError::Io(std::io::Error::other(format!("{e}"))))?;
+        let (stream, peer) = ctx.connector().connect(tcp, &expected, alpn).await?;
+        Ok((Box::new(stream), peer))
+    }
+
+    /// Installs the config hook, the readiness condition and the metrics on
+    /// a started data plane.
+    pub fn attach(self: &Arc<Self>, running: &crate::server::Running) {
+        let me = self.clone();
+        running
+            .shared
+            .store
+            .set_tls_hook(Arc::new(move |section| me.apply(section)));
+        let me = self.clone();
+        running
+            .admin
+            .readiness
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Arc::new(move || me.readiness()));
+        let metrics = self.metrics.clone();
+        running
+            .shared
+            .metrics
+            .register(move |r| metrics.register_into(r));
+    }
+}
+
+impl TlsTerminator for MeshTls {
+    fn accept(
+        &self,
+        io: PrefixedIo<TcpStream>,
+        mut meta: ConnMeta,
+    ) -> Pin<Box<dyn Future<Output = TlsAccepted> + Send>> {
+        let ctx = self.current.load_full();
+        Box::pin(async move {
+            let Some(ctx) = ctx else {
+                return Err(std::io::Error::other("TLS is not configured"));
+            };
+            let (stream, peer) = ctx
+                .acceptor()
+                .accept_tls(io)
+                .await
+                .map_err(std::io::Error::other)?;
+            meta.tls = true;
+            meta.peer_identity = peer.identity.map(|i| i.to_string());
+            meta.alpn = peer.alpn;
+            Ok((Box::new(stream) as BoxIo, meta))
+        })
+    }
+
+    fn plaintext_allowed(&self, listener: &str) -> bool {
+        match self.mode() {
+            Some(TlsMode::Strict) => {
+                self.metrics.plaintext_refused.inc();
+                tracing::warn!(listener, "plaintext connection refused: Strict mTLS");
+                false
+            }
+            Some(TlsMode::Permissive) => {
+                self.metrics.plaintext_accepted.inc();
+                true
+            }
+            _ => true,
+        }
+    }
+}
