@@ -90,6 +90,9 @@ pub struct TlsContext {
     server_generation: std::sync::atomic::AtomicU64,
     clients: Mutex<ClientCache>,
     sessions: Arc<dyn StoresServerSessions>,
+    /// Key log for the handoff's `SecretCapture` (TLS 1.3 KeyUpdate after a
+    /// connection moved needs the application traffic secrets).
+    key_log: Mutex<Option<Arc<dyn rustls::KeyLog>>>,
     metrics: TlsMetrics,
 }
 
@@ -128,7 +131,7 @@ impl TlsContext {
         } else {
             Arc::new(NoServerSessionStorage {})
         };
-        let server = build_server_config(&policy, &store, &sessions)?;
+        let server = build_server_config(&policy, &store, &sessions, None)?;
         if let Ok((_, not_after)) = material.validity() {
             metrics.cert_expiry_seconds.set(unix(not_after));
         }
@@ -142,6 +145,7 @@ impl TlsContext {
             server_generation: 1.into(),
             clients: Mutex::new(ClientCache::default()),
             sessions,
+            key_log: Mutex::new(None),
             metrics,
         }))
     }
@@ -197,7 +201,12 @@ impl TlsContext {
         let certified = certify(&material, &self.offload)?;
         let roots = Arc::new(material.root_store()?);
         let generation = self.store.swap(certified, roots, material.identity());
-        let server = build_server_config(&self.policy, &self.store, &self.sessions)?;
+        let key_log = self
+            .key_log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let server = build_server_config(&self.policy, &self.store, &self.sessions, key_log)?;
         self.server.store(Arc::new(server));
         self.server_generation
             .store(generation, std::sync::atomic::Ordering::Release);
@@ -206,6 +215,15 @@ impl TlsContext {
         }
         self.metrics.material_generation.set(generation as i64);
         Ok(generation)
+    }
+
+    /// Installs a key log on the server config (the handoff's
+    /// `SecretCapture`); applies to handshakes from now on.
+    pub fn set_key_log(&self, key_log: Arc<dyn rustls::KeyLog>) -> Result<(), TlsError> {
+        *self.key_log.lock().unwrap_or_else(|p| p.into_inner()) = Some(key_log.clone());
+        let server = build_server_config(&self.policy, &self.store, &self.sessions, Some(key_log))?;
+        self.server.store(Arc::new(server));
+        Ok(())
     }
 
     pub fn settings(&self) -> &TlsSettings {
@@ -304,6 +322,7 @@ fn build_server_config(
     p: &CompiledPolicy,
     store: &Arc<CertStore>,
     sessions: &Arc<dyn StoresServerSessions>,
+    key_log: Option<Arc<dyn rustls::KeyLog>>,
 ) -> Result<ServerConfig, TlsError> {
     let roots = store.load().roots.clone();
     let builder = WebPkiClientVerifier::builder_with_provider(roots, p.provider.clone());
@@ -324,6 +343,9 @@ fn build_server_config(
     // The handoff moves established connections to the next process with
     // their record-layer secrets (ServerConnection::dangerous_extract_secrets).
     cfg.enable_secret_extraction = true;
+    if let Some(k) = key_log {
+        cfg.key_log = k;
+    }
     cfg.session_storage = sessions.clone();
     if !p.session_resumption {
         cfg.send_tls13_tickets = 0;

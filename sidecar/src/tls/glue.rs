@@ -34,6 +34,7 @@ use super::spiffe::SpiffeId;
 use super::{TlsContext, TlsError};
 use crate::conn::{BoxIo, PrefixedIo};
 use crate::filters::ConnMeta;
+use crate::handoff::tls_record::RecordAlignedIo;
 use crate::listener::{TlsAccepted, TlsTerminator};
 
 #[derive(Default)]
@@ -47,6 +48,7 @@ struct Applied {
 /// The TLS layer as the data plane sees it.
 pub struct MeshTls {
     current: ArcSwapOption<TlsContext>,
+    key_log: Mutex<Option<Arc<dyn rustls::KeyLog>>>,
     mode: std::sync::atomic::AtomicU8,
     applied: Mutex<Applied>,
     metrics: TlsMetrics,
@@ -77,6 +79,7 @@ impl MeshTls {
     pub fn new(metrics: TlsMetrics) -> Arc<Self> {
         Arc::new(MeshTls {
             current: ArcSwapOption::empty(),
+            key_log: Mutex::new(None),
             mode: MODE_NONE.into(),
             applied: Mutex::new(Applied::default()),
             metrics,
@@ -142,6 +145,7 @@ impl MeshTls {
                     let _guard = rt.enter();
                     ctx.watch_files()
                 });
+                self.install_key_log(&ctx);
                 self.current.store(Some(ctx));
                 *applied = Applied {
                     settings: Some(s.clone()),
@@ -165,6 +169,7 @@ impl MeshTls {
                     let Some(this) = this.upgrade() else { return };
                     match r {
                         Ok(ctx) => {
+                            this.install_key_log(&ctx);
                             this.current.store(Some(ctx));
                             *this.pending.lock().unwrap_or_else(|p| p.into_inner()) = None;
                         }
@@ -189,6 +194,27 @@ impl MeshTls {
         self.mode
             .store(mode_code(s.mode), std::sync::atomic::Ordering::Release);
         Ok(())
+    }
+
+    /// The handoff's key log (`SecretCapture`), installed on the current and
+    /// every future context.
+    pub fn set_key_log(&self, key_log: Arc<dyn rustls::KeyLog>) {
+        *self.key_log.lock().unwrap_or_else(|p| p.into_inner()) = Some(key_log);
+        if let Some(ctx) = self.current.load_full() {
+            self.install_key_log(&ctx);
+        }
+    }
+
+    fn install_key_log(&self, ctx: &TlsContext) {
+        if let Some(k) = self
+            .key_log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            && let Err(e) = ctx.set_key_log(k)
+        {
+            tracing::error!(error = %e, "cannot install the handoff key log");
+        }
     }
 
     /// `Err(reason)` while TLS cannot serve as configured.
@@ -255,6 +281,11 @@ impl MeshTls {
     }
 }
 
+/// The concrete type behind the `BoxIo` that [`MeshTls`] returns for an
+/// inbound TLS connection: what the handoff downcasts to before calling
+/// `into_parts()` and `dangerous_extract_secrets()`.
+pub type MeshServerStream = super::context::ServerTlsStream<RecordAlignedIo<PrefixedIo<TcpStream>>>;
+
 impl TlsTerminator for MeshTls {
     fn accept(
         &self,
@@ -266,9 +297,11 @@ impl TlsTerminator for MeshTls {
             let Some(ctx) = ctx else {
                 return Err(std::io::Error::other("TLS is not configured"));
             };
+            // Record-aligned reads let the handoff stop at a record boundary
+            // and move the connection with its secrets (see handoff::tls_record).
             let (stream, peer) = ctx
                 .acceptor()
-                .accept_tls(io)
+                .accept_tls(RecordAlignedIo::new(io))
                 .await
                 .map_err(std::io::Error::other)?;
             meta.tls = true;
