@@ -26,6 +26,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::os::fd::{OwnedFd, RawFd};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -162,9 +163,34 @@ pub enum Message {
     /// new → old: connection `id` could not be adopted; the old keeps it.
     Nack { id: u64, reason: String },
     /// old → new: nothing more will be sent; `connections` were offered.
-    Done { connections: u64 },
+    /// `counters` holds what the old process counted since `State` (its
+    /// HTTP/2 connections drained first), so totals carry over exactly.
+    Done {
+        connections: u64,
+        #[serde(default)]
+        counters: BTreeMap<String, u64>,
+    },
     /// new → old: handoff complete; the old may exit.
     Complete,
+}
+
+impl Message {
+    /// Message type name, for logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Message::Hello { .. } => "hello",
+            Message::Welcome { .. } => "welcome",
+            Message::Refuse { .. } => "refuse",
+            Message::Listeners { .. } => "listeners",
+            Message::Accepting => "accepting",
+            Message::State(_) => "state",
+            Message::Connection(_) => "connection",
+            Message::Ack { .. } => "ack",
+            Message::Nack { .. } => "nack",
+            Message::Done { .. } => "done",
+            Message::Complete => "complete",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -349,19 +375,23 @@ impl Decoder {
 /// Framed messages with descriptors over the handoff socket.
 #[derive(Debug)]
 pub struct Channel {
-    stream: FdStream,
-    decoder: Decoder,
-    fds: VecDeque<OwnedFd>,
-    read_buf: Box<[u8]>,
+    tx: Sender,
+    rx: Receiver,
 }
 
 impl Channel {
     pub fn new(stream: tokio::net::UnixStream) -> Self {
+        let stream = Arc::new(FdStream::new(stream));
         Self {
-            stream: FdStream::new(stream),
-            decoder: Decoder::default(),
-            fds: VecDeque::new(),
-            read_buf: vec![0u8; 64 * 1024].into_boxed_slice(),
+            tx: Sender {
+                stream: stream.clone(),
+            },
+            rx: Receiver {
+                stream,
+                decoder: Decoder::default(),
+                fds: VecDeque::new(),
+                read_buf: vec![0u8; 64 * 1024].into_boxed_slice(),
+            },
         }
     }
 
@@ -371,11 +401,67 @@ impl Channel {
         blob: &[u8],
         fds: &[RawFd],
     ) -> Result<(), ProtocolError> {
+        self.tx.send(msg, blob, fds).await
+    }
+
+    pub async fn recv(&mut self) -> Result<Frame, ProtocolError> {
+        self.rx.recv().await
+    }
+
+    /// Separate halves, so one task can read while another writes (each
+    /// side of a handoff reads acknowledgements while it sends).
+    pub fn split(self) -> (Sender, Receiver) {
+        (self.tx, self.rx)
+    }
+}
+
+/// Sending half of a [`Channel`]; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Sender {
+    stream: Arc<FdStream>,
+}
+
+impl Sender {
+    pub async fn send(
+        &self,
+        msg: &Message,
+        blob: &[u8],
+        fds: &[RawFd],
+    ) -> Result<(), ProtocolError> {
         let bytes = encode(msg, blob, fds.len())?;
         self.stream.send(&bytes, fds).await?;
+        tracing::trace!(
+            frame = msg.kind(),
+            bytes = bytes.len(),
+            fds = fds.len(),
+            "handoff frame sent"
+        );
         Ok(())
     }
 
+    /// Shuts the socket down both ways. After this returns the peer can no
+    /// longer send (its writes fail with EPIPE), while frames it sent before
+    /// stay readable: the old process relies on that to know exactly which
+    /// acknowledgements arrived before it gave up on a handoff.
+    pub fn shutdown(&self) {
+        use std::os::fd::AsRawFd;
+        let _ = nix::sys::socket::shutdown(
+            self.stream.get_ref().as_raw_fd(),
+            nix::sys::socket::Shutdown::Both,
+        );
+    }
+}
+
+/// Receiving half of a [`Channel`].
+#[derive(Debug)]
+pub struct Receiver {
+    stream: Arc<FdStream>,
+    decoder: Decoder,
+    fds: VecDeque<OwnedFd>,
+    read_buf: Box<[u8]>,
+}
+
+impl Receiver {
     /// Receives the next frame. [`ProtocolError::Closed`] on a clean EOF
     /// between frames, [`ProtocolError::Truncated`] in the middle of one.
     pub async fn recv(&mut self) -> Result<Frame, ProtocolError> {
@@ -390,6 +476,11 @@ impl Channel {
                     });
                 }
                 let fds = self.fds.drain(..raw.fd_count).collect();
+                tracing::trace!(
+                    frame = raw.msg.kind(),
+                    fds = raw.fd_count,
+                    "handoff frame received"
+                );
                 return Ok(Frame {
                     msg: raw.msg,
                     blob: raw.blob,
@@ -397,6 +488,7 @@ impl Channel {
                 });
             }
             let n = self.stream.recv(&mut self.read_buf, &mut self.fds).await?;
+            tracing::trace!(bytes = n, fds = self.fds.len(), "handoff socket read");
             if n == 0 {
                 return Err(if self.decoder.buffered() == 0 {
                     ProtocolError::Closed
@@ -460,7 +552,10 @@ mod tests {
                 id: 9,
                 reason: "x".into(),
             },
-            Message::Done { connections: 3 },
+            Message::Done {
+                connections: 3,
+                counters: [("x_total".to_string(), 1u64)].into(),
+            },
             Message::Complete,
         ];
         for m in msgs {

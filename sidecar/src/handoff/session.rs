@@ -1,0 +1,1048 @@
+//! The two sides of a handoff, wired to the data plane.
+//!
+//! ```text
+//!  new (adopting)                          old (serving → handing off)
+//!  ── Hello{versions} ───────────────────▶  negotiate (Refuse → keep serving)
+//!  ◀─────────────────── Welcome{version} ──  phase HandingOff
+//!  ◀──────── Listeners (+ fds, incl. admin)
+//!  ◀───── State{config, counters} ─────────
+//!  start accept loops on the same sockets
+//!  ── Accepting ─────────────────────────▶  pause own accept loops
+//!  ◀── Connection{id, kind, bytes} (+fds) ─  park each connection at a safe
+//!  ── Ack{id} ───────────────────────────▶  point; release it on Ack only
+//!  ...                                      (concurrently, many in flight)
+//!  ◀──────────────────── Done{n} ──────────
+//!  ── Complete ──────────────────────────▶  phase Draining (HTTP/2 GOAWAY
+//!  phase Serving, status file, metric       streams finish), then exit
+//! ```
+//!
+//! Failure: if the new process dies or makes no progress for
+//! `step_timeout`, the old shuts the socket down (from then on the new cannot
+//! acknowledge anything), reads the acknowledgements that did arrive, resumes
+//! every other parked connection itself, and accepts again. The new process
+//! acknowledges a connection before it touches it, so each connection is
+//! served by exactly one process.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use baton_crds::contract;
+use bytes::Bytes;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use serde::{Deserialize, Serialize};
+use tokio::net::{TcpStream, UnixListener, UnixStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use super::counters;
+use super::protocol::{
+    Channel, ConnKind as WireKind, ConnectionHeader, Frame, ListenerInfo, Message, ProtocolError,
+    Receiver, Sender, StateSnapshot, VersionRange, negotiate,
+};
+use crate::config::Snapshot;
+use crate::conn::{BoxIo, ConnKind, Parked, PrefixedIo};
+use crate::detect::Protocol;
+use crate::filters::ConnMeta;
+use crate::http_proxy::Shared;
+use crate::lifecycle::Phase;
+use crate::listener::serve_plain;
+use crate::metrics::{ConnLabels, Metrics};
+use crate::server::{Running, StartError, StartOptions};
+
+/// Listener name under which the admin socket travels (not a valid config
+/// listener name, so it never collides).
+pub const ADMIN_LISTENER: &str = "@admin";
+
+/// Where and how this process hands off.
+#[derive(Debug, Clone)]
+pub struct HandoffConfig {
+    pub socket: PathBuf,
+    pub status_file: PathBuf,
+    /// Longest wait for the peer's next step before the handoff fails.
+    pub step_timeout: Duration,
+    /// Longest wait for in-flight requests to reach a safe point.
+    pub park_timeout: Duration,
+    pub versions: VersionRange,
+    pub sidecar_version: String,
+    /// Testing knob (0 in production): pause before each adoption step.
+    pub test_step_delay: Duration,
+}
+
+impl HandoffConfig {
+    /// Paths and timeouts from the environment (see `contract::env`),
+    /// defaulting to the shared volume's paths.
+    pub fn from_env() -> Self {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let ms = |k: &str, d: u64| {
+            Duration::from_millis(var(k).and_then(|v| v.parse().ok()).unwrap_or(d))
+        };
+        let versions = var(contract::env::HANDOFF_PROTOCOL_RANGE)
+            .and_then(|v| {
+                let (a, b) = v.split_once('-')?;
+                Some(VersionRange {
+                    min: a.trim().parse().ok()?,
+                    max: b.trim().parse().ok()?,
+                })
+            })
+            .unwrap_or_else(VersionRange::this_build);
+        Self {
+            socket: var(contract::env::HANDOFF_SOCKET)
+                .unwrap_or_else(|| contract::volumes::HANDOFF_SOCKET.into())
+                .into(),
+            status_file: var(contract::env::HANDOFF_STATUS_FILE)
+                .unwrap_or_else(|| contract::volumes::HANDOFF_STATUS_FILE.into())
+                .into(),
+            step_timeout: ms(contract::env::HANDOFF_TIMEOUT_MS, 10_000),
+            park_timeout: ms(contract::env::HANDOFF_PARK_TIMEOUT_MS, 30_000),
+            versions,
+            sidecar_version: env!("CARGO_PKG_VERSION").to_string(),
+            test_step_delay: ms(contract::env::HANDOFF_TEST_STEP_DELAY_MS, 0),
+        }
+    }
+}
+
+type StaticLabels = Vec<(&'static str, &'static str)>;
+
+/// The handoff's metric families (same registry, `baton_sidecar_` prefix).
+#[derive(Debug, Clone)]
+pub struct HandoffMetrics {
+    /// 1 once this process completed adopting from a previous one.
+    pub complete: Gauge,
+    /// `role` = old/new, `result` = complete/refused/failed.
+    pub handoffs: Family<StaticLabels, Counter>,
+    /// `outcome` = moved (acknowledged by the new process), kept (resumed
+    /// here: not movable or the handoff failed), drained (HTTP/2: GOAWAY).
+    pub connections: Family<StaticLabels, Counter>,
+    pub last_duration_ms: Gauge,
+}
+
+impl HandoffMetrics {
+    pub fn register(metrics: &Metrics) -> Self {
+        let m = Self {
+            complete: Gauge::default(),
+            handoffs: Family::default(),
+            connections: Family::default(),
+            last_duration_ms: Gauge::default(),
+        };
+        metrics.register(|r| {
+            r.register(
+                "handoff_complete",
+                "1 once this process completed a handoff as the new process",
+                m.complete.clone(),
+            );
+            r.register(
+                "handoffs",
+                "Handoffs by role and result",
+                m.handoffs.clone(),
+            );
+            r.register(
+                "handoff_connections",
+                "Connections at a handoff, by outcome",
+                m.connections.clone(),
+            );
+            r.register(
+                "handoff_last_duration_milliseconds",
+                "Duration of the last handoff this process took part in",
+                m.last_duration_ms.clone(),
+            );
+        });
+        m
+    }
+
+    fn handoff(&self, role: &'static str, result: &'static str) {
+        self.handoffs
+            .get_or_create(&vec![("role", role), ("result", result)])
+            .inc();
+    }
+
+    fn conn(&self, outcome: &'static str) {
+        self.connections
+            .get_or_create(&vec![("outcome", outcome)])
+            .inc();
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HandoffError {
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
+    #[error(transparent)]
+    Start(#[from] StartError),
+    #[error("handoff I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl HandoffError {
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            HandoffError::Protocol(p) => p.metric_label(),
+            HandoffError::Start(_) => "start",
+            HandoffError::Io(_) => "io",
+        }
+    }
+}
+
+/// Serializable [`ConnMeta`] (ids are per process and not carried).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct MetaWire {
+    listener: String,
+    peer: SocketAddr,
+    local: SocketAddr,
+    #[serde(default)]
+    original_dst: Option<SocketAddr>,
+    #[serde(default)]
+    peer_identity: Option<String>,
+    #[serde(default)]
+    alpn: Option<Vec<u8>>,
+    #[serde(default)]
+    tls: bool,
+}
+
+impl MetaWire {
+    fn from_meta(m: &ConnMeta) -> Self {
+        Self {
+            listener: m.listener.to_string(),
+            peer: m.peer,
+            local: m.local,
+            original_dst: m.original_dst,
+            peer_identity: m.peer_identity.clone(),
+            alpn: m.alpn.clone(),
+            tls: m.tls,
+        }
+    }
+
+    fn into_meta(self, id: u64) -> ConnMeta {
+        ConnMeta {
+            id,
+            listener: Arc::from(self.listener),
+            peer: self.peer,
+            local: self.local,
+            original_dst: self.original_dst,
+            peer_identity: self.peer_identity,
+            alpn: self.alpn,
+            tls: self.tls,
+        }
+    }
+}
+
+/// The downstream half of a connection being resumed.
+enum Down {
+    Tcp(TcpStream),
+    /// A stream only this process can continue (the TLS layer's).
+    Boxed(BoxIo),
+}
+
+/// A connection stopped at a safe point, ready to be resumed (here or, for
+/// `Down::Tcp`, in the next process).
+struct Resumable {
+    meta: ConnMeta,
+    kind: WireKind,
+    down: Down,
+    up: Option<TcpStream>,
+    to_upstream: Bytes,
+    to_downstream: Bytes,
+}
+
+impl Resumable {
+    fn from_parked(p: Parked) -> Option<Self> {
+        let down = |d: Box<dyn std::any::Any + Send>| match d.downcast::<TcpStream>() {
+            Ok(t) => Some(Down::Tcp(*t)),
+            Err(d) => d.downcast::<BoxIo>().ok().map(|b| Down::Boxed(*b)),
+        };
+        match p {
+            Parked::Tcp {
+                meta,
+                downstream,
+                upstream,
+                to_upstream,
+                to_downstream,
+            } => Some(Self {
+                meta,
+                kind: WireKind::Tcp,
+                down: down(downstream)?,
+                up: Some(upstream),
+                to_upstream,
+                to_downstream,
+            }),
+            Parked::Http1 {
+                meta,
+                downstream,
+                unread,
+            } => Some(Self {
+                meta,
+                kind: WireKind::Http1,
+                down: down(downstream)?,
+                up: None,
+                to_upstream: unread,
+                to_downstream: Bytes::new(),
+            }),
+            Parked::Draining => None,
+        }
+    }
+
+    /// Builds a connection received from the previous process.
+    fn from_frame(
+        h: &ConnectionHeader,
+        blob: Vec<u8>,
+        fds: Vec<OwnedFd>,
+        id: u64,
+    ) -> Result<Self, String> {
+        if h.tls.is_some() {
+            return Err("TLS connection state is not resumable by this build's data plane".into());
+        }
+        let want = match h.kind {
+            WireKind::Tcp => 2,
+            WireKind::Http1 => 1,
+        };
+        if fds.len() != want {
+            return Err(format!(
+                "{:?} connection needs {want} descriptors, got {}",
+                h.kind,
+                fds.len()
+            ));
+        }
+        let meta: MetaWire =
+            serde_json::from_value(h.meta.clone()).map_err(|e| format!("bad meta: {e}"))?;
+        let mut fds = fds.into_iter();
+        let tcp = |fd: OwnedFd| -> Result<TcpStream, String> {
+            let s = std::net::TcpStream::from(fd);
+            s.set_nonblocking(true).map_err(|e| e.to_string())?;
+            TcpStream::from_std(s).map_err(|e| e.to_string())
+        };
+        let down = tcp(fds.next().expect("counted"))?;
+        let up = match fds.next() {
+            Some(fd) => Some(tcp(fd)?),
+            None => None,
+        };
+        let mut blob = Bytes::from(blob);
+        let to_downstream = blob.split_off(h.to_upstream_len as usize);
+        Ok(Self {
+            meta: meta.into_meta(id),
+            kind: h.kind,
+            down: Down::Tcp(down),
+            up,
+            to_upstream: blob,
+            to_downstream,
+        })
+    }
+}
+
+/// Serve a resumed connection in this process, registered (so it can move
+/// again at the next handoff) and counted like any other.
+fn spawn_resumed(shared: &Arc<Shared>, r: Resumable) {
+    let shared = shared.clone();
+    let meta = ConnMeta {
+        id: shared.registry.next_id(),
+        ..r.meta
+    };
+    let (guard, park) = shared.registry.register(meta.clone());
+    match (r.kind, r.up) {
+        (WireKind::Tcp, Some(up)) => {
+            guard.set_kind(ConnKind::Tcp);
+            if meta.tls {
+                guard.set_tls();
+            }
+            let labels = ConnLabels {
+                listener: meta.listener.clone(),
+                protocol: ConnKind::Tcp.as_str(),
+            };
+            let active = shared
+                .metrics
+                .connections_active
+                .get_or_create(&labels)
+                .clone();
+            active.inc();
+            tokio::spawn(async move {
+                let (rx, tx) = (&shared.bytes_rx, &shared.bytes_tx);
+                let (a, b) = (&r.to_upstream[..], &r.to_downstream[..]);
+                let end = match r.down {
+                    Down::Tcp(d) => {
+                        crate::tcp_proxy::proxy_resumed(d, up, a, b, &meta, park, rx, tx).await
+                    }
+                    Down::Boxed(d) => {
+                        crate::tcp_proxy::proxy_resumed(d, up, a, b, &meta, park, rx, tx).await
+                    }
+                };
+                if let crate::tcp_proxy::TcpEnd::Error(e) = end {
+                    tracing::debug!(conn = meta.id, error = %e, "resumed tcp connection ended with an error");
+                }
+                active.dec();
+                drop(guard);
+            });
+        }
+        (WireKind::Http1, _) => {
+            tokio::spawn(async move {
+                match r.down {
+                    Down::Tcp(d) => {
+                        serve_plain(
+                            PrefixedIo::new(r.to_upstream, d),
+                            meta,
+                            Protocol::Http1,
+                            shared,
+                            guard,
+                            park,
+                        )
+                        .await
+                    }
+                    Down::Boxed(d) => {
+                        serve_plain(
+                            PrefixedIo::new(r.to_upstream, d),
+                            meta,
+                            Protocol::Http1,
+                            shared,
+                            guard,
+                            park,
+                        )
+                        .await
+                    }
+                }
+            });
+        }
+        (WireKind::Tcp, None) => tracing::error!(
+            conn = meta.id,
+            "tcp connection without an upstream socket; closed"
+        ),
+    }
+}
+
+/// What the new process writes to the status file when it completes.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HandoffStatus {
+    /// `complete`.
+    pub result: String,
+    pub protocol_version: u32,
+    pub from_version: String,
+    pub to_version: String,
+    pub listeners: usize,
+    pub connections: u64,
+    pub duration_ms: u64,
+    /// Seconds since the Unix epoch.
+    pub completed_at: u64,
+    pub pid: u32,
+}
+
+fn write_status(path: &Path, status: &HandoffStatus) -> std::io::Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(
+        &tmp,
+        serde_json::to_vec_pretty(status).map_err(std::io::Error::other)?,
+    )?;
+    std::fs::rename(&tmp, path)
+}
+
+async fn step_delay(cfg: &HandoffConfig) {
+    if !cfg.test_step_delay.is_zero() {
+        tokio::time::sleep(cfg.test_step_delay).await;
+    }
+}
+
+async fn recv_within(rx: &mut Receiver, t: Duration) -> Result<Frame, ProtocolError> {
+    tokio::time::timeout(t, rx.recv())
+        .await
+        .map_err(|_| ProtocolError::Timeout)?
+}
+
+fn unexpected(m: &Message) -> ProtocolError {
+    ProtocolError::Unexpected(format!("{m:?}").chars().take(120).collect())
+}
+
+/// Connect to a live sidecar's handoff socket, if there is one.
+pub async fn connect(path: &Path) -> Option<UnixStream> {
+    match UnixStream::connect(path).await {
+        Ok(s) => Some(s),
+        Err(e) => {
+            if e.kind() != std::io::ErrorKind::NotFound
+                && e.kind() != std::io::ErrorKind::ConnectionRefused
+            {
+                tracing::warn!(path = %path.display(), error = %e, "handoff socket unusable; starting fresh");
+            }
+            None
+        }
+    }
+}
+
+/// Bind the handoff socket (replacing a stale one). `None` when its
+/// directory does not exist (no shared volume: handoff disabled).
+pub fn bind(path: &Path) -> Option<UnixListener> {
+    if path
+        .parent()
+        .is_some_and(|d| !d.as_os_str().is_empty() && !d.is_dir())
+    {
+        tracing::info!(path = %path.display(), "no handoff directory; handoff disabled");
+        return None;
+    }
+    let _ = std::fs::remove_file(path);
+    match UnixListener::bind(path) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot bind the handoff socket; handoff disabled");
+            None
+        }
+    }
+}
+
+/// New process: take over from the sidecar at the other end of `stream`.
+/// Returns the running data plane (phase `Serving`) once the old process
+/// has handed over everything.
+pub async fn adopt(
+    stream: UnixStream,
+    mut snapshot: Snapshot,
+    mut opts: StartOptions,
+    cfg: &HandoffConfig,
+    hm: &HandoffMetrics,
+    metrics: &Arc<Metrics>,
+) -> Result<Running, HandoffError> {
+    let started = Instant::now();
+    let (tx, mut rx) = Channel::new(stream).split();
+    tx.send(
+        &Message::Hello {
+            versions: cfg.versions,
+            sidecar_version: cfg.sidecar_version.clone(),
+        },
+        b"",
+        &[],
+    )
+    .await?;
+    let (protocol_version, from_version) = match recv_within(&mut rx, cfg.step_timeout).await?.msg {
+        Message::Welcome {
+            protocol_version,
+            sidecar_version,
+        } => (protocol_version, sidecar_version),
+        Message::Refuse { reason } => {
+            hm.handoff("new", "refused");
+            return Err(ProtocolError::Refused(reason).into());
+        }
+        m => return Err(unexpected(&m).into()),
+    };
+    tracing::info!(protocol_version, from = %from_version, "handoff: adopting");
+
+    let f = recv_within(&mut rx, cfg.step_timeout).await?;
+    let Message::Listeners { listeners } = &f.msg else {
+        return Err(unexpected(&f.msg).into());
+    };
+    if listeners.len() != f.fds.len() {
+        return Err(ProtocolError::MissingFds {
+            expected: listeners.len(),
+            got: f.fds.len(),
+        }
+        .into());
+    }
+    let n_listeners = listeners.len();
+    for (info, fd) in listeners.iter().zip(f.fds) {
+        let l = std::net::TcpListener::from(fd);
+        l.set_nonblocking(true)?;
+        if info.name == ADMIN_LISTENER {
+            opts.inherited_admin = Some(l);
+        } else {
+            opts.inherited.insert(info.name.clone(), l);
+        }
+    }
+
+    let f = recv_within(&mut rx, cfg.step_timeout).await?;
+    let Message::State(state) = f.msg else {
+        return Err(unexpected(&f.msg).into());
+    };
+    // Serve exactly what the old process served until the next config push.
+    match serde_json::from_value::<Snapshot>(state.config) {
+        Ok(s) => snapshot = s,
+        Err(e) => {
+            tracing::warn!(error = %e, "handoff: old config snapshot unreadable; serving our own")
+        }
+    }
+    let extra = [
+        ("baton_sidecar_handoffs_total", &hm.handoffs),
+        ("baton_sidecar_handoff_connections_total", &hm.connections),
+    ];
+    let skipped = counters::import(metrics, &extra, &state.counters);
+    if !skipped.is_empty() {
+        tracing::warn!(series = ?skipped, "handoff: counters this build does not know were not carried over");
+    }
+
+    opts.adopting = true;
+    step_delay(cfg).await;
+    let running = crate::server::start(snapshot, opts).await?;
+    // Accept loops run on the shared sockets now: the old may stop accepting.
+    tx.send(&Message::Accepting, b"", &[]).await?;
+
+    let shared = running.shared.clone();
+    let mut moved = 0u64;
+    let mut next = 0u64;
+    loop {
+        let f = match recv_within(&mut rx, cfg.step_timeout).await {
+            Ok(f) => f,
+            Err(e) => {
+                // The old process died or stalled. Whatever we acknowledged
+                // is ours; everything else stays with it. Keep serving.
+                tracing::error!(error = %e, moved, "handoff: old process stopped mid-handoff; serving what we adopted");
+                hm.handoff("new", "failed");
+                running.shared.lifecycle.set(Phase::Serving);
+                return Ok(running);
+            }
+        };
+        match f.msg {
+            Message::Connection(h) => {
+                next += 1;
+                match Resumable::from_frame(&h, f.blob, f.fds, next) {
+                    Ok(r) => {
+                        step_delay(cfg).await;
+                        // Acknowledge before touching the sockets: once the
+                        // ack is written the old process has let go.
+                        tx.send(&Message::Ack { id: h.id }, b"", &[]).await?;
+                        spawn_resumed(&shared, r);
+                        moved += 1;
+                    }
+                    Err(reason) => {
+                        tracing::warn!(id = h.id, %reason, "handoff: connection refused; the old process keeps it");
+                        tx.send(&Message::Nack { id: h.id, reason }, b"", &[])
+                            .await?;
+                    }
+                }
+            }
+            Message::Done {
+                connections,
+                counters: delta,
+            } => {
+                let skipped = counters::import(metrics, &extra, &delta);
+                if !skipped.is_empty() {
+                    tracing::warn!(series = ?skipped, "handoff: counters this build does not know were not carried over");
+                }
+                tracing::info!(
+                    offered = connections,
+                    moved,
+                    "handoff: all connections received"
+                );
+                break;
+            }
+            m => return Err(unexpected(&m).into()),
+        }
+    }
+    tx.send(&Message::Complete, b"", &[]).await?;
+    let elapsed = started.elapsed();
+    running.shared.lifecycle.set(Phase::Serving);
+    hm.complete.set(1);
+    hm.handoff("new", "complete");
+    hm.last_duration_ms.set(elapsed.as_millis() as i64);
+    let status = HandoffStatus {
+        result: "complete".into(),
+        protocol_version,
+        from_version,
+        to_version: cfg.sidecar_version.clone(),
+        listeners: n_listeners,
+        connections: moved,
+        duration_ms: elapsed.as_millis() as u64,
+        completed_at: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        pid: std::process::id(),
+    };
+    if let Err(e) = write_status(&cfg.status_file, &status) {
+        tracing::warn!(path = %cfg.status_file.display(), error = %e, "cannot write the handoff status file");
+    }
+    tracing::info!(
+        connections = moved,
+        ms = elapsed.as_millis() as u64,
+        "handoff complete"
+    );
+    Ok(running)
+}
+
+/// Old process: serve one handoff request. `Ok(true)`: everything was handed
+/// over and this process should drain and exit; `Ok(false)`: refused, keep
+/// serving; `Err`: failed, and this process already resumed serving.
+pub async fn hand_off(
+    stream: UnixStream,
+    running: &Running,
+    cfg: &HandoffConfig,
+    hm: &HandoffMetrics,
+) -> Result<bool, HandoffError> {
+    let started = Instant::now();
+    let (tx, mut rx) = Channel::new(stream).split();
+    let hello = recv_within(&mut rx, cfg.step_timeout).await?;
+    let Message::Hello {
+        versions,
+        sidecar_version,
+    } = hello.msg
+    else {
+        return Err(unexpected(&hello.msg).into());
+    };
+    let version = match negotiate(cfg.versions, versions) {
+        Ok(v) => v,
+        Err(reason) => {
+            tracing::warn!(peer = %sidecar_version, %reason, "handoff refused; still serving");
+            let _ = tx.send(&Message::Refuse { reason }, b"", &[]).await;
+            hm.handoff("old", "refused");
+            return Ok(false);
+        }
+    };
+    tx.send(
+        &Message::Welcome {
+            protocol_version: version,
+            sidecar_version: cfg.sidecar_version.clone(),
+        },
+        b"",
+        &[],
+    )
+    .await?;
+    let lifecycle = running.shared.lifecycle.clone();
+    lifecycle.set(Phase::HandingOff);
+    tracing::info!(peer = %sidecar_version, protocol_version = version, "handing off");
+
+    match hand_off_inner(tx, rx, running, cfg, hm).await {
+        Ok(()) => {
+            hm.handoff("old", "complete");
+            hm.last_duration_ms
+                .set(started.elapsed().as_millis() as i64);
+            Ok(true)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "handoff failed; resuming service");
+            hm.handoff("old", "failed");
+            if let Err(e) = running.resume_accepting() {
+                tracing::error!(error = %e, "cannot restart accept loops");
+            }
+            lifecycle.set(Phase::Serving);
+            Err(e)
+        }
+    }
+}
+
+/// A connection sent to the new process and not yet acknowledged.
+struct InFlight {
+    resumable: Resumable,
+}
+
+async fn hand_off_inner(
+    tx: Sender,
+    rx: Receiver,
+    running: &Running,
+    cfg: &HandoffConfig,
+    hm: &HandoffMetrics,
+) -> Result<(), HandoffError> {
+    let shared = running.shared.clone();
+
+    // Frames from the new process are read by their own task, so sending
+    // (which may block on a full socket) never stops us reading acks.
+    let (ev_tx, mut events) = mpsc::unbounded_channel::<Result<Frame, ProtocolError>>();
+    let reader = tokio::spawn(read_frames(rx, ev_tx));
+
+    // Whatever happens next, this guard resumes what was not handed over.
+    let mut pending: HashMap<u64, InFlight> = HashMap::new();
+    let result = async {
+        // 1. Listeners, the admin socket last.
+        let socks = running.listening_sockets()?;
+        let admin = running.admin_socket()?;
+        let mut infos = Vec::new();
+        let mut fds = Vec::new();
+        for (name, l) in &socks {
+            infos.push(ListenerInfo { name: name.clone(), addr: l.local_addr()?.to_string() });
+            fds.push(l.as_raw_fd());
+        }
+        infos.push(ListenerInfo { name: ADMIN_LISTENER.into(), addr: admin.local_addr()?.to_string() });
+        fds.push(admin.as_raw_fd());
+        tx.send(&Message::Listeners { listeners: infos }, b"", &fds).await?;
+        drop(socks);
+        drop(admin);
+
+        // 2. State: the new process starts serving from it.
+        let state = StateSnapshot {
+            config: serde_json::to_value(&*shared.store.snapshot()).unwrap_or_default(),
+            cert_chain_pem: None,
+            private_key_pem: None,
+            counters: counters::export(&shared.metrics),
+        };
+        let exported = state.counters.clone();
+        tx.send(&Message::State(state), b"", &[]).await?;
+
+        // 3. Stop accepting only once the new process accepts.
+        match next_event(&mut events, cfg.step_timeout).await?.msg {
+            Message::Accepting => {}
+            m => return Err(unexpected(&m).into()),
+        }
+        running.pause_accepting();
+
+        // 4. Connections: park every one concurrently; send each as it
+        // reaches its safe point; release it when acknowledged.
+        let mut parks: JoinSet<(u64, Option<Parked>)> = JoinSet::new();
+        let mut asked = std::collections::HashSet::new();
+        let mut draining = std::collections::HashSet::new();
+        let ask_all = |parks: &mut JoinSet<(u64, Option<Parked>)>, asked: &mut std::collections::HashSet<u64>| {
+            for c in shared.registry.list() {
+                if asked.insert(c.id)
+                    && let Some(rx) = shared.registry.park(c.id)
+                {
+                    parks.spawn(async move { (c.id, rx.await.ok()) });
+                }
+            }
+        };
+        ask_all(&mut parks, &mut asked);
+        let park_deadline = tokio::time::Instant::now() + cfg.park_timeout;
+        let mut sent = 0u64;
+        let mut progress = tokio::time::Instant::now();
+        let mut completed = false;
+        loop {
+            if parks.is_empty() {
+                // Connections accepted just before the pause register a
+                // moment later: look once more before declaring done.
+                tokio::task::yield_now().await;
+                ask_all(&mut parks, &mut asked);
+                if parks.is_empty() {
+                    break;
+                }
+            }
+            tokio::select! {
+                joined = parks.join_next() => {
+                    let Some(joined) = joined else { continue };
+                    progress = tokio::time::Instant::now();
+                    let Ok((id, Some(parked))) = joined else { continue }; // ended on its own
+                    match Resumable::from_parked(parked) {
+                        None => {
+                            hm.conn("drained");
+                            draining.insert(id);
+                        }
+                        Some(r) if matches!(r.down, Down::Tcp(_)) => {
+                            sent += 1;
+                            send_connection(&tx, sent, &r).await?;
+                            pending.insert(sent, InFlight { resumable: r });
+                        }
+                        Some(r) => {
+                            // Only this process can continue it (TLS stream).
+                            hm.conn("kept");
+                            spawn_resumed(&shared, r);
+                        }
+                    }
+                }
+                ev = events.recv() => {
+                    progress = tokio::time::Instant::now();
+                    handle_ack(ev, &mut pending, &shared, hm, &mut completed)?;
+                }
+                _ = tokio::time::sleep_until(park_deadline) => {
+                    tracing::warn!(waiting = parks.len(), "handoff: requests still in flight at the park deadline; they finish here");
+                    break;
+                }
+                _ = tokio::time::sleep_until(progress + cfg.step_timeout) => {
+                    return Err(ProtocolError::Timeout.into());
+                }
+            }
+        }
+        // Late parks (long requests) are resumed here once they stop.
+        if !parks.is_empty() {
+            let shared = shared.clone();
+            let hm = hm.clone();
+            tokio::spawn(async move {
+                while let Some(j) = parks.join_next().await {
+                    if let Ok((_, Some(p))) = j
+                        && let Some(r) = Resumable::from_parked(p)
+                    {
+                        hm.conn("kept");
+                        spawn_resumed(&shared, r);
+                    }
+                }
+            });
+        }
+        // HTTP/2 connections got GOAWAY and finish their streams here; wait
+        // (bounded) so what they count is in the final counters.
+        let drain_deadline = tokio::time::Instant::now() + cfg.park_timeout;
+        while tokio::time::Instant::now() < drain_deadline
+            && shared.registry.list().iter().any(|c| draining.contains(&c.id))
+        {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+                ev = events.recv() => handle_ack(ev, &mut pending, &shared, hm, &mut completed)?,
+            }
+        }
+        let now = counters::export(&shared.metrics);
+        let delta = now
+            .into_iter()
+            .filter_map(|(k, v)| {
+                let d = v.saturating_sub(exported.get(&k).copied().unwrap_or(0));
+                (d > 0).then_some((k, d))
+            })
+            .collect();
+        tx.send(&Message::Done { connections: sent, counters: delta }, b"", &[]).await?;
+        while !(completed && pending.is_empty()) {
+            let ev = tokio::time::timeout(cfg.step_timeout, events.recv()).await.map_err(|_| ProtocolError::Timeout)?;
+            handle_ack(ev, &mut pending, &shared, hm, &mut completed)?;
+        }
+        Ok::<(), HandoffError>(())
+    }
+    .await;
+
+    if result.is_err() {
+        // From here on the new process cannot acknowledge anything; what it
+        // acknowledged before is still queued and is honoured.
+        tx.shutdown();
+        while let Some(ev) = events.recv().await {
+            if let Ok(Frame {
+                msg: Message::Ack { id },
+                ..
+            }) = ev
+                && pending.remove(&id).is_some()
+            {
+                hm.conn("moved");
+            }
+        }
+        for (_, f) in pending.drain() {
+            hm.conn("kept");
+            spawn_resumed(&shared, f.resumable);
+        }
+    }
+    reader.abort();
+    result
+}
+
+async fn read_frames(mut rx: Receiver, out: mpsc::UnboundedSender<Result<Frame, ProtocolError>>) {
+    loop {
+        let r = rx.recv().await;
+        let end = r.is_err();
+        if out.send(r).is_err() || end {
+            return;
+        }
+    }
+}
+
+async fn next_event(
+    events: &mut mpsc::UnboundedReceiver<Result<Frame, ProtocolError>>,
+    t: Duration,
+) -> Result<Frame, HandoffError> {
+    match tokio::time::timeout(t, events.recv()).await {
+        Err(_) => Err(ProtocolError::Timeout.into()),
+        Ok(None) => Err(ProtocolError::Closed.into()),
+        Ok(Some(r)) => Ok(r?),
+    }
+}
+
+fn handle_ack(
+    ev: Option<Result<Frame, ProtocolError>>,
+    pending: &mut HashMap<u64, InFlight>,
+    shared: &Arc<Shared>,
+    hm: &HandoffMetrics,
+    completed: &mut bool,
+) -> Result<(), HandoffError> {
+    let frame = ev.ok_or(ProtocolError::Closed)??;
+    match frame.msg {
+        Message::Ack { id } => {
+            // Dropping our copies of the sockets: the new process owns them.
+            if pending.remove(&id).is_none() {
+                return Err(
+                    ProtocolError::Unexpected(format!("ack for unknown connection {id}")).into(),
+                );
+            }
+            hm.conn("moved");
+        }
+        Message::Nack { id, reason } => {
+            tracing::warn!(id, %reason, "new process declined a connection; serving it here");
+            if let Some(f) = pending.remove(&id) {
+                hm.conn("kept");
+                spawn_resumed(shared, f.resumable);
+            }
+        }
+        Message::Complete => *completed = true,
+        m => return Err(unexpected(&m).into()),
+    }
+    Ok(())
+}
+
+async fn send_connection(tx: &Sender, id: u64, r: &Resumable) -> Result<(), ProtocolError> {
+    let Down::Tcp(down) = &r.down else {
+        unreachable!("only plain sockets are sent")
+    };
+    let mut fds = vec![down.as_raw_fd()];
+    if let Some(up) = &r.up {
+        fds.push(up.as_raw_fd());
+    }
+    let mut blob = Vec::with_capacity(r.to_upstream.len() + r.to_downstream.len());
+    blob.extend_from_slice(&r.to_upstream);
+    blob.extend_from_slice(&r.to_downstream);
+    let header = ConnectionHeader {
+        id,
+        kind: r.kind,
+        to_upstream_len: r.to_upstream.len() as u32,
+        to_downstream_len: r.to_downstream.len() as u32,
+        tls: None,
+        meta: serde_json::to_value(MetaWire::from_meta(&r.meta)).unwrap_or_default(),
+    };
+    tx.send(&Message::Connection(header), &blob, &fds).await
+}
+
+/// Errors that end [`run`].
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Start(#[from] StartError),
+    #[error("handoff from the running sidecar failed: {0}")]
+    Adopt(#[from] HandoffError),
+}
+
+/// The sidecar's main loop with handoff: adopt from a live sidecar on the
+/// handoff socket if one answers, else start fresh; then serve, answering
+/// handoff requests, until a signal, `/shutdown`, or a completed handoff.
+pub async fn run(
+    snapshot: Snapshot,
+    mut opts: StartOptions,
+    cfg: HandoffConfig,
+) -> Result<(), RunError> {
+    let metrics = opts
+        .metrics
+        .get_or_insert_with(|| Arc::new(Metrics::new()))
+        .clone();
+    let hm = HandoffMetrics::register(&metrics);
+    let grace = Duration::from_millis(snapshot.runtime.drain_timeout_ms);
+    let (running, listener) = match connect(&cfg.socket).await {
+        Some(stream) => {
+            let running = adopt(stream, snapshot, opts, &cfg, &hm, &metrics).await?;
+            // The path is ours now: the next sidecar asks us.
+            (running, bind(&cfg.socket))
+        }
+        None => {
+            // Bind first, so a successor started right behind us waits for
+            // us instead of finding no one and colliding on the ports.
+            let listener = bind(&cfg.socket);
+            (crate::server::start(snapshot, opts).await?, listener)
+        }
+    };
+    let lifecycle = running.shared.lifecycle.clone();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let mut handed_off = false;
+    loop {
+        let accept = async {
+            match &listener {
+                Some(l) => l.accept().await.map(|(s, _)| s),
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            r = accept => match r {
+                Ok(stream) => match hand_off(stream, &running, &cfg, &hm).await {
+                    Ok(true) => { handed_off = true; break; }
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(error = %e, label = e.metric_label(), "handoff failed; still serving"),
+                },
+                Err(e) => {
+                    tracing::warn!(error = %e, "handoff socket accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {
+                tracing::info!("SIGTERM: draining");
+                break;
+            }
+            _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: draining"); break; }
+            _ = lifecycle.reached(Phase::Draining) => break,
+        }
+    }
+    drop(listener);
+    if !handed_off {
+        // The path is ours (a successor would have replaced it).
+        let _ = std::fs::remove_file(&cfg.socket);
+    }
+    running.drain(grace).await;
+    Ok(())
+}

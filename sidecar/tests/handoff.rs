@@ -1,0 +1,305 @@
+//! Multi-process handoff tests: two (or more, in turn) real `baton-sidecar`
+//! processes hand listeners and live connections to each other on loopback
+//! while a load client checks every response and every byte.
+//!
+//! Knobs (environment, for longer soak runs): `BATON_HANDOFF_ROUNDS`
+//! (consecutive handoffs, default 50) and `BATON_HANDOFF_CHAOS_RUNS` (default
+//! 20).
+
+mod handoff_support;
+
+use std::time::{Duration, Instant};
+
+use handoff_support::{Load, LoadShape, Sidecar, World, admin_get, metric_sum};
+
+fn knob(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+async fn wait_exit(s: &mut Sidecar, within: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if let Ok(Some(st)) = s.child.try_wait() {
+            return Some(st);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    None
+}
+
+async fn metrics(world: &World) -> String {
+    for _ in 0..50 {
+        if let Ok((200, body)) = admin_get(world.admin, "/metrics").await {
+            return body;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no /metrics answer");
+}
+
+/// Waits until the admin port reports `phase` as the current one.
+async fn wait_phase(world: &World, phase: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    let want = format!("baton_sidecar_lifecycle_phase{{phase=\"{phase}\"}} 1");
+    while Instant::now() < deadline {
+        if let Ok((200, body)) = admin_get(world.admin, "/metrics").await
+            && body.contains(&want)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("phase {phase} not reached within {within:?}");
+}
+
+fn assert_clean(stats: &handoff_support::Stats, logs: &[String]) {
+    let failures = stats.failures.lock().unwrap().clone();
+    assert!(
+        failures.is_empty(),
+        "{} failures: {failures:#?}\nlogs:\n{}",
+        failures.len(),
+        logs.join("\n---\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consecutive_handoffs_lose_no_request_no_byte_and_no_counter() {
+    let rounds = knob("BATON_HANDOFF_ROUNDS", 50);
+    let world = World::new().await;
+    // Alternate builds: even generations speak protocol 1 only, odd ones
+    // 1..=2 (a "next version"), so upgrade and rollback both negotiate.
+    let env_for = |g: usize| -> Vec<(&'static str, &'static str)> {
+        if g % 2 == 1 {
+            vec![("BATON_HANDOFF_PROTOCOL_RANGE", "1-2")]
+        } else {
+            vec![]
+        }
+    };
+    let mut current = world.spawn(&env_for(0));
+    world.wait_ready(Duration::from_secs(20)).await;
+    let load = Load::start(
+        &world,
+        LoadShape {
+            keepalive: 3,
+            new_conns: 1,
+            h2: 1,
+            echo: 3,
+            pace: Duration::from_millis(4),
+        },
+    )
+    .await;
+    let mut last_requests = 0u64;
+    let mut durations = Vec::new();
+    let mut moved_total = 0u64;
+    for round in 1..=rounds {
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        let mut next = world.spawn(&env_for(round));
+        let status = world
+            .wait_complete(next.pid(), Duration::from_secs(20))
+            .await;
+        durations.push(status["durationMs"].as_u64().unwrap());
+        moved_total += status["connections"].as_u64().unwrap();
+        // The old process exits by itself once it holds nothing.
+        let exit = wait_exit(&mut current, Duration::from_secs(20)).await;
+        assert!(
+            exit.is_some_and(|s| s.success()),
+            "round {round}: old process did not exit cleanly: {exit:?}\n{}",
+            current.log_tail()
+        );
+        assert!(
+            next.alive(),
+            "round {round}: new process died\n{}",
+            next.log_tail()
+        );
+        let m = metrics(&world).await;
+        let requests = metric_sum(&m, "baton_sidecar_requests_total{");
+        assert!(
+            requests >= last_requests,
+            "round {round}: requests_total went backwards: {last_requests} -> {requests}"
+        );
+        last_requests = requests;
+        assert!(
+            m.contains("baton_sidecar_handoff_complete 1"),
+            "round {round}: no completion metric"
+        );
+        assert!(m.contains("baton_sidecar_lifecycle_phase{phase=\"serving\"} 1"));
+        current = next;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let stats = load.finish().await;
+    assert_clean(&stats, &[current.log_tail()]);
+    let dups = world.upstream.duplicates();
+    assert!(dups.is_empty(), "requests served twice: {dups:?}");
+    let ok = stats.ok.load(std::sync::atomic::Ordering::Relaxed);
+    let echoed = stats.echo_bytes.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        ok > rounds as u64 * 10,
+        "too little traffic to mean anything: {ok} requests"
+    );
+    assert!(
+        echoed > 0 && moved_total >= rounds as u64 * 3,
+        "echo {echoed} B, moved {moved_total}"
+    );
+    // The last process counted at least every request this test completed.
+    let m = metrics(&world).await;
+    assert!(metric_sum(&m, "baton_sidecar_requests_total{") >= ok);
+    durations.sort_unstable();
+    eprintln!(
+        "{rounds} handoffs: {ok} requests ({} h2 retries after GOAWAY), {echoed} echoed bytes, {moved_total} connections moved; handoff ms p50 {} max {}",
+        stats.h2_retries.load(std::sync::atomic::Ordering::Relaxed),
+        durations[durations.len() / 2],
+        durations[durations.len() - 1]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_incompatible_protocol_version_is_refused_and_the_old_keeps_serving() {
+    let world = World::new().await;
+    let mut old = world.spawn(&[]);
+    world.wait_ready(Duration::from_secs(20)).await;
+    let load = Load::start(
+        &world,
+        LoadShape {
+            keepalive: 2,
+            new_conns: 1,
+            h2: 1,
+            echo: 2,
+            pace: Duration::from_millis(4),
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut new = world.spawn(&[("BATON_HANDOFF_PROTOCOL_RANGE", "5-6")]);
+    let exit = wait_exit(&mut new, Duration::from_secs(20)).await;
+    assert!(
+        exit.is_some_and(|s| !s.success()),
+        "the refused process must exit with an error: {exit:?}"
+    );
+    assert!(
+        new.log_tail().contains("incompatible"),
+        "{}",
+        new.log_tail()
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(old.alive());
+    let m = metrics(&world).await;
+    assert!(
+        m.contains("baton_sidecar_handoffs_total{role=\"old\",result=\"refused\"} 1"),
+        "{m}"
+    );
+    assert!(m.contains("baton_sidecar_lifecycle_phase{phase=\"serving\"} 1"));
+    assert!(
+        world.status().is_none(),
+        "no handoff may be reported complete"
+    );
+    let stats = load.finish().await;
+    assert_clean(&stats, &[old.log_tail()]);
+}
+
+/// Runs `runs` handoffs that are each cut short by `cut` (SIGKILL or
+/// SIGSTOP of the new process at a random point), and checks after each one
+/// that the old process serves again and that exactly the connections the
+/// new process had acknowledged were lost — every other connection, parked
+/// and resumed or never touched, carries on byte-exactly.
+async fn interrupted_handoffs(
+    runs: usize,
+    stop_instead_of_kill: bool,
+    cut_window_ms: std::ops::Range<u64>,
+) {
+    let world = World::new().await;
+    let mut old = world.spawn(&[("BATON_HANDOFF_TIMEOUT_MS", "800")]);
+    world.wait_ready(Duration::from_secs(20)).await;
+    for run in 0..runs {
+        // Long-lived connections only: each is either moved (and dies with
+        // the new process) or kept (and must not notice anything).
+        let load = Load::start(
+            &world,
+            LoadShape {
+                keepalive: 3,
+                new_conns: 0,
+                h2: 0,
+                echo: 5,
+                pace: Duration::from_millis(3),
+            },
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        let before = metrics(&world).await;
+        let moved_before = metric_sum(
+            &before,
+            "baton_sidecar_handoff_connections_total{outcome=\"moved\"}",
+        );
+        // 25 ms per adoption step: the handoff of 8 connections takes
+        // > 200 ms, so a cut in 0..200 ms always lands inside it.
+        let mut new = world.spawn(&[("BATON_HANDOFF_TEST_STEP_DELAY_MS", "25")]);
+        let at = rand::random_range(cut_window_ms.clone());
+        tokio::time::sleep(Duration::from_millis(at)).await;
+        if stop_instead_of_kill {
+            new.signal(nix::sys::signal::Signal::SIGSTOP);
+            // The old gives up after its step timeout and resumes.
+            tokio::time::sleep(Duration::from_millis(1200)).await;
+        }
+        new.kill();
+        assert!(
+            world.status().is_none_or(|s| s["pid"] != new.pid()),
+            "run {run}: the new process completed before the cut at {at} ms"
+        );
+        wait_phase(&world, "serving", Duration::from_secs(10)).await;
+        assert!(
+            old.alive(),
+            "run {run}: old process died\n{}",
+            old.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let after = metrics(&world).await;
+        let moved = metric_sum(
+            &after,
+            "baton_sidecar_handoff_connections_total{outcome=\"moved\"}",
+        ) - moved_before;
+        let stats = load.finish().await;
+        let failures = stats.failures.lock().unwrap().clone();
+        assert_eq!(
+            failures.len() as u64,
+            moved,
+            "run {run} (cut at {at} ms): only the {moved} acknowledged connections may break, got {failures:#?}\n{}",
+            old.log_tail()
+        );
+        // New connections are accepted again by the old process.
+        let fresh = Load::start(
+            &world,
+            LoadShape {
+                keepalive: 1,
+                new_conns: 1,
+                h2: 1,
+                echo: 1,
+                pace: Duration::from_millis(3),
+            },
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        let stats = fresh.finish().await;
+        assert_clean(&stats, &[old.log_tail()]);
+    }
+    let m = metrics(&world).await;
+    // (A cut before the new process even connected is no handoff at all.)
+    assert!(
+        metric_sum(
+            &m,
+            "baton_sidecar_handoffs_total{role=\"old\",result=\"failed\"}"
+        ) >= 1
+    );
+    assert!(old.alive());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_new_process_mid_handoff_loses_no_untransferred_connection() {
+    interrupted_handoffs(knob("BATON_HANDOFF_CHAOS_RUNS", 20), false, 0..200).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_new_process_times_out_and_the_old_resumes_everything_unacknowledged() {
+    interrupted_handoffs(2, true, 80..200).await;
+}

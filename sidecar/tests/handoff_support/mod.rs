@@ -1,0 +1,702 @@
+//! Harness for the multi-process handoff tests: real `baton-sidecar`
+//! processes on loopback, a local upstream (HTTP/1.1 + HTTP/2 and a TCP echo
+//! server), and a load client that checks every response and every byte.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_baton-sidecar");
+
+/// A `baton-sidecar` child process, SIGKILLed (by its own PID) on drop.
+pub struct Sidecar {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Sidecar {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig);
+    }
+
+    /// Waits (bounded) for the process to exit; its status if it did.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    pub fn log_tail(&self) -> String {
+        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// One test's world: a temp dir with the config, socket and status file;
+/// the ports; the upstreams.
+pub struct World {
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    pub socket: PathBuf,
+    pub status: PathBuf,
+    pub admin: SocketAddr,
+    pub http: SocketAddr,
+    pub tcp: SocketAddr,
+    pub upstream: Upstream,
+    generation: AtomicU64,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl World {
+    pub async fn new() -> Self {
+        let upstream = Upstream::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let tcp: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let config = dir.path().join("sidecar.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 1
+admin: {{ address: {admin} }}
+runtime: {{ worker_threads: 1, drain_timeout_ms: 5000 }}
+listeners:
+  - name: http
+    address: {http}
+    capture: explicit
+  - name: tcp
+    address: {tcp}
+    protocol: tcp
+    tcp_cluster: echo
+routes:
+  - name: all
+    match: {{ path: {{ prefix: / }} }}
+    backends: [{{ cluster: up }}]
+clusters:
+  - {{ name: up, endpoints: [{}] }}
+  - {{ name: echo, endpoints: [{}] }}
+",
+                upstream.http, upstream.echo
+            ),
+        )
+        .unwrap();
+        let socket = dir.path().join("handoff.sock");
+        let status = dir.path().join("handoff-status.json");
+        Self {
+            dir,
+            config,
+            socket,
+            status,
+            admin,
+            http,
+            tcp,
+            upstream,
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    /// Starts a sidecar process; `env` adds or overrides variables.
+    pub fn spawn(&self, env: &[(&str, &str)]) -> Sidecar {
+        let g = self.generation.fetch_add(1, Ordering::Relaxed);
+        let log = self.dir.path().join(format!("sidecar-{g}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let mut cmd = Command::new(BIN);
+        cmd.args(["run", "--config"])
+            .arg(&self.config)
+            .env("BATON_HANDOFF_SOCKET", &self.socket)
+            .env("BATON_HANDOFF_STATUS_FILE", &self.status)
+            .env("BATON_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        Sidecar {
+            child: cmd.spawn().expect("spawn baton-sidecar"),
+            log,
+        }
+    }
+
+    /// Waits until `/ready` answers 200.
+    pub async fn wait_ready(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok((200, _)) = admin_get(self.admin, "/ready").await {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("sidecar not ready within {within:?}");
+    }
+
+    /// The last lines of every sidecar log of this world (for failures).
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        let mut entries: Vec<_> = std::fs::read_dir(self.dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        entries.sort();
+        for p in entries
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        {
+            let s = std::fs::read_to_string(p).unwrap_or_default();
+            let lines: Vec<&str> = s.lines().collect();
+            out.push_str(&format!(
+                "== {}\n{}\n",
+                p.display(),
+                lines[lines.len().saturating_sub(25)..].join("\n")
+            ));
+        }
+        out
+    }
+
+    /// The status file, if it exists and parses.
+    pub fn status(&self) -> Option<serde_json::Value> {
+        serde_json::from_slice(&std::fs::read(&self.status).ok()?).ok()
+    }
+
+    /// Waits until process `pid` reports a completed handoff.
+    pub async fn wait_complete(&self, pid: u32, within: Duration) -> serde_json::Value {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(s) = self.status()
+                && s["pid"] == pid
+                && s["result"] == "complete"
+            {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!(
+            "no completed handoff by pid {pid} within {within:?}; status: {:?}\n{}",
+            self.status(),
+            self.logs()
+        );
+    }
+}
+
+/// Minimal HTTP/1.0 GET against the admin port: (status, body).
+pub async fn admin_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr)).await??;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await?;
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await??;
+    let text = String::from_utf8_lossy(&out).to_string();
+    let code = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+/// Sum of a metric's samples whose series starts with `prefix` (name plus
+/// optional label filter, e.g. `baton_sidecar_requests_total{`).
+pub fn metric_sum(text: &str, prefix: &str) -> u64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .map(|v| v as u64)
+        .sum()
+}
+
+/// The local upstream: HTTP (1.1 and 2) answering with its path, recording
+/// how often each request id was served; and a TCP echo server.
+pub struct Upstream {
+    pub http: SocketAddr,
+    pub echo: SocketAddr,
+    /// request path → times served (a duplicate shows up as 2).
+    pub served: Arc<Mutex<HashMap<String, u32>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl Upstream {
+    async fn start() -> Self {
+        let hl = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let el = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (http, echo) = (hl.local_addr().unwrap(), el.local_addr().unwrap());
+        let served: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+        let s = served.clone();
+        let http_task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = hl.accept().await else {
+                    return;
+                };
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                        let s = s.clone();
+                        async move {
+                            let path = req.uri().path().to_string();
+                            *s.lock().unwrap().entry(path.clone()).or_default() += 1;
+                            Ok::<_, std::convert::Infallible>(Response::new(Full::new(
+                                Bytes::from(path),
+                            )))
+                        }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        let echo_task = tokio::spawn(async move {
+            loop {
+                let Ok((mut stream, _)) = el.accept().await else {
+                    return;
+                };
+                tokio::spawn(async move {
+                    let (mut r, mut w) = stream.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                    let _ = w.shutdown().await;
+                });
+            }
+        });
+        Self {
+            http,
+            echo,
+            served,
+            tasks: vec![http_task, echo_task],
+        }
+    }
+
+    /// Paths served more than once (a duplicated request).
+    pub fn duplicates(&self) -> Vec<String> {
+        self.served
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .map(|(p, _)| p.clone())
+            .collect()
+    }
+}
+
+/// Shared results of the load client.
+#[derive(Default)]
+pub struct Stats {
+    pub ok: AtomicU64,
+    pub failures: Mutex<Vec<String>>,
+    pub echo_bytes: AtomicU64,
+    /// HTTP/2 requests retried after a GOAWAY said they were not processed.
+    pub h2_retries: AtomicU64,
+}
+
+impl Stats {
+    pub fn fail(&self, what: String) {
+        let mut f = self.failures.lock().unwrap();
+        if f.len() < 50 {
+            f.push(what);
+        }
+    }
+    pub fn failure_count(&self) -> usize {
+        self.failures.lock().unwrap().len()
+    }
+}
+
+/// Deterministic byte stream for echo checks (xorshift64*).
+pub struct Pattern(u64);
+
+impl Pattern {
+    pub fn new(seed: u64) -> Self {
+        Self(seed | 1)
+    }
+    pub fn fill(&mut self, buf: &mut [u8]) {
+        for b in buf {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            *b = (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 56) as u8;
+        }
+    }
+}
+
+/// What kinds of traffic to run.
+#[derive(Clone, Copy)]
+pub struct LoadShape {
+    pub keepalive: usize,
+    pub new_conns: usize,
+    pub h2: usize,
+    pub echo: usize,
+    /// Pause between operations of one client (bounds the load).
+    pub pace: Duration,
+}
+
+/// A running load client; [`Load::finish`] stops it and checks the tails.
+pub struct Load {
+    pub stats: Arc<Stats>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    pub async fn start(world: &World, shape: LoadShape) -> Self {
+        let stats = Arc::new(Stats::default());
+        let (stop, stop_rx) = watch::channel(false);
+        let mut tasks = Vec::new();
+        for c in 0..shape.keepalive {
+            tasks.push(tokio::spawn(keepalive_client(
+                world.http,
+                c,
+                shape.pace,
+                stats.clone(),
+                stop_rx.clone(),
+            )));
+        }
+        for c in 0..shape.new_conns {
+            tasks.push(tokio::spawn(new_conn_client(
+                world.http,
+                c,
+                shape.pace,
+                stats.clone(),
+                stop_rx.clone(),
+            )));
+        }
+        for c in 0..shape.h2 {
+            tasks.push(tokio::spawn(h2_client(
+                world.http,
+                c,
+                shape.pace,
+                stats.clone(),
+                stop_rx.clone(),
+            )));
+        }
+        for c in 0..shape.echo {
+            tasks.push(tokio::spawn(echo_client(
+                world.tcp,
+                c as u64,
+                shape.pace,
+                stats.clone(),
+                stop_rx.clone(),
+            )));
+        }
+        Self { stats, stop, tasks }
+    }
+
+    /// Stops every client (each finishes its current exchange and, for echo
+    /// streams, half-closes and checks the complete tail).
+    pub async fn finish(self) -> Arc<Stats> {
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            if tokio::time::timeout(Duration::from_secs(20), t)
+                .await
+                .is_err()
+            {
+                self.stats
+                    .fail("a load client did not finish within 20 s".into());
+            }
+        }
+        self.stats
+    }
+}
+
+async fn keepalive_client(
+    addr: SocketAddr,
+    c: usize,
+    pace: Duration,
+    stats: Arc<Stats>,
+    stop: watch::Receiver<bool>,
+) {
+    let Ok(stream) = TcpStream::connect(addr).await else {
+        stats.fail(format!("keepalive {c}: connect refused"));
+        return;
+    };
+    let Ok((mut sender, conn)) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
+    else {
+        stats.fail(format!("keepalive {c}: handshake"));
+        return;
+    };
+    tokio::spawn(conn);
+    let mut seq = 0u64;
+    while !*stop.borrow() {
+        seq += 1;
+        let path = format!("/ka/{c}/{seq}");
+        let r = async {
+            sender.ready().await?;
+            let req = Request::get(&path)
+                .header("host", "upstream")
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            let resp = sender.send_request(req).await?;
+            let status = resp.status();
+            let body = resp.into_body().collect().await?.to_bytes();
+            Ok::<_, hyper::Error>((status, body))
+        }
+        .await;
+        match r {
+            Ok((s, body)) if s == 200 && body == path.as_bytes() => {
+                stats.ok.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok((s, body)) => {
+                stats.fail(format!(
+                    "keepalive {path}: {s} {:?}",
+                    String::from_utf8_lossy(&body)
+                ));
+                return;
+            }
+            Err(e) => {
+                stats.fail(format!("keepalive {path}: {e}"));
+                return;
+            }
+        }
+        tokio::time::sleep(pace).await;
+    }
+}
+
+async fn new_conn_client(
+    addr: SocketAddr,
+    c: usize,
+    pace: Duration,
+    stats: Arc<Stats>,
+    stop: watch::Receiver<bool>,
+) {
+    let mut seq = 0u64;
+    while !*stop.borrow() {
+        seq += 1;
+        let path = format!("/nc/{c}/{seq}");
+        let r = async {
+            let stream = TcpStream::connect(addr)
+                .await
+                .map_err(|e| format!("connect: {e}"))?;
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(|e| e.to_string())?;
+            tokio::spawn(conn);
+            let req = Request::get(&path)
+                .header("host", "upstream")
+                .header("connection", "close")
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+            let status = resp.status();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?
+                .to_bytes();
+            Ok::<_, String>((status, body))
+        }
+        .await;
+        match r {
+            Ok((s, body)) if s == 200 && body == path.as_bytes() => {
+                stats.ok.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok((s, body)) => stats.fail(format!(
+                "new-conn {path}: {s} {:?}",
+                String::from_utf8_lossy(&body)
+            )),
+            Err(e) => stats.fail(format!("new-conn {path}: {e}")),
+        }
+        tokio::time::sleep(pace).await;
+    }
+}
+
+async fn h2_client(
+    addr: SocketAddr,
+    c: usize,
+    pace: Duration,
+    stats: Arc<Stats>,
+    stop: watch::Receiver<bool>,
+) {
+    // A pooling client: after GOAWAY it opens a new connection (to whichever
+    // process accepts it), as compliant HTTP/2 clients do.
+    let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let mut seq = 0u64;
+    while !*stop.borrow() {
+        seq += 1;
+        let path = format!("/h2/{c}/{seq}");
+        let uri: http::Uri = format!("http://{addr}{path}").parse().unwrap();
+        let mut attempts = 0;
+        let r = loop {
+            attempts += 1;
+            let r = async {
+                let req = Request::get(uri.clone())
+                    .body(Full::new(Bytes::new()))
+                    .unwrap();
+                let resp = client.request(req).await.map_err(|e| format!("{e:?}"))?;
+                let status = resp.status();
+                let body = resp
+                    .into_body()
+                    .collect()
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .to_bytes();
+                Ok::<_, String>((status, body))
+            }
+            .await;
+            // RFC 9113 §6.8: a stream above the GOAWAY's last-stream-id was
+            // not processed, so a client retries it on a new connection
+            // (the upstream's duplicate check proves it was not processed).
+            match &r {
+                Err(e)
+                    if attempts < 3 && (e.contains("GoAway(") || e.contains("REFUSED_STREAM")) =>
+                {
+                    stats.h2_retries.fetch_add(1, Ordering::Relaxed);
+                }
+                _ => break r,
+            }
+        };
+        match r {
+            Ok((s, body)) if s == 200 && body == path.as_bytes() => {
+                stats.ok.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok((s, body)) => stats.fail(format!(
+                "h2 {path}: {s} {:?}",
+                String::from_utf8_lossy(&body)
+            )),
+            Err(e) => stats.fail(format!("h2 {path}: {e}")),
+        }
+        tokio::time::sleep(pace).await;
+    }
+}
+
+/// One long-lived TCP stream through the sidecar to the echo server: writes
+/// a deterministic stream in random-sized chunks while reading the echo back
+/// and comparing every byte; at the end half-closes and expects exactly the
+/// bytes sent, then EOF.
+async fn echo_client(
+    addr: SocketAddr,
+    c: u64,
+    pace: Duration,
+    stats: Arc<Stats>,
+    stop: watch::Receiver<bool>,
+) {
+    let Ok(stream) = TcpStream::connect(addr).await else {
+        stats.fail(format!("echo {c}: connect refused"));
+        return;
+    };
+    match echo_session(stream, c, pace, &stats, stop).await {
+        Ok(n) => {
+            stats.echo_bytes.fetch_add(n, Ordering::Relaxed);
+        }
+        Err(e) => stats.fail(format!("echo {c}: {e}")),
+    }
+}
+
+pub async fn echo_session(
+    stream: TcpStream,
+    seed: u64,
+    pace: Duration,
+    stats: &Stats,
+    mut stop: watch::Receiver<bool>,
+) -> Result<u64, String> {
+    let (mut r, mut w) = stream.into_split();
+    let writer = async {
+        let mut p = Pattern::new(seed);
+        let mut sent = 0u64;
+        let mut round = 0u64;
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            round += 1;
+            let len = 1 + ((round * 7919 + seed * 104_729) % 8192) as usize;
+            let mut buf = vec![0u8; len];
+            p.fill(&mut buf);
+            w.write_all(&buf)
+                .await
+                .map_err(|e| format!("write after {sent} bytes: {e}"))?;
+            sent += len as u64;
+            tokio::select! {
+                _ = tokio::time::sleep(pace) => {}
+                _ = stop.changed() => {}
+            }
+        }
+        w.shutdown().await.map_err(|e| format!("shutdown: {e}"))?;
+        Ok::<u64, String>(sent)
+    };
+    let reader = async {
+        let mut p = Pattern::new(seed);
+        let mut got = 0u64;
+        let mut buf = vec![0u8; 16 * 1024];
+        let mut want = vec![0u8; 16 * 1024];
+        loop {
+            let n = r
+                .read(&mut buf)
+                .await
+                .map_err(|e| format!("read after {got} bytes: {e}"))?;
+            if n == 0 {
+                return Ok::<u64, String>(got);
+            }
+            p.fill(&mut want[..n]);
+            if buf[..n] != want[..n] {
+                return Err(format!("byte mismatch at offset {got}"));
+            }
+            got += n as u64;
+        }
+    };
+    let (sent, got) = tokio::join!(writer, reader);
+    let (sent, got) = (sent?, got?);
+    if sent != got {
+        return Err(format!("sent {sent} bytes, echoed {got}"));
+    }
+    let _ = stats;
+    Ok(sent)
+}
+
+pub fn path_exists(p: &Path) -> bool {
+    p.exists()
+}
