@@ -79,8 +79,8 @@ impl Snapshot {
 /// Where admission gets cluster state from: the reflectors in production,
 /// a fixed [`Snapshot`] in tests.
 pub trait ClusterState: Send + Sync + 'static {
-    /// State relevant to an object in `namespace`; `None` labels when the
-    /// namespace is not (yet) known.
+    /// State relevant to an object in `namespace`, and whether the
+    /// namespace itself is known (a fresh namespace may not be cached yet).
     fn snapshot(&self, namespace: &str) -> (Snapshot, bool);
     /// Every cache has listed at least once and the version is known.
     fn is_synced(&self) -> bool;

@@ -349,3 +349,161 @@ fn truncate(s: &str, max: usize) -> String {
     }
     format!("{}…", &s[..end])
 }
+
+#[cfg(test)]
+mod tests {
+    //! The handler's I/O edges against a tower-test mock API server: the
+    //! live namespace re-check and the refusal Event.
+
+    use std::sync::Arc;
+
+    use baton_crds::contract::labels;
+    use http::{Request, Response};
+    use kube::client::Body;
+    use serde_json::json;
+
+    use super::*;
+    use crate::{cache::Snapshot, inject::ServerVersion};
+
+    /// A cache that does not know the namespace yet.
+    struct Lagging(Snapshot);
+
+    impl ClusterState for Lagging {
+        fn snapshot(&self, namespace: &str) -> (Snapshot, bool) {
+            let mut s = self.0.clone();
+            s.namespace = namespace.to_owned();
+            (s, false)
+        }
+        fn is_synced(&self) -> bool {
+            true
+        }
+    }
+
+    fn release(selector: serde_json::Value) -> Arc<baton_crds::SidecarRelease> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "baton.dev/v1alpha1", "kind": "SidecarRelease", "metadata": {"name": "r"},
+                "spec": {"version": "1", "image": "s", "emptyImage": "e", "podSelector": selector},
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn review(pod: serde_json::Value) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                        "resource": {"group": "", "version": "v1", "resource": "pods"},
+                        "namespace": "fresh", "operation": "CREATE", "userInfo": {}, "object": pod}
+        }))
+        .unwrap()
+    }
+
+    fn admission(
+        state: Arc<dyn ClusterState>,
+    ) -> (
+        Admission,
+        tower_test::mock::Handle<Request<Body>, Response<Body>>,
+    ) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "default");
+        let a = Admission::new(
+            state,
+            InjectConfig::default(),
+            Arc::new(Metrics::unregistered()),
+            Some(client),
+        );
+        (a, handle)
+    }
+
+    fn json_response(code: u16, body: &serde_json::Value) -> Response<Body> {
+        Response::builder()
+            .status(code)
+            .body(Body::from(serde_json::to_vec(body).unwrap()))
+            .unwrap()
+    }
+
+    async fn post(a: &Admission, body: Vec<u8>) -> serde_json::Value {
+        let resp = a
+            .handle(SimpleRequest {
+                method: Method::POST,
+                path: names::MUTATE_PODS_PATH.to_owned(),
+                body: body.into(),
+            })
+            .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        let bytes = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_namespace_missing_from_the_cache_is_read_live_before_deciding() {
+        let snapshot = Snapshot {
+            releases: vec![release(json!({}))],
+            server_version: Some(ServerVersion::new(1, 20)),
+            ..Snapshot::default()
+        };
+        let (a, mut handle) = admission(Arc::new(Lagging(snapshot)));
+        let server = tokio::spawn(async move {
+            let (request, send) = handle.next_request().await.unwrap();
+            assert_eq!(request.method(), "GET");
+            assert_eq!(request.uri().path(), "/api/v1/namespaces/fresh");
+            send.send_response(json_response(200, &json!({
+                "apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": "fresh", "labels": {labels::INJECT: labels::INJECT_ENABLED}},
+            })));
+        });
+        let out = post(
+            &a,
+            review(json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "app"}]}})),
+        )
+        .await;
+        server.await.unwrap();
+        assert_eq!(out["response"]["allowed"], true);
+        assert_eq!(out["response"]["patchType"], "JSONPatch");
+    }
+
+    #[tokio::test]
+    async fn a_refusal_for_want_of_a_release_is_recorded_on_the_pods_controller() {
+        let snapshot = Snapshot {
+            namespace_labels: [(labels::INJECT.to_owned(), labels::INJECT_ENABLED.to_owned())]
+                .into(),
+            releases: vec![release(json!({"matchLabels": {"app": "other"}}))],
+            server_version: Some(ServerVersion::new(1, 20)),
+            ..Snapshot::default()
+        };
+        let (a, mut handle) = admission(Arc::new(crate::cache::StaticState(snapshot)));
+        let pod = json!({"metadata": {"generateName": "web-", "ownerReferences": [
+            {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-abc", "uid": "rs-uid", "controller": true}]},
+            "spec": {"containers": [{"name": "app"}]}});
+        let out = post(&a, review(pod)).await;
+        assert_eq!(out["response"]["allowed"], false);
+        assert!(
+            out["response"]["status"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("no SidecarRelease selects it")
+        );
+        // The Event is published in the background: the refusal did not wait.
+        let (request, send) =
+            tokio::time::timeout(std::time::Duration::from_secs(10), handle.next_request())
+                .await
+                .expect("an Event request")
+                .unwrap();
+        assert_eq!(request.method(), "POST");
+        assert_eq!(
+            request.uri().path(),
+            "/apis/events.k8s.io/v1/namespaces/fresh/events"
+        );
+        let body: serde_json::Value =
+            serde_json::from_slice(&request.into_body().collect_bytes().await.unwrap()).unwrap();
+        assert_eq!(body["reason"], names::EVENT_REASON_NO_RELEASE);
+        assert_eq!(body["type"], "Warning");
+        assert_eq!(body["regarding"]["kind"], "ReplicaSet");
+        assert_eq!(body["regarding"]["name"], "web-abc");
+        send.send_response(json_response(201, &body));
+    }
+}
