@@ -188,6 +188,8 @@ pub mod webhook {
 pub mod commands {
     //! `baton-sidecar` subcommands the webhook writes into pod specs.
 
+    /// `baton-sidecar run`: the proxy (args of the sidecar slots).
+    pub const RUN: &str = "run";
     /// `baton-sidecar init`: programs iptables for transparent capture.
     pub const INIT: &str = "init";
     /// `baton-sidecar wait-ready`: blocks until the local admin port answers
