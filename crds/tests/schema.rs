@@ -391,3 +391,31 @@ fn cel_rules_stay_within_the_cost_budget_with_bounded_lists_and_strings() {
         assert!(warnings.is_empty(), "{warnings:#?}");
     }
 }
+
+#[test]
+fn the_raw_derive_output_has_the_null_enum_trap_that_crds_removes() {
+    use kube::CustomResourceExt;
+    let count_nulls = |v: &Value| {
+        let mut n = 0;
+        walk("", v, &mut |_, node| {
+            if let Some(Value::Array(items)) = node.get("enum") {
+                n += items.iter().filter(|i| i.is_null()).count();
+            }
+        });
+        n
+    };
+    // Option<HttpMethod> (spec.rules[].matches[].method) is the case today.
+    let raw = serde_json::to_value(baton_crds::Route::crd()).unwrap();
+    assert!(
+        count_nulls(&raw) > 0,
+        "kube/schemars no longer emit null in enum; the transform may go"
+    );
+    let ours = serde_json::to_value(
+        crds()
+            .into_iter()
+            .find(|c| c.spec.names.kind == "Route")
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(count_nulls(&ours), 0);
+}
