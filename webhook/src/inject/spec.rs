@@ -143,6 +143,7 @@ pub fn slot_a(inputs: &SlotInputs<'_>) -> Container {
         name: containers::SLOT_A.to_owned(),
         image: Some(inputs.image.to_owned()),
         image_pull_policy: inputs.config.image_pull_policy.clone(),
+        args: Some(vec![commands::RUN.to_owned()]),
         env: Some(common_env("a", inputs.version, inputs.offload_mode, engine)),
         ports: Some(vec![ContainerPort {
             name: Some(ports::ADMIN_NAME.to_owned()),
@@ -174,7 +175,10 @@ pub fn slot_a(inputs: &SlotInputs<'_>) -> Container {
                     command: Some(vec![
                         inputs.config.sidecar_binary.clone(),
                         commands::WAIT_READY.to_owned(),
-                        format!("--timeout={}s", inputs.config.wait_ready_timeout_seconds),
+                        format!(
+                            "--timeout-secs={}",
+                            inputs.config.wait_ready_timeout_seconds
+                        ),
                     ]),
                 }),
                 ..LifecycleHandler::default()
@@ -205,6 +209,9 @@ pub fn slot_b(inputs: &SlotInputs<'_>, empty_image: &str) -> Container {
         name: containers::SLOT_B.to_owned(),
         image: Some(empty_image.to_owned()),
         image_pull_policy: inputs.config.image_pull_policy.clone(),
+        // The empty image ignores its arguments; when a hot upgrade swaps
+        // the sidecar image in, this is what makes it run the proxy.
+        args: Some(vec![commands::RUN.to_owned()]),
         env: Some(common_env(
             "b",
             inputs.version,

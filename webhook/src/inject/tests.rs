@@ -362,7 +362,11 @@ fn old_servers_get_ordinary_containers_placed_first_with_a_wait_hook() {
     assert!(a.restart_policy.is_none());
     let hook = a.lifecycle.as_ref().unwrap().post_start.as_ref().unwrap();
     let cmd = hook.exec.as_ref().unwrap().command.as_ref().unwrap();
-    assert_eq!(cmd[1], "wait-ready");
+    assert_eq!(
+        cmd[1..],
+        ["wait-ready".to_owned(), "--timeout-secs=60".to_owned()]
+    );
+    assert_eq!(a.args.as_deref(), Some(&["run".to_owned()][..]));
     assert_eq!(
         annotation(&p, "kubectl.kubernetes.io/default-container"),
         Some("app")
