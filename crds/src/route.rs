@@ -74,9 +74,10 @@ use crate::validation::{Errors, FieldError, Validate};
 #[x_kube(validation = Rule::new("self.protocol == 'http' || (size(self.rules) == 1 && self.rules.all(r, (!has(r.matches) || size(r.matches) == 0) && !has(r.retries) && !has(r.fault) && !has(r.mirror) && !has(r.requestHeaderModifier) && !has(r.responseHeaderModifier)))").message("protocol tcp allows exactly one rule with backendRefs and timeout only: matches, retries, fault, mirror and header modifiers need protocol http"))]
 #[serde(rename_all = "camelCase")]
 pub struct RouteSpec {
-    /// The Service port whose traffic this Route steers. At most one Route
-    /// per Service port takes effect (the oldest; the others report
-    /// Accepted=False, reason Conflicted).
+    /// The Service port whose traffic this Route steers. One Route per
+    /// Service port: the validating webhook refuses a second one (a
+    /// duplicate that got in anyway reports Accepted=False, reason
+    /// Conflicted).
     pub parent_ref: ServicePort,
 
     /// http: requests are matched and routed one by one (HTTP/1.1 and

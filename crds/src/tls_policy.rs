@@ -63,8 +63,10 @@ use crate::validation::{Errors, FieldError, Validate};
 #[serde(rename_all = "camelCase")]
 pub struct TlsPolicySpec {
     /// Pods (in this namespace) whose sidecars follow this policy. An empty
-    /// selector selects every pod in the namespace. When several policies
-    /// select a pod, the oldest wins and the others report Overlapping.
+    /// selector selects every pod in the namespace. Policies selecting a
+    /// common pod must agree on mtls.mode, minVersion and
+    /// privateKeyOffload.mode (the validating webhook refuses conflicting
+    /// ones); among agreeing policies the alphabetically first applies.
     pub pod_selector: LabelSelector,
 
     /// Mutual TLS between sidecars.
