@@ -79,7 +79,7 @@ pub struct ServicePort {
     /// Name of a Service in the same namespace.
     #[schemars(
         length(min = 1, max = 63),
-        regex(pattern = r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+        regex(pattern = DNS_LABEL_PATTERN)
     )]
     pub name: String,
     /// Port number of the Service (its `port`, not the `targetPort`).
@@ -94,7 +94,7 @@ pub struct BackendRef {
     /// Name of a Service in the same namespace.
     #[schemars(
         length(min = 1, max = 63),
-        regex(pattern = r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+        regex(pattern = DNS_LABEL_PATTERN)
     )]
     pub name: String,
     /// Port number of the Service.
@@ -210,6 +210,70 @@ mod tests {
             let mut e = Errors::default();
             check_service_name(&mut e, "p", bad);
             assert!(e.into_result().is_err(), "{bad:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn the_schema_duration_pattern_and_the_parser_agree() {
+        let re = regex::Regex::new(DURATION_PATTERN).unwrap();
+        let samples = [
+            "0s",
+            "1ms",
+            "500ms",
+            "2s",
+            "3m",
+            "1h",
+            "1m30s",
+            "1h2m3s4ms",
+            "99999ms",
+            "",
+            "1",
+            "s",
+            "1.5s",
+            "-1s",
+            "1d",
+            "1us",
+            "123456s",
+            "1h1h1h1h1h",
+            " 1s",
+            "1s ",
+            "1S",
+            "ms",
+            "1m1",
+        ];
+        for s in samples {
+            assert_eq!(re.is_match(s), parse_duration(s).is_some(), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn the_schema_header_and_service_patterns_agree_with_the_checks() {
+        let header = regex::Regex::new(HEADER_NAME_PATTERN).unwrap();
+        for s in [
+            "x-request-id",
+            "X_Custom.1~",
+            "",
+            "bad header",
+            "colon:",
+            "a/b",
+            "é",
+        ] {
+            assert_eq!(header.is_match(s), is_header_name(s), "{s:?}");
+        }
+        let dns = regex::Regex::new(DNS_LABEL_PATTERN).unwrap();
+        for s in [
+            "reviews-v2",
+            "a",
+            "",
+            "Reviews",
+            "1abc",
+            "abc-",
+            "a_b",
+            "a.b",
+        ] {
+            let mut e = Errors::default();
+            check_service_name(&mut e, "p", s);
+            assert_eq!(dns.is_match(s), e.into_result().is_ok(), "{s:?}");
         }
     }
 }

@@ -14,8 +14,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::common::{
-    BackendRef, ServicePort, check_duration, check_percent, check_port, check_service_name,
-    is_header_name, parse_duration,
+    BackendRef, DURATION_PATTERN, HEADER_NAME_PATTERN, ServicePort, check_duration, check_percent,
+    check_port, check_service_name, is_header_name, parse_duration,
 };
 use crate::validation::{Errors, FieldError, Validate};
 
@@ -132,7 +132,7 @@ pub struct RouteRule {
     /// Total time for a request including retries (http), or the connect
     /// timeout (tcp). Absent: no timeout. Duration syntax: `500ms`, `15s`, `1m30s`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 32), regex(pattern = r"^([0-9]{1,5}(h|m|s|ms)){1,4}$"))]
+    #[schemars(length(max = 32), regex(pattern = DURATION_PATTERN))]
     pub timeout: Option<String>,
 
     /// Retry failed requests. http only.
@@ -242,7 +242,7 @@ pub struct HeaderMatch {
     /// Header name, case-insensitive.
     #[schemars(
         length(min = 1, max = 256),
-        regex(pattern = r"^[A-Za-z0-9!#$%&'*+\-.^_`|~]+$")
+        regex(pattern = HEADER_NAME_PATTERN)
     )]
     pub name: String,
     /// Value or pattern.
@@ -274,7 +274,7 @@ pub struct RetryPolicy {
     pub attempts: i32,
     /// Timeout of each try. Must not exceed the rule's `timeout`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 32), regex(pattern = r"^([0-9]{1,5}(h|m|s|ms)){1,4}$"))]
+    #[schemars(length(max = 32), regex(pattern = DURATION_PATTERN))]
     pub per_try_timeout: Option<String>,
     /// Which failures are retried. Default: connect-failure, refused-stream,
     /// reset, 503.
@@ -315,7 +315,7 @@ pub struct FaultInjection {
 #[serde(rename_all = "camelCase")]
 pub struct FaultDelay {
     /// How long to wait, e.g. `2s`.
-    #[schemars(length(max = 32), regex(pattern = r"^([0-9]{1,5}(h|m|s|ms)){1,4}$"))]
+    #[schemars(length(max = 32), regex(pattern = DURATION_PATTERN))]
     pub fixed_delay: String,
     /// Percentage of requests delayed, 0-100.
     #[schemars(range(min = 0, max = 100))]
@@ -376,7 +376,7 @@ pub struct HeaderValue {
     /// Header name, case-insensitive.
     #[schemars(
         length(min = 1, max = 256),
-        regex(pattern = r"^[A-Za-z0-9!#$%&'*+\-.^_`|~]+$")
+        regex(pattern = HEADER_NAME_PATTERN)
     )]
     pub name: String,
     /// Header value.
