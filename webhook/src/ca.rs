@@ -782,4 +782,45 @@ mod tests {
         assert_eq!(patch_ca_bundles(&client, m, v, bundle).await.unwrap(), 0);
         server.await.unwrap();
     }
+
+    #[tokio::test]
+    async fn one_reconcile_pass_creates_the_ca_and_loads_a_serving_certificate() {
+        let (client, mut handle) = mock_client();
+        let cfg = SelfManaged::new(
+            "baton-webhook",
+            "baton-system",
+            vec!["127.0.0.1".parse().unwrap()],
+        );
+        let server = tokio::spawn(async move {
+            let (_, send) = expect(
+                &mut handle,
+                "GET",
+                &format!("{SECRET_PATH}/{}", names::CA_SECRET),
+            )
+            .await;
+            reply(send, 404, &status(404, "NotFound"));
+            let (body, send) = expect(&mut handle, "POST", SECRET_PATH).await;
+            reply(send, 201, &body);
+            // Neither configuration is installed: nothing to patch, not fatal.
+            for kind in [
+                "mutatingwebhookconfigurations",
+                "validatingwebhookconfigurations",
+            ] {
+                let (request, send) = handle.next_request().await.unwrap();
+                assert!(request.uri().path().contains(kind), "{}", request.uri());
+                reply(send, 404, &status(404, "NotFound"));
+            }
+        });
+        let store = CertStore::new();
+        let mut serving = None;
+        let next = reconcile(&client, &cfg, &store, &mut serving)
+            .await
+            .unwrap();
+        server.await.unwrap();
+        assert!(store.is_loaded());
+        let (cert, issuer) = serving.unwrap();
+        assert!(issuer.contains("BEGIN CERTIFICATE"));
+        assert_eq!(next, renewal_time(cert.not_before, cert.not_after));
+        assert!(next > OffsetDateTime::now_utc() + time::Duration::days(19));
+    }
 }
