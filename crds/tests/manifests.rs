@@ -428,6 +428,17 @@ fn the_operator_writes_status_and_pods_but_never_specs_of_baton_objects() {
     }
     assert_eq!(grants(&cr, "", "pods", "patch").len(), 1);
     assert_eq!(grants(&cr, "", "events", "create").len(), 1);
+    for (group, r) in [
+        ("", "secrets"),
+        ("", "nodes"),
+        ("", "pods/eviction"),
+        ("apps", "deployments"),
+    ] {
+        assert!(
+            grants(&cr, group, r, "get").is_empty() && grants(&cr, group, r, "create").is_empty(),
+            "{r}"
+        );
+    }
     let lease = rules_of("Role", "baton-operator-leader-election");
     assert_eq!(
         grants(&lease, "coordination.k8s.io", "leases", "update"),
