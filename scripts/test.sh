@@ -26,6 +26,9 @@ if cargo tree -p baton-sidecar -e normal,build --locked --prefix none | grep -E 
   exit 1
 fi
 
+step "the contract module builds without kube"
+cargo test --locked -p baton-crds --no-default-features
+
 step "Dockerfile copies only binaries the workspace builds"
 scripts/check-dockerfile.sh
 
