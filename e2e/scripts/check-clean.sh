@@ -33,5 +33,6 @@ for pid in $(ls /proc | grep -E '^[0-9]+$'); do
   esac
 done
 [ "$(cat /proc/sys/net/ipv4/ip_forward)" = 0 ] || echo "note: net.ipv4.ip_forward=$(cat /proc/sys/net/ipv4/ip_forward) (restored to its value before up)"
+
 [ "$left" = 0 ] && echo "clean: nothing left behind"
 exit "$left"

@@ -36,7 +36,8 @@ CONTAINERD_SOCK="$RUN/containerd/containerd.sock"
 KUBELET_ROOT=/var/lib/kubelet
 # Host paths the kubelet / libcni write outside the run dir; removed on down
 # unless they existed before `up` (recorded in $STATE/preexisting).
-HOST_PATHS=("$KUBELET_ROOT" /var/log/pods /var/log/containers /var/lib/cni)
+# containerd 1.6 hard-codes its shims' socket dir /run/containerd/s.
+HOST_PATHS=("$KUBELET_ROOT" /var/log/pods /var/log/containers /var/lib/cni /run/containerd)
 
 # Sysctls the bridge plugin and the kubelet may change; recorded on up,
 # restored on down.

@@ -18,8 +18,9 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
 
 /// Response header: port of the listener that accepted the connection.
 pub const HEADER_SERVER_PORT: &str = "x-echo-server-port";
@@ -59,6 +60,17 @@ pub fn original_dst(stream: &TcpStream) -> Option<SocketAddrV4> {
 /// `POST` (any path) echoes the request body verbatim; any other method
 /// answers a short text line. Every response carries the `x-echo-*` headers.
 pub async fn serve_http_echo(listener: TcpListener, server_name: String) -> std::io::Result<()> {
+    serve_http_echo_tls(listener, server_name, None).await
+}
+
+/// [`serve_http_echo`], over TLS when `tls` is given (ALPN `h2` and
+/// `http/1.1` as configured in the acceptor; the protocol is detected from
+/// the first bytes either way).
+pub async fn serve_http_echo_tls(
+    listener: TcpListener,
+    server_name: String,
+    tls: Option<TlsAcceptor>,
+) -> std::io::Result<()> {
     loop {
         let (stream, _peer) = listener.accept().await?;
         let info = ConnInfo {
@@ -66,16 +78,30 @@ pub async fn serve_http_echo(listener: TcpListener, server_name: String) -> std:
             original_dst: original_dst(&stream),
             server_name: server_name.clone(),
         };
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let service = service_fn(move |req| echo(req, info.clone()));
-            let builder = auto::Builder::new(TokioExecutor::new());
-            if let Err(error) = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(%error, "http echo connection ended with an error");
+            match tls {
+                None => serve_http_conn(stream, info).await,
+                Some(acceptor) => match acceptor.accept(stream).await {
+                    Ok(stream) => serve_http_conn(stream, info).await,
+                    Err(error) => tracing::debug!(%error, "TLS handshake failed"),
+                },
             }
         });
+    }
+}
+
+async fn serve_http_conn<S>(stream: S, info: ConnInfo)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = service_fn(move |req| echo(req, info.clone()));
+    let builder = auto::Builder::new(TokioExecutor::new());
+    if let Err(error) = builder
+        .serve_connection(TokioIo::new(stream), service)
+        .await
+    {
+        tracing::debug!(%error, "http echo connection ended with an error");
     }
 }
 
@@ -115,24 +141,87 @@ async fn echo(req: Request<Incoming>, info: ConnInfo) -> Result<Response<Full<By
 /// Echoes every byte of every connection back to its sender until the task
 /// is dropped. A connection ends when the client shuts down its write side.
 pub async fn serve_tcp_echo(listener: TcpListener) -> std::io::Result<()> {
+    serve_tcp_echo_tls(listener, None).await
+}
+
+/// [`serve_tcp_echo`], over TLS when `tls` is given.
+pub async fn serve_tcp_echo_tls(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+) -> std::io::Result<()> {
     loop {
-        let (mut stream, _peer) = listener.accept().await?;
+        let (stream, _peer) = listener.accept().await?;
+        let _ = stream.set_nodelay(true);
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let mut buf = vec![0u8; 16 * 1024];
-            loop {
-                match stream.read(&mut buf).await {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        if stream.write_all(&buf[..n]).await.is_err() {
-                            return;
-                        }
-                    }
-                    Err(_) => return,
-                }
+            match tls {
+                None => echo_bytes(stream).await,
+                Some(acceptor) => match acceptor.accept(stream).await {
+                    Ok(stream) => echo_bytes(stream).await,
+                    Err(error) => tracing::debug!(%error, "TLS handshake failed"),
+                },
             }
-            let _ = stream.shutdown().await;
         });
     }
+}
+
+async fn echo_bytes<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        match stream.read(&mut buf).await {
+            Ok(0) => break,
+            Ok(n) => {
+                if stream.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+            Err(_) => return,
+        }
+    }
+    let _ = stream.shutdown().await;
+}
+
+/// A TLS acceptor from PEM files (certificate chain, private key), offering
+/// ALPN `h2` and `http/1.1`; the demo servers' `--tls-cert/--tls-key`.
+pub fn tls_acceptor_from_pem(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> Result<TlsAcceptor, TlsSetupError> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| TlsSetupError::Pem(cert.display().to_string(), e))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsSetupError::Pem(cert.display().to_string(), e))?;
+    let key = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| TlsSetupError::Pem(key.display().to_string(), e))?;
+    tls_acceptor(certs, key)
+}
+
+/// A TLS acceptor (ring provider, TLS 1.2 and 1.3, ALPN `h2` + `http/1.1`).
+pub fn tls_acceptor(
+    certs: Vec<rustls_pki_types::CertificateDer<'static>>,
+    key: rustls_pki_types::PrivateKeyDer<'static>,
+) -> Result<TlsAcceptor, TlsSetupError> {
+    let mut config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(TlsSetupError::Rustls)?
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .map_err(TlsSetupError::Rustls)?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(TlsAcceptor::from(std::sync::Arc::new(config)))
+}
+
+/// Why a demo server's TLS configuration could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsSetupError {
+    #[error("reading PEM {0}: {1}")]
+    Pem(String, rustls_pki_types::pem::Error),
+    #[error("TLS configuration: {0}")]
+    Rustls(rustls::Error),
 }
 
 /// The host name reported by the echo server (the pod name inside a pod).
@@ -204,6 +293,93 @@ mod tests {
         .await;
         report.assert_all_ok();
         assert_eq!(report.header(HEADER_PROTOCOL), Some("HTTP/2.0"));
+        server.abort();
+    }
+
+    fn tls_pair(name: &str) -> (TlsAcceptor, rustls::ClientConfig) {
+        let issued =
+            rcgen::generate_simple_self_signed(vec![name.to_owned()]).expect("self-signed cert");
+        let cert = issued.cert.der().clone();
+        let key = rustls_pki_types::PrivateKeyDer::try_from(issued.signing_key.serialize_der())
+            .expect("key der");
+        let acceptor = tls_acceptor(vec![cert.clone()], key).expect("acceptor");
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert).expect("root");
+        let mut client = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        client.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        (acceptor, client)
+    }
+
+    fn tls(client: rustls::ClientConfig, name: &str) -> traffic::Tls {
+        traffic::Tls {
+            config: std::sync::Arc::new(client),
+            server_name: rustls_pki_types::ServerName::try_from(name.to_owned())
+                .expect("server name"),
+        }
+    }
+
+    #[tokio::test]
+    async fn tcp_http1_and_http2_are_echoed_over_tls() {
+        let (acceptor, client) = tls_pair("echo.test");
+        let (tcp_addr, tcp) = spawn({
+            let acceptor = acceptor.clone();
+            move |l| serve_tcp_echo_tls(l, Some(acceptor))
+        })
+        .await;
+        let (http_addr, http) =
+            spawn(move |l| serve_http_echo_tls(l, "tls".to_owned(), Some(acceptor))).await;
+        let tls = tls(client, "echo.test");
+        traffic::run(
+            tcp_addr,
+            &Load::new(Protocol::Tcp)
+                .exchanges(8)
+                .payload_bytes(100_000)
+                .tls(tls.clone()),
+        )
+        .await
+        .assert_all_ok();
+        let mut h1 = tls.clone();
+        let mut h1_config = (*h1.config).clone();
+        h1_config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        h1.config = std::sync::Arc::new(h1_config);
+        let report =
+            traffic::run(http_addr, &Load::new(Protocol::Http1).exchanges(8).tls(h1)).await;
+        report.assert_all_ok();
+        assert_eq!(report.header(HEADER_PROTOCOL), Some("HTTP/1.1"));
+        let report =
+            traffic::run(http_addr, &Load::new(Protocol::Http2).exchanges(8).tls(tls)).await;
+        report.assert_all_ok();
+        assert_eq!(report.header(HEADER_PROTOCOL), Some("HTTP/2.0"));
+        tcp.abort();
+        http.abort();
+    }
+
+    #[tokio::test]
+    async fn a_certificate_for_another_name_fails_every_exchange_at_the_tls_stage() {
+        let (acceptor, client) = tls_pair("echo.test");
+        let (addr, server) = spawn(move |l| serve_tcp_echo_tls(l, Some(acceptor))).await;
+        let report = traffic::run(
+            addr,
+            &Load::new(Protocol::Tcp)
+                .exchanges(3)
+                .tls(tls(client, "other.test")),
+        )
+        .await;
+        assert_eq!(report.failures.len(), 3, "{report}");
+        assert!(
+            report.failures.iter().all(|f| f.stage == Stage::Tls),
+            "{report}"
+        );
+        assert!(
+            report.failures[0].detail.contains("not valid for name"),
+            "{report}"
+        );
         server.abort();
     }
 

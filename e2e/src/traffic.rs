@@ -1,5 +1,6 @@
 //! A bounded traffic driver: byte-checked TCP streams, HTTP/1.1 requests and
-//! HTTP/2 streams against one address (a pod IP on the bridge, or loopback),
+//! HTTP/2 streams, each optionally over TLS ([`Load::tls`], e.g. mTLS with a
+//! client certificate), against one address (a pod IP on the bridge, or loopback),
 //! with a [`Report`] that says exactly which exchange failed, at which stage
 //! and, for corrupted data, at which byte offset.
 //!
@@ -10,6 +11,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -17,8 +19,10 @@ use futures::stream::{self, StreamExt};
 use http::{Method, Request, StatusCode, Version};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use rustls_pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
 
 /// Protocol of a traffic run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +58,23 @@ impl std::str::FromStr for Protocol {
     }
 }
 
+/// TLS for a run: the client configuration (trust roots, client certificate
+/// for mTLS, ALPN: set `h2` for HTTP/2) and the name the server must prove.
+#[derive(Clone)]
+pub struct Tls {
+    pub config: Arc<rustls::ClientConfig>,
+    pub server_name: ServerName<'static>,
+}
+
+impl fmt::Debug for Tls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tls")
+            .field("server_name", &self.server_name)
+            .field("alpn", &self.config.alpn_protocols)
+            .finish_non_exhaustive()
+    }
+}
+
 /// How much traffic to send. All fields are bounds.
 #[derive(Debug, Clone)]
 pub struct Load {
@@ -71,6 +92,8 @@ pub struct Load {
     pub deadline: Duration,
     /// Seed of the payload generator.
     pub seed: u64,
+    /// Speak TLS over each connection.
+    pub tls: Option<Tls>,
 }
 
 impl Load {
@@ -84,6 +107,7 @@ impl Load {
             timeout: Duration::from_secs(5),
             deadline: Duration::from_secs(60),
             seed: 0xba70,
+            tls: None,
         }
     }
     pub fn exchanges(mut self, n: usize) -> Self {
@@ -106,12 +130,18 @@ impl Load {
         self.deadline = t;
         self
     }
+    pub fn tls(mut self, tls: Tls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
 }
 
 /// Where an exchange failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Stage {
     Connect,
+    /// The TLS handshake failed (untrusted certificate, wrong name, ...).
+    Tls,
     Handshake,
     Write,
     Read,
@@ -258,7 +288,7 @@ pub async fn run(target: SocketAddr, load: &Load) -> Report {
     let started = Instant::now();
     let deadline = started + load.deadline;
     let h2 = if load.protocol == Protocol::Http2 {
-        match connect_h2(target, load.timeout).await {
+        match connect_h2(target, load.tls.as_ref(), load.timeout).await {
             Ok(sender) => Some(Ok(sender)),
             Err(failure) => Some(Err(failure)),
         }
@@ -296,11 +326,16 @@ pub async fn run(target: SocketAddr, load: &Load) -> Report {
                 let body = payload(load.seed, index, load.payload_bytes);
                 let exchange = async {
                     match load.protocol {
-                        Protocol::Tcp => tcp_exchange(target, index, &body).await,
-                        Protocol::Http1 => http1_exchange(target, index, body.clone()).await,
+                        Protocol::Tcp => {
+                            tcp_exchange(target, load.tls.as_ref(), index, &body).await
+                        }
+                        Protocol::Http1 => {
+                            http1_exchange(target, load.tls.as_ref(), index, body.clone()).await
+                        }
                         Protocol::Http2 => {
                             let sender = h2.expect("an HTTP/2 run has a connection");
-                            http2_exchange(sender, target, index, body.clone()).await
+                            http2_exchange(sender, target, load.tls.is_some(), index, body.clone())
+                                .await
                         }
                     }
                 };
@@ -346,11 +381,14 @@ pub async fn run(target: SocketAddr, load: &Load) -> Report {
     report
 }
 
-async fn tcp_exchange(target: SocketAddr, index: usize, body: &[u8]) -> Result<Headers, Failure> {
-    let mut stream = TcpStream::connect(target)
-        .await
-        .map_err(|e| fail(index, Stage::Connect, e))?;
-    let (mut reader, mut writer) = stream.split();
+async fn tcp_exchange(
+    target: SocketAddr,
+    tls: Option<&Tls>,
+    index: usize,
+    body: &[u8],
+) -> Result<Headers, Failure> {
+    let stream = connect(target, tls, index).await?;
+    let (mut reader, mut writer) = tokio::io::split(stream);
     // Write and read concurrently: a large payload would otherwise deadlock
     // against the echo filling its send buffer.
     let write = async {
@@ -368,10 +406,41 @@ async fn tcp_exchange(target: SocketAddr, index: usize, body: &[u8]) -> Result<H
     Ok(Vec::new())
 }
 
-fn echo_request(target: SocketAddr, body: Vec<u8>, version: Version) -> Request<Full<Bytes>> {
+/// A connected stream, plain or TLS.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+async fn connect(
+    target: SocketAddr,
+    tls: Option<&Tls>,
+    index: usize,
+) -> Result<Box<dyn Io>, Failure> {
+    let tcp = TcpStream::connect(target)
+        .await
+        .map_err(|e| fail(index, Stage::Connect, e))?;
+    let _ = tcp.set_nodelay(true);
+    match tls {
+        None => Ok(Box::new(tcp)),
+        Some(tls) => {
+            let stream = TlsConnector::from(tls.config.clone())
+                .connect(tls.server_name.clone(), tcp)
+                .await
+                .map_err(|e| fail(index, Stage::Tls, e))?;
+            Ok(Box::new(stream))
+        }
+    }
+}
+
+fn echo_request(
+    target: SocketAddr,
+    tls: bool,
+    body: Vec<u8>,
+    version: Version,
+) -> Request<Full<Bytes>> {
     let builder = Request::builder().method(Method::POST).version(version);
     let builder = if version == Version::HTTP_2 {
-        builder.uri(format!("http://{target}/echo"))
+        let scheme = if tls { "https" } else { "http" };
+        builder.uri(format!("{scheme}://{target}/echo"))
     } else {
         builder
             .uri("/echo")
@@ -415,19 +484,18 @@ async fn check_response(
 
 async fn http1_exchange(
     target: SocketAddr,
+    tls: Option<&Tls>,
     index: usize,
     body: Vec<u8>,
 ) -> Result<Headers, Failure> {
-    let stream = TcpStream::connect(target)
-        .await
-        .map_err(|e| fail(index, Stage::Connect, e))?;
+    let stream = connect(target, tls, index).await?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|e| fail(index, Stage::Handshake, e))?;
     let conn = tokio::spawn(conn);
     let sent = body.clone();
     let response = sender
-        .send_request(echo_request(target, body, Version::HTTP_11))
+        .send_request(echo_request(target, tls.is_some(), body, Version::HTTP_11))
         .await
         .map_err(|e| fail(index, Stage::Write, e))?;
     let result = check_response(index, response, Version::HTTP_11, &sent).await;
@@ -437,11 +505,13 @@ async fn http1_exchange(
 
 type H2Sender = hyper::client::conn::http2::SendRequest<Full<Bytes>>;
 
-async fn connect_h2(target: SocketAddr, timeout: Duration) -> Result<H2Sender, Failure> {
+async fn connect_h2(
+    target: SocketAddr,
+    tls: Option<&Tls>,
+    timeout: Duration,
+) -> Result<H2Sender, Failure> {
     let connect = async {
-        let stream = TcpStream::connect(target)
-            .await
-            .map_err(|e| fail(0, Stage::Connect, e))?;
+        let stream = connect(target, tls, 0).await?;
         let (sender, conn) =
             hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
                 .await
@@ -461,6 +531,7 @@ async fn connect_h2(target: SocketAddr, timeout: Duration) -> Result<H2Sender, F
 async fn http2_exchange(
     mut sender: H2Sender,
     target: SocketAddr,
+    tls: bool,
     index: usize,
     body: Vec<u8>,
 ) -> Result<Headers, Failure> {
@@ -470,7 +541,7 @@ async fn http2_exchange(
         .map_err(|e| fail(index, Stage::Handshake, e))?;
     let sent = body.clone();
     let response = sender
-        .send_request(echo_request(target, body, Version::HTTP_2))
+        .send_request(echo_request(target, tls, body, Version::HTTP_2))
         .await
         .map_err(|e| fail(index, Stage::Write, e))?;
     check_response(index, response, Version::HTTP_2, &sent).await

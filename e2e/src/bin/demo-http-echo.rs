@@ -10,6 +10,12 @@ struct Args {
     /// Addresses to listen on (repeatable).
     #[arg(long, default_value = "0.0.0.0:8080")]
     listen: Vec<std::net::SocketAddr>,
+    /// Serve TLS with this certificate chain (PEM); needs --tls-key.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
 }
 
 #[tokio::main]
@@ -17,11 +23,19 @@ async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_env_filter("info").init();
     let args = Args::parse();
     let name = baton_e2e::demo::host_name();
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(baton_e2e::demo::tls_acceptor_from_pem(cert, key)?),
+        _ => None,
+    };
     let mut servers = tokio::task::JoinSet::new();
     for addr in args.listen {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         tracing::info!(%addr, "demo-http-echo listening");
-        servers.spawn(baton_e2e::demo::serve_http_echo(listener, name.clone()));
+        servers.spawn(baton_e2e::demo::serve_http_echo_tls(
+            listener,
+            name.clone(),
+            tls.clone(),
+        ));
     }
     tokio::select! {
         Some(result) = servers.join_next() => result??,
