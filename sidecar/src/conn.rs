@@ -31,7 +31,9 @@ use tokio::sync::{Notify, oneshot};
 use crate::filters::ConnMeta;
 
 /// Object-safe async stream (TLS streams are passed around boxed).
-pub trait DynIo: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+/// `Any` so a parked `BoxIo` can be downcast to its concrete stream (the
+/// handoff extracts TLS secrets from the TLS layer's type).
+pub trait DynIo: Any + AsyncRead + AsyncWrite + Send + Unpin + 'static {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> DynIo for T {}
 
 /// A boxed downstream stream (e.g. a TLS stream produced by the TLS layer).
@@ -53,7 +55,9 @@ impl ParkableIo for TcpStream {
 
 impl ParkableIo for BoxIo {
     fn into_parked(self) -> (Box<dyn Any + Send>, Bytes) {
-        (Box::new(self), Bytes::new())
+        // Upcast, so the receiver downcasts to the concrete stream type.
+        let any: Box<dyn Any + Send> = self;
+        (any, Bytes::new())
     }
 }
 

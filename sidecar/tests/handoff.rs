@@ -68,7 +68,7 @@ fn assert_clean(stats: &handoff_support::Stats, logs: &[String]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consecutive_handoffs_lose_no_request_no_byte_and_no_counter() {
     let rounds = knob("BATON_HANDOFF_ROUNDS", 50);
-    let world = World::new().await;
+    let world = World::new_with_tls().await;
     // Alternate builds: even generations speak protocol 1 only, odd ones
     // 1..=2 (a "next version"), so upgrade and rollback both negotiate.
     let env_for = |g: usize| -> Vec<(&'static str, &'static str)> {
@@ -87,6 +87,8 @@ async fn consecutive_handoffs_lose_no_request_no_byte_and_no_counter() {
             new_conns: 1,
             h2: 1,
             echo: 3,
+            tls12: 1,
+            tls13: 1,
             pace: Duration::from_millis(4),
         },
     )
@@ -135,6 +137,8 @@ async fn consecutive_handoffs_lose_no_request_no_byte_and_no_counter() {
     assert!(dups.is_empty(), "requests served twice: {dups:?}");
     let ok = stats.ok.load(std::sync::atomic::Ordering::Relaxed);
     let echoed = stats.echo_bytes.load(std::sync::atomic::Ordering::Relaxed);
+    let tls_bytes = stats.tls_bytes.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(tls_bytes > 0, "no TLS traffic");
     assert!(
         ok > rounds as u64 * 10,
         "too little traffic to mean anything: {ok} requests"
@@ -148,7 +152,7 @@ async fn consecutive_handoffs_lose_no_request_no_byte_and_no_counter() {
     assert!(metric_sum(&m, "baton_sidecar_requests_total{") >= ok);
     durations.sort_unstable();
     eprintln!(
-        "{rounds} handoffs: {ok} requests ({} h2 retries after GOAWAY), {echoed} echoed bytes, {moved_total} connections moved; handoff ms p50 {} max {}",
+        "{rounds} handoffs: {ok} requests ({} h2 retries after GOAWAY), {echoed} echoed bytes ({tls_bytes} over TLS 1.2/1.3), {moved_total} connections moved; handoff ms p50 {} max {}",
         stats.h2_retries.load(std::sync::atomic::Ordering::Relaxed),
         durations[durations.len() / 2],
         durations[durations.len() - 1]
@@ -167,6 +171,8 @@ async fn an_incompatible_protocol_version_is_refused_and_the_old_keeps_serving()
             new_conns: 1,
             h2: 1,
             echo: 2,
+            tls12: 0,
+            tls13: 0,
             pace: Duration::from_millis(4),
         },
     )
@@ -222,6 +228,8 @@ async fn interrupted_handoffs(
                 new_conns: 0,
                 h2: 0,
                 echo: 5,
+                tls12: 0,
+                tls13: 0,
                 pace: Duration::from_millis(3),
             },
         )
@@ -275,6 +283,8 @@ async fn interrupted_handoffs(
                 new_conns: 1,
                 h2: 1,
                 echo: 1,
+                tls12: 0,
+                tls13: 0,
                 pace: Duration::from_millis(3),
             },
         )

@@ -226,6 +226,10 @@ pub struct ConnectionHeader {
     pub to_downstream_len: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsWireState>,
+    /// TLS only: received ciphertext not yet decrypted (a partial record),
+    /// after the two plaintext parts in the blob.
+    #[serde(default)]
+    pub tls_ciphertext_len: u32,
     /// Data-plane details needed to resume (listener name, route, peer…).
     #[serde(default)]
     pub meta: serde_json::Value,
@@ -354,13 +358,17 @@ impl Decoder {
         let blob = self.buf[PREFIX_LEN + header_len..total].to_vec();
         self.buf.drain(..total);
         if let Message::Connection(c) = &msg
-            && c.to_upstream_len as usize + c.to_downstream_len as usize != blob.len()
+            && c.to_upstream_len as usize
+                + c.to_downstream_len as usize
+                + c.tls_ciphertext_len as usize
+                != blob.len()
         {
             return Err(ProtocolError::Malformed(format!(
-                "connection {} announces {}+{} buffered bytes but the blob has {}",
+                "connection {} announces {}+{}+{} buffered bytes but the blob has {}",
                 c.id,
                 c.to_upstream_len,
                 c.to_downstream_len,
+                c.tls_ciphertext_len,
                 blob.len()
             )));
         }
@@ -570,6 +578,7 @@ mod tests {
             kind: ConnKind::Tcp,
             to_upstream_len: 3,
             to_downstream_len: 2,
+            tls_ciphertext_len: 0,
             tls: Some(TlsWireState {
                 version: 0x0304,
                 aead: "aes_128_gcm".into(),
@@ -600,6 +609,7 @@ mod tests {
             kind: ConnKind::Http1,
             to_upstream_len: 10,
             to_downstream_len: 0,
+            tls_ciphertext_len: 0,
             tls: None,
             meta: serde_json::Value::Null,
         });

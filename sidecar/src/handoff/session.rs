@@ -41,9 +41,13 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use super::counters;
+use super::protocol::TlsWireState;
 use super::protocol::{
     Channel, ConnKind as WireKind, ConnectionHeader, Frame, ListenerInfo, Message, ProtocolError,
     Receiver, Sender, StateSnapshot, VersionRange, negotiate,
+};
+use super::tls_record::{
+    AeadKind, TLS12, TLS13, TlsRecordStream, secret_capture, wire_state_from_rustls,
 };
 use crate::config::Snapshot;
 use crate::conn::{BoxIo, ConnKind, Parked, PrefixedIo};
@@ -54,6 +58,10 @@ use crate::lifecycle::Phase;
 use crate::listener::serve_plain;
 use crate::metrics::{ConnLabels, Metrics};
 use crate::server::{Running, StartError, StartOptions};
+use crate::tls::glue::MeshServerStream;
+
+/// Connections parked at once by the old process (see `hand_off_inner`).
+const PARK_WINDOW: usize = 128;
 
 /// Listener name under which the admin socket travels (not a valid config
 /// listener name, so it never collides).
@@ -234,26 +242,47 @@ impl MetaWire {
 /// The downstream half of a connection being resumed.
 enum Down {
     Tcp(TcpStream),
-    /// A stream only this process can continue (the TLS layer's).
-    Boxed(BoxIo),
+    /// A TLS connection still driven by rustls (the TLS layer's stream).
+    Tls(Box<MeshServerStream>),
+    /// A TLS connection already continued by our record layer (it moved
+    /// here in an earlier handoff).
+    Record(Box<TlsRecordStream<TcpStream>>),
 }
 
-/// A connection stopped at a safe point, ready to be resumed (here or, for
-/// `Down::Tcp`, in the next process).
+/// A connection stopped at a safe point, ready to be resumed (here or, once
+/// `down` is a plain socket, in the next process).
 struct Resumable {
     meta: ConnMeta,
     kind: WireKind,
     down: Down,
     up: Option<TcpStream>,
+    /// Plaintext read from downstream, not yet consumed (for HTTP/1: the
+    /// pipelined bytes hyper read ahead).
     to_upstream: Bytes,
     to_downstream: Bytes,
+    /// For a TLS downstream whose secrets were extracted: the record state
+    /// and the ciphertext received but not yet decrypted.
+    tls: Option<(TlsWireState, Vec<u8>)>,
 }
 
 impl Resumable {
     fn from_parked(p: Parked) -> Option<Self> {
-        let down = |d: Box<dyn std::any::Any + Send>| match d.downcast::<TcpStream>() {
-            Ok(t) => Some(Down::Tcp(*t)),
-            Err(d) => d.downcast::<BoxIo>().ok().map(|b| Down::Boxed(*b)),
+        let down = |d: Box<dyn std::any::Any + Send>| {
+            let d = match d.downcast::<TcpStream>() {
+                Ok(t) => return Some(Down::Tcp(*t)),
+                Err(d) => d,
+            };
+            let d = match d.downcast::<MeshServerStream>() {
+                Ok(t) => return Some(Down::Tls(t)),
+                Err(d) => d,
+            };
+            match d.downcast::<TlsRecordStream<TcpStream>>() {
+                Ok(t) => Some(Down::Record(t)),
+                Err(_) => {
+                    tracing::error!("parked connection of an unknown stream type; closed");
+                    None
+                }
+            }
         };
         match p {
             Parked::Tcp {
@@ -269,6 +298,7 @@ impl Resumable {
                 up: Some(upstream),
                 to_upstream,
                 to_downstream,
+                tls: None,
             }),
             Parked::Http1 {
                 meta,
@@ -281,9 +311,90 @@ impl Resumable {
                 up: None,
                 to_upstream: unread,
                 to_downstream: Bytes::new(),
+                tls: None,
             }),
             Parked::Draining => None,
         }
+    }
+
+    /// Turns a TLS downstream into a plain socket plus record state, so it
+    /// can be sent. `Err` gives the connection back unchanged when it is not
+    /// at a record boundary (it then finishes in this process); `Ok(None)`
+    /// means the connection turned out to be broken.
+    async fn extract_tls(mut self) -> Result<Option<Self>, Self> {
+        let mut plain = Vec::new();
+        match self.down {
+            Down::Tcp(_) => return Ok(Some(self)),
+            Down::Tls(mut s) => {
+                // Anything rustls still has to send (a session ticket) goes first.
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(1),
+                    tokio::io::AsyncWriteExt::flush(&mut *s),
+                )
+                .await;
+                if !s.get_ref().0.is_aligned() || s.get_ref().1.wants_write() {
+                    self.down = Down::Tls(s);
+                    return Err(self);
+                }
+                let (aligned, mut conn) = s.into_parts();
+                if conn.process_new_packets().is_err() {
+                    return Ok(None);
+                }
+                let mut chunk = [0u8; 16 * 1024];
+                loop {
+                    match std::io::Read::read(&mut conn.reader(), &mut chunk) {
+                        Ok(0) => break,
+                        Ok(n) => plain.extend_from_slice(&chunk[..n]),
+                        Err(_) => break, // WouldBlock: nothing more buffered
+                    }
+                }
+                let Some(version) = conn.protocol_version() else {
+                    return Ok(None);
+                };
+                let secrets = match conn.dangerous_extract_secrets() {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!(conn = self.meta.id, error = %e, "cannot extract TLS secrets; connection closed");
+                        return Ok(None);
+                    }
+                };
+                let Ok(state) = wire_state_from_rustls(version, secrets, Some(&secret_capture()))
+                else {
+                    return Ok(None);
+                };
+                let (prefixed, pending) = aligned.into_parts();
+                let (prefix, tcp) = prefixed.into_parts();
+                let mut ciphertext = prefix.to_vec();
+                ciphertext.extend_from_slice(&pending);
+                self.down = Down::Tcp(tcp);
+                self.tls = Some((state, ciphertext));
+            }
+            Down::Record(mut s) => {
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(1),
+                    tokio::io::AsyncWriteExt::flush(&mut *s),
+                )
+                .await;
+                match s.export() {
+                    Ok((tcp, state, ciphertext, p)) => {
+                        plain = p;
+                        self.down = Down::Tcp(tcp);
+                        self.tls = Some((state, ciphertext));
+                    }
+                    Err(s) => {
+                        self.down = Down::Record(Box::new(s));
+                        return Err(self);
+                    }
+                }
+            }
+        }
+        if !plain.is_empty() {
+            // rustls decrypted these after everything the data plane holds.
+            let mut all = self.to_upstream.to_vec();
+            all.extend_from_slice(&plain);
+            self.to_upstream = Bytes::from(all);
+        }
+        Ok(Some(self))
     }
 
     /// Builds a connection received from the previous process.
@@ -293,9 +404,6 @@ impl Resumable {
         fds: Vec<OwnedFd>,
         id: u64,
     ) -> Result<Self, String> {
-        if h.tls.is_some() {
-            return Err("TLS connection state is not resumable by this build's data plane".into());
-        }
         let want = match h.kind {
             WireKind::Tcp => 2,
             WireKind::Http1 => 1,
@@ -306,6 +414,13 @@ impl Resumable {
                 h.kind,
                 fds.len()
             ));
+        }
+        if let Some(t) = &h.tls {
+            // Check the state now so a bad one is declined, not adopted.
+            AeadKind::from_name(&t.aead).map_err(|e| e.to_string())?;
+            if t.version != TLS12 && t.version != TLS13 {
+                return Err(format!("unsupported TLS version 0x{:04x}", t.version));
+            }
         }
         let meta: MetaWire =
             serde_json::from_value(h.meta.clone()).map_err(|e| format!("bad meta: {e}"))?;
@@ -321,6 +436,7 @@ impl Resumable {
             None => None,
         };
         let mut blob = Bytes::from(blob);
+        let ciphertext = blob.split_off(h.to_upstream_len as usize + h.to_downstream_len as usize);
         let to_downstream = blob.split_off(h.to_upstream_len as usize);
         Ok(Self {
             meta: meta.into_meta(id),
@@ -329,25 +445,41 @@ impl Resumable {
             up,
             to_upstream: blob,
             to_downstream,
+            tls: h.tls.clone().map(|t| (t, ciphertext.to_vec())),
         })
     }
 }
 
 /// Serve a resumed connection in this process, registered (so it can move
-/// again at the next handoff) and counted like any other.
+/// again at the next handoff) and counted like any other. A TLS connection
+/// whose secrets were extracted continues on our record layer.
 fn spawn_resumed(shared: &Arc<Shared>, r: Resumable) {
+    let down = match (r.down, r.tls) {
+        (Down::Tcp(tcp), Some((state, ciphertext))) => {
+            match TlsRecordStream::new(tcp, &state, ciphertext, Vec::new()) {
+                Ok(s) => Either::Boxed(Box::new(s)),
+                Err(e) => {
+                    tracing::error!(conn = r.meta.id, error = %e, "cannot resume the TLS record layer; connection closed");
+                    return;
+                }
+            }
+        }
+        (Down::Tcp(t), None) => Either::Tcp(t),
+        (Down::Tls(s), _) => Either::Boxed(s),
+        (Down::Record(s), _) => Either::Boxed(s),
+    };
     let shared = shared.clone();
     let meta = ConnMeta {
         id: shared.registry.next_id(),
         ..r.meta
     };
     let (guard, park) = shared.registry.register(meta.clone());
+    if meta.tls {
+        guard.set_tls();
+    }
     match (r.kind, r.up) {
         (WireKind::Tcp, Some(up)) => {
             guard.set_kind(ConnKind::Tcp);
-            if meta.tls {
-                guard.set_tls();
-            }
             let labels = ConnLabels {
                 listener: meta.listener.clone(),
                 protocol: ConnKind::Tcp.as_str(),
@@ -361,11 +493,11 @@ fn spawn_resumed(shared: &Arc<Shared>, r: Resumable) {
             tokio::spawn(async move {
                 let (rx, tx) = (&shared.bytes_rx, &shared.bytes_tx);
                 let (a, b) = (&r.to_upstream[..], &r.to_downstream[..]);
-                let end = match r.down {
-                    Down::Tcp(d) => {
+                let end = match down {
+                    Either::Tcp(d) => {
                         crate::tcp_proxy::proxy_resumed(d, up, a, b, &meta, park, rx, tx).await
                     }
-                    Down::Boxed(d) => {
+                    Either::Boxed(d) => {
                         crate::tcp_proxy::proxy_resumed(d, up, a, b, &meta, park, rx, tx).await
                     }
                 };
@@ -378,8 +510,8 @@ fn spawn_resumed(shared: &Arc<Shared>, r: Resumable) {
         }
         (WireKind::Http1, _) => {
             tokio::spawn(async move {
-                match r.down {
-                    Down::Tcp(d) => {
+                match down {
+                    Either::Tcp(d) => {
                         serve_plain(
                             PrefixedIo::new(r.to_upstream, d),
                             meta,
@@ -390,7 +522,7 @@ fn spawn_resumed(shared: &Arc<Shared>, r: Resumable) {
                         )
                         .await
                     }
-                    Down::Boxed(d) => {
+                    Either::Boxed(d) => {
                         serve_plain(
                             PrefixedIo::new(r.to_upstream, d),
                             meta,
@@ -409,6 +541,11 @@ fn spawn_resumed(shared: &Arc<Shared>, r: Resumable) {
             "tcp connection without an upstream socket; closed"
         ),
     }
+}
+
+enum Either {
+    Tcp(TcpStream),
+    Boxed(BoxIo),
 }
 
 /// What the new process writes to the status file when it completes.
@@ -768,21 +905,30 @@ async fn hand_off_inner(
         }
         running.pause_accepting();
 
-        // 4. Connections: park every one concurrently; send each as it
-        // reaches its safe point; release it when acknowledged.
+        // 4. Connections: park up to PARK_WINDOW at a time (a parked
+        // connection is frozen until the new process adopts it, so a small
+        // window keeps each one's pause short); send each as it reaches its
+        // safe point; release it when acknowledged.
         let mut parks: JoinSet<(u64, Option<Parked>)> = JoinSet::new();
         let mut asked = std::collections::HashSet::new();
+        let mut queue = std::collections::VecDeque::new();
         let mut draining = std::collections::HashSet::new();
-        let ask_all = |parks: &mut JoinSet<(u64, Option<Parked>)>, asked: &mut std::collections::HashSet<u64>| {
+        let ask_all = |parks: &mut JoinSet<(u64, Option<Parked>)>,
+                       asked: &mut std::collections::HashSet<u64>,
+                       queue: &mut std::collections::VecDeque<u64>| {
             for c in shared.registry.list() {
-                if asked.insert(c.id)
-                    && let Some(rx) = shared.registry.park(c.id)
-                {
-                    parks.spawn(async move { (c.id, rx.await.ok()) });
+                if asked.insert(c.id) {
+                    queue.push_back(c.id);
+                }
+            }
+            while parks.len() < PARK_WINDOW {
+                let Some(id) = queue.pop_front() else { break };
+                if let Some(rx) = shared.registry.park(id) {
+                    parks.spawn(async move { (id, rx.await.ok()) });
                 }
             }
         };
-        ask_all(&mut parks, &mut asked);
+        ask_all(&mut parks, &mut asked, &mut queue);
         let park_deadline = tokio::time::Instant::now() + cfg.park_timeout;
         let mut sent = 0u64;
         let mut progress = tokio::time::Instant::now();
@@ -792,7 +938,7 @@ async fn hand_off_inner(
                 // Connections accepted just before the pause register a
                 // moment later: look once more before declaring done.
                 tokio::task::yield_now().await;
-                ask_all(&mut parks, &mut asked);
+                ask_all(&mut parks, &mut asked, &mut queue);
                 if parks.is_empty() {
                     break;
                 }
@@ -801,22 +947,26 @@ async fn hand_off_inner(
                 joined = parks.join_next() => {
                     let Some(joined) = joined else { continue };
                     progress = tokio::time::Instant::now();
+                    ask_all(&mut parks, &mut asked, &mut queue);
                     let Ok((id, Some(parked))) = joined else { continue }; // ended on its own
                     match Resumable::from_parked(parked) {
                         None => {
                             hm.conn("drained");
                             draining.insert(id);
                         }
-                        Some(r) if matches!(r.down, Down::Tcp(_)) => {
-                            sent += 1;
-                            send_connection(&tx, sent, &r).await?;
-                            pending.insert(sent, InFlight { resumable: r });
-                        }
-                        Some(r) => {
-                            // Only this process can continue it (TLS stream).
-                            hm.conn("kept");
-                            spawn_resumed(&shared, r);
-                        }
+                        Some(r) => match r.extract_tls().await {
+                            Ok(Some(r)) => {
+                                sent += 1;
+                                send_connection(&tx, sent, &r).await?;
+                                pending.insert(sent, InFlight { resumable: r });
+                            }
+                            Ok(None) => hm.conn("lost"),
+                            Err(r) => {
+                                // Not at a record boundary: it finishes here.
+                                hm.conn("kept");
+                                spawn_resumed(&shared, r);
+                            }
+                        },
                     }
                 }
                 ev = events.recv() => {
@@ -958,15 +1108,22 @@ async fn send_connection(tx: &Sender, id: u64, r: &Resumable) -> Result<(), Prot
     if let Some(up) = &r.up {
         fds.push(up.as_raw_fd());
     }
-    let mut blob = Vec::with_capacity(r.to_upstream.len() + r.to_downstream.len());
+    let (tls, ciphertext) = match &r.tls {
+        Some((state, ct)) => (Some(state.clone()), &ct[..]),
+        None => (None, &[][..]),
+    };
+    let mut blob =
+        Vec::with_capacity(r.to_upstream.len() + r.to_downstream.len() + ciphertext.len());
     blob.extend_from_slice(&r.to_upstream);
     blob.extend_from_slice(&r.to_downstream);
+    blob.extend_from_slice(ciphertext);
     let header = ConnectionHeader {
         id,
         kind: r.kind,
         to_upstream_len: r.to_upstream.len() as u32,
         to_downstream_len: r.to_downstream.len() as u32,
-        tls: None,
+        tls_ciphertext_len: ciphertext.len() as u32,
+        tls,
         meta: serde_json::to_value(MetaWire::from_meta(&r.meta)).unwrap_or_default(),
     };
     tx.send(&Message::Connection(header), &blob, &fds).await

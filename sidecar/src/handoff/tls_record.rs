@@ -156,6 +156,21 @@ fn derive_iv(secret: &[u8]) -> [u8; 12] {
     iv
 }
 
+/// Traffic-secret generations indexed per logged secret (see
+/// [`SecretCapture`]): KeyUpdates rustls followed before the move, up to
+/// this many minus one, still let the new process follow later ones.
+pub const CAPTURED_GENERATIONS: usize = 3;
+
+/// The process-wide capture the TLS layer logs into and the handoff reads
+/// (install with `MeshTls::set_key_log(secret_capture())`).
+pub fn secret_capture() -> std::sync::Arc<SecretCapture> {
+    static CAPTURE: std::sync::OnceLock<std::sync::Arc<SecretCapture>> = std::sync::OnceLock::new();
+    // 3 generations x 2 directions x ~10k live TLS 1.3 connections.
+    CAPTURE
+        .get_or_init(|| std::sync::Arc::new(SecretCapture::new(60_000)))
+        .clone()
+}
+
 /// A rustls key log that keeps TLS 1.3 application traffic secrets so a
 /// connection can follow KeyUpdates after it moves.
 ///
@@ -208,12 +223,28 @@ impl rustls::KeyLog for SecretCapture {
         if !self.will_log(label) {
             return;
         }
-        let iv = derive_iv(secret);
+        // Index the secret and the next CAPTURED_GENERATIONS - 1 updates of
+        // it: rustls may have followed a KeyUpdate before the move, and the
+        // extracted IV then belongs to a later generation.
+        let mut generations = Vec::with_capacity(CAPTURED_GENERATIONS);
+        let mut current = secret.to_vec();
+        for _ in 0..CAPTURED_GENERATIONS {
+            let mut next = vec![0u8; current.len()];
+            expand_label(
+                hkdf_for_secret(&current),
+                &current,
+                b"traffic upd",
+                &mut next,
+            );
+            generations.push((derive_iv(&current), std::mem::replace(&mut current, next)));
+        }
         let Ok(mut inner) = self.inner.lock() else {
             return;
         };
-        if inner.by_iv.insert(iv, secret.to_vec()).is_none() {
-            inner.order.push_back(iv);
+        for (iv, secret) in generations {
+            if inner.by_iv.insert(iv, secret).is_none() {
+                inner.order.push_back(iv);
+            }
         }
         while inner.by_iv.len() > self.capacity {
             let Some(old) = inner.order.pop_front() else {
@@ -273,6 +304,8 @@ pub fn wire_state_from_rustls(
 struct Cipher {
     kind: AeadKind,
     key: aead::LessSafeKey,
+    /// Raw key, kept so the connection can move on again.
+    key_bytes: Vec<u8>,
     iv: [u8; 12],
     seq: u64,
     traffic_secret: Option<Vec<u8>>,
@@ -289,6 +322,7 @@ impl Cipher {
         Ok(Self {
             kind,
             key: aead::LessSafeKey::new(key),
+            key_bytes: d.key.clone(),
             iv,
             seq: d.seq,
             traffic_secret: d.traffic_secret.clone(),
@@ -318,6 +352,7 @@ impl Cipher {
         self.key = aead::LessSafeKey::new(
             aead::UnboundKey::new(self.kind.algorithm(), &key).expect("derived key length"),
         );
+        self.key_bytes = key;
         self.iv = iv;
         self.seq = 0;
         self.traffic_secret = Some(next);
@@ -503,6 +538,35 @@ impl<S> TlsRecordStream<S> {
             fail: None,
             key_updates: 0,
         })
+    }
+
+    /// Hands the connection on (another handoff): the socket, the record
+    /// state, undecrypted bytes and unread plaintext. Refused (the stream is
+    /// given back) while anything is unsent or a handshake message is split.
+    #[allow(clippy::type_complexity, clippy::result_large_err)]
+    pub fn export(self) -> Result<(S, TlsWireState, Vec<u8>, Vec<u8>), Self> {
+        if self.wpos < self.wbuf.len()
+            || !self.hs.is_empty()
+            || self.we_closed
+            || self.fail.is_some()
+        {
+            return Err(self);
+        }
+        let dir = |c: &Cipher| DirectionSecrets {
+            seq: c.seq,
+            key: c.key_bytes.clone(),
+            iv: c.iv.to_vec(),
+            traffic_secret: c.traffic_secret.clone(),
+        };
+        let state = TlsWireState {
+            version: self.version,
+            aead: self.rx.kind.name().to_string(),
+            tx: dir(&self.tx),
+            rx: dir(&self.rx),
+            server: true,
+        };
+        let plain = self.plain[self.plain_pos..].to_vec();
+        Ok((self.io, state, self.rbuf, plain))
     }
 
     /// Key updates followed since the move (both directions counted).

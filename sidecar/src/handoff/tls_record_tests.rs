@@ -96,6 +96,21 @@ async fn established_then_moved(
     Vec<u8>,
     TlsWireState,
 ) {
+    established_then_moved_after_updates(suite, capture, 0).await
+}
+
+/// As [`established_then_moved`], after `pre_move_updates` KeyUpdates that
+/// rustls itself follows before the move.
+async fn established_then_moved_after_updates(
+    suite: SupportedCipherSuite,
+    capture: bool,
+    pre_move_updates: usize,
+) -> (
+    ClientStream,
+    TlsRecordStream<TcpStream>,
+    Vec<u8>,
+    TlsWireState,
+) {
     let capture = capture.then(|| Arc::new(SecretCapture::new(1024)));
     let (scfg, ccfg) = configs(suite, capture.clone().map(|c| c as Arc<dyn rustls::KeyLog>));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -115,6 +130,19 @@ async fn established_then_moved(
             .unwrap()
     };
     let (mut server, mut client) = tokio::join!(accept, connect);
+
+    for i in 0..pre_move_updates {
+        client.get_mut().1.refresh_traffic_keys().unwrap();
+        let m = pattern(100 + i as u8, 1000);
+        client.write_all(&m).await.unwrap();
+        client.flush().await.unwrap();
+        let mut got = vec![0u8; m.len()];
+        server.read_exact(&mut got).await.unwrap();
+        server.write_all(&got).await.unwrap();
+        server.flush().await.unwrap();
+        client.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, m);
+    }
 
     // Phase 1: plain rustls on both sides.
     let msg1 = pattern(1, 10_000);
@@ -167,6 +195,7 @@ async fn established_then_moved(
         kind: ConnKind::Tcp,
         to_upstream_len: partial.len() as u32,
         to_downstream_len: unread.len() as u32,
+        tls_ciphertext_len: 0,
         tls: Some(state),
         meta: serde_json::Value::Null,
     });
@@ -391,4 +420,54 @@ async fn record_aligned_io_hands_out_whole_records_and_keeps_the_partial_one() {
     assert_eq!(out, [r1, r2].concat());
     let (_, pending) = aligned.into_parts();
     assert_eq!(pending, r3[..20]);
+}
+
+#[tokio::test]
+async fn key_updates_rustls_followed_before_the_move_are_tracked_by_the_capture() {
+    let (mut client, mut moved, expect, state) = established_then_moved_after_updates(
+        cs::TLS13_AES_128_GCM_SHA256,
+        true,
+        CAPTURED_GENERATIONS - 1,
+    )
+    .await;
+    assert!(state.rx.traffic_secret.is_some() && state.tx.traffic_secret.is_some());
+    let mut got = vec![0u8; expect.len()];
+    moved.read_exact(&mut got).await.unwrap();
+    assert!(got == expect);
+    client.get_mut().1.refresh_traffic_keys().unwrap();
+    client.write_all(b"after").await.unwrap();
+    client.flush().await.unwrap();
+    let mut five = [0u8; 5];
+    moved.read_exact(&mut five).await.unwrap();
+    assert_eq!(&five, b"after");
+    moved.write_all(b"reply").await.unwrap();
+    moved.flush().await.unwrap();
+    client.read_exact(&mut five).await.unwrap();
+    assert_eq!(&five, b"reply");
+}
+
+#[tokio::test]
+async fn a_continued_connection_exports_its_state_and_continues_again() {
+    let (mut client, moved, expect, _) =
+        established_then_moved(cs::TLS13_CHACHA20_POLY1305_SHA256, true).await;
+    let mut moved = moved;
+    let mut got = vec![0u8; expect.len()];
+    moved.read_exact(&mut got).await.unwrap();
+    client.get_mut().1.refresh_traffic_keys().unwrap();
+    client.write_all(b"0123456789").await.unwrap();
+    client.flush().await.unwrap();
+    let mut five = [0u8; 5];
+    moved.read_exact(&mut five).await.unwrap();
+    // Second move: export with 5 plaintext bytes still unread (after
+    // flushing our KeyUpdate answer, as the handoff does).
+    moved.flush().await.unwrap();
+    let (tcp, state, ct, plain) = moved.export().map_err(|_| "export refused").unwrap();
+    let mut again = TlsRecordStream::new(tcp, &state, ct, plain).unwrap();
+    again.read_exact(&mut five).await.unwrap();
+    assert_eq!(&five, b"56789");
+    again.write_all(b"second").await.unwrap();
+    again.flush().await.unwrap();
+    let mut six = [0u8; 6];
+    client.read_exact(&mut six).await.unwrap();
+    assert_eq!(&six, b"second");
 }

@@ -81,8 +81,32 @@ pub struct World {
     pub admin: SocketAddr,
     pub http: SocketAddr,
     pub tcp: SocketAddr,
+    /// Mesh-TLS listener (auto-detect; TLS is terminated, the decrypted
+    /// stream goes to the echo server), when the world has TLS.
+    pub tls: Option<(SocketAddr, rustls_pki_types::CertificateDer<'static>)>,
     pub upstream: Upstream,
     generation: AtomicU64,
+}
+
+/// A CA and a server certificate (DNS `localhost` + a SPIFFE URI) as PEM
+/// files in `dir`; returns the CA certificate.
+fn write_pki(dir: &Path) -> rustls_pki_types::CertificateDer<'static> {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, SanType};
+    let mut ca = CertificateParams::default();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+    let mut leaf = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    leaf.subject_alt_names.push(SanType::URI(
+        "spiffe://cluster.local/ns/test/sa/sidecar"
+            .try_into()
+            .unwrap(),
+    ));
+    let key = KeyPair::generate().unwrap();
+    let cert = leaf.signed_by(&key, &ca).unwrap();
+    std::fs::write(dir.join("cert.pem"), cert.pem()).unwrap();
+    std::fs::write(dir.join("key.pem"), key.serialize_pem()).unwrap();
+    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+    ca.der().clone()
 }
 
 fn free_port() -> u16 {
@@ -95,12 +119,39 @@ fn free_port() -> u16 {
 
 impl World {
     pub async fn new() -> Self {
+        Self::build(false).await
+    }
+
+    /// With a mesh-TLS listener (Permissive, server-authenticated).
+    pub async fn new_with_tls() -> Self {
+        Self::build(true).await
+    }
+
+    async fn build(with_tls: bool) -> Self {
         let upstream = Upstream::start().await;
         let dir = tempfile::tempdir().unwrap();
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let tcp: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let config = dir.path().join("sidecar.yaml");
+        let (tls, tls_listener, tls_section) = if with_tls {
+            let ca = write_pki(dir.path());
+            let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+            let d = dir.path().display();
+            let listener = format!("  - name: tls\n    address: {addr}\n    tcp_cluster: echo\n");
+            let section = format!(
+                "tls:
+  mode: Permissive
+  require_client_cert: false
+  identity: {{ trust_domain: cluster.local }}
+  source: {{ files: {{ cert_chain: '{d}/cert.pem', key: '{d}/key.pem', trust_bundle: '{d}/ca.pem' }} }}
+"
+            );
+            (Some((addr, ca)), listener, section)
+        } else {
+            (None, String::new(), String::new())
+        };
+        let (up_http, up_echo) = (upstream.http, upstream.echo);
         std::fs::write(
             &config,
             format!(
@@ -115,15 +166,14 @@ listeners:
     address: {tcp}
     protocol: tcp
     tcp_cluster: echo
-routes:
+{tls_listener}routes:
   - name: all
     match: {{ path: {{ prefix: / }} }}
     backends: [{{ cluster: up }}]
 clusters:
-  - {{ name: up, endpoints: [{}] }}
-  - {{ name: echo, endpoints: [{}] }}
-",
-                upstream.http, upstream.echo
+  - {{ name: up, endpoints: [{up_http}] }}
+  - {{ name: echo, endpoints: [{up_echo}] }}
+{tls_section}"
             ),
         )
         .unwrap();
@@ -137,6 +187,7 @@ clusters:
             admin,
             http,
             tcp,
+            tls,
             upstream,
             generation: AtomicU64::new(0),
         }
@@ -340,6 +391,7 @@ pub struct Stats {
     pub echo_bytes: AtomicU64,
     /// HTTP/2 requests retried after a GOAWAY said they were not processed.
     pub h2_retries: AtomicU64,
+    pub tls_bytes: AtomicU64,
 }
 
 impl Stats {
@@ -378,6 +430,10 @@ pub struct LoadShape {
     pub new_conns: usize,
     pub h2: usize,
     pub echo: usize,
+    /// TLS echo streams through the mesh-TLS listener, per version (the
+    /// TLS 1.3 ones also send KeyUpdates).
+    pub tls12: usize,
+    pub tls13: usize,
     /// Pause between operations of one client (bounds the load).
     pub pace: Duration,
 }
@@ -429,6 +485,22 @@ impl Load {
                 stats.clone(),
                 stop_rx.clone(),
             )));
+        }
+        if let Some((addr, ca)) = &world.tls {
+            for (c, v) in (0..shape.tls12)
+                .map(|c| (c, &rustls::version::TLS12))
+                .chain((0..shape.tls13).map(|c| (100 + c, &rustls::version::TLS13)))
+            {
+                tasks.push(tokio::spawn(tls_echo_client(
+                    *addr,
+                    ca.clone(),
+                    v,
+                    c as u64,
+                    shape.pace,
+                    stats.clone(),
+                    stop_rx.clone(),
+                )));
+            }
         }
         Self { stats, stop, tasks }
     }
@@ -699,4 +771,90 @@ pub async fn echo_session(
 
 pub fn path_exists(p: &Path) -> bool {
     p.exists()
+}
+
+/// A TLS stream through the sidecar's mesh-TLS listener to the echo server,
+/// lockstep (write a chunk, read it back, compare); TLS 1.3 clients also
+/// refresh their traffic keys now and then (a KeyUpdate the sidecar must
+/// follow, before or after a move). Ends with close_notify both ways.
+async fn tls_echo_client(
+    addr: SocketAddr,
+    ca: rustls_pki_types::CertificateDer<'static>,
+    version: &'static rustls::SupportedProtocolVersion,
+    c: u64,
+    pace: Duration,
+    stats: Arc<Stats>,
+    stop: watch::Receiver<bool>,
+) {
+    let r = async {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca).map_err(|e| e.to_string())?;
+        let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_protocol_versions(&[version])
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let tcp = TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+        let mut s = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+            .connect(name, tcp)
+            .await
+            .map_err(|e| format!("handshake: {e}"))?;
+        let tls13 = s.get_ref().1.protocol_version() == Some(rustls::ProtocolVersion::TLSv1_3);
+        let (mut tx, mut rx) = (Pattern::new(c + 7), Pattern::new(c + 7));
+        let mut total = 0u64;
+        let mut round = 0u64;
+        while !*stop.borrow() {
+            round += 1;
+            if tls13 && round.is_multiple_of(25) && round >= 50 {
+                s.get_mut()
+                    .1
+                    .refresh_traffic_keys()
+                    .map_err(|e| e.to_string())?;
+            }
+            let len = 1 + ((round * 6007 + c * 31) % 4096) as usize;
+            let mut out = vec![0u8; len];
+            tx.fill(&mut out);
+            s.write_all(&out)
+                .await
+                .map_err(|e| format!("write after {total} B: {e}"))?;
+            s.flush().await.map_err(|e| format!("flush: {e}"))?;
+            let mut back = vec![0u8; len];
+            tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut back))
+                .await
+                .map_err(|_| format!("echo stalled after {total} B"))?
+                .map_err(|e| format!("read after {total} B: {e}"))?;
+            let mut want = vec![0u8; len];
+            rx.fill(&mut want);
+            if back != want {
+                return Err(format!("byte mismatch after {total} B"));
+            }
+            total += len as u64;
+            tokio::time::sleep(pace).await;
+        }
+        s.shutdown()
+            .await
+            .map_err(|e| format!("close_notify: {e}"))?;
+        let mut rest = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest))
+            .await
+            .map_err(|_| "no close after close_notify".to_string())?
+            .map_err(|e| format!("close: {e}"))?;
+        if !rest.is_empty() {
+            return Err(format!("{} unexpected bytes at close", rest.len()));
+        }
+        Ok::<u64, String>(total)
+    }
+    .await;
+    match r {
+        Ok(n) => {
+            stats.echo_bytes.fetch_add(n, Ordering::Relaxed);
+            stats.tls_bytes.fetch_add(n, Ordering::Relaxed);
+        }
+        Err(e) => stats.fail(format!("tls {c}: {e}")),
+    }
 }

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Handoff benchmark: duration for 100 / 1,000 / 10,000 idle keep-alive
+# connections, probe latency p50/p99 in steady state vs during the handoff
+# (same run), and peak RSS (VmHWM) of both processes. Loopback only.
+#
+#   bench/handoff-bench.sh                  # 100,1000,10000
+#   BATON_BENCH_CONNS=100,1000 bench/handoff-bench.sh
+#
+# Prints a Markdown table (the format of docs/performance.md's handoff section).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# 10,000 connections need ~20,000 descriptors on the client side and as many
+# in the two sidecars during the handoff; children inherit this limit.
+ulimit -n "$(ulimit -Hn)"
+if [ "$(ulimit -n)" -lt 32768 ]; then
+  echo "RLIMIT_NOFILE is $(ulimit -n); 10,000 connections need >= 32768" >&2
+fi
+exec cargo test --release -p baton-sidecar --test handoff_bench -- --ignored --nocapture --test-threads 1

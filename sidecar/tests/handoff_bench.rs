@@ -1,0 +1,188 @@
+//! Handoff benchmark (ignored by default; run by `bench/handoff-bench.sh`).
+//!
+//! For each connection count: N idle HTTP/1.1 keep-alive connections through
+//! a sidecar, one probe client measuring request latency, then a handoff to a
+//! second process. Reports the handoff duration (as the new process measured
+//! it, and wall time from spawn to completion), probe p50/p99 in steady
+//! state and during the handoff (same run, same machine), peak RSS (VmHWM)
+//! of both processes, and checks every idle connection still works after.
+
+mod handoff_support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use handoff_support::World;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+async fn connect(addr: std::net::SocketAddr) -> Sender {
+    let s = TcpStream::connect(addr).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
+async fn get(sender: &mut Sender, path: &str) -> bool {
+    if sender.ready().await.is_err() {
+        return false;
+    }
+    let req = Request::get(path)
+        .header("host", "x")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    match sender.send_request(req).await {
+        Ok(r) => r.status() == 200 && r.into_body().collect().await.is_ok(),
+        Err(_) => false,
+    }
+}
+
+fn hwm_kb(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find(|l| l.starts_with("VmHWM:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+async fn bench(n: usize) {
+    let world = World::new().await;
+    let mut old = world.spawn(&[]);
+    world.wait_ready(Duration::from_secs(20)).await;
+    // N idle keep-alive connections, each after one request (so each is an
+    // established HTTP/1.1 connection between requests).
+    let mut idle = Vec::with_capacity(n);
+    for chunk in 0..n.div_ceil(200) {
+        let mut batch = Vec::new();
+        for i in chunk * 200..((chunk + 1) * 200).min(n) {
+            batch.push(tokio::spawn({
+                let addr = world.http;
+                async move {
+                    let mut s = connect(addr).await;
+                    assert!(get(&mut s, &format!("/idle/{i}")).await);
+                    s
+                }
+            }));
+        }
+        for b in batch {
+            idle.push(b.await.unwrap());
+        }
+    }
+    // Probe: sequential requests, latency per request, tagged by phase.
+    let during = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let probe = tokio::spawn({
+        let (during, stop, addr) = (during.clone(), stop.clone(), world.http);
+        async move {
+            let mut s = connect(addr).await;
+            let (mut steady, mut handoff, mut failed) = (Vec::new(), Vec::new(), 0);
+            let mut seq = 0;
+            while !stop.load(Ordering::Relaxed) {
+                seq += 1;
+                let phase = during.load(Ordering::Relaxed);
+                let t = Instant::now();
+                let ok = get(&mut s, &format!("/probe/{seq}")).await;
+                let ms = t.elapsed().as_secs_f64() * 1000.0;
+                if !ok {
+                    failed += 1;
+                    s = connect(addr).await;
+                } else if phase && during.load(Ordering::Relaxed) {
+                    handoff.push(ms);
+                } else if !phase {
+                    steady.push(ms);
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            (steady, handoff, failed)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    during.store(true, Ordering::Relaxed);
+    let t0 = Instant::now();
+    let new = world.spawn(&[]);
+    let (old_pid, new_pid) = (old.pid(), new.pid());
+    let mut old_hwm = hwm_kb(old_pid).unwrap_or(0);
+    let status = loop {
+        old_hwm = old_hwm.max(hwm_kb(old_pid).unwrap_or(0));
+        if let Some(s) = world.status()
+            && s["pid"] == new_pid
+        {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "handoff of {n} connections did not complete"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    let wall_ms = t0.elapsed().as_millis();
+    // Keep measuring until the old process has exited.
+    while old.alive() && t0.elapsed() < Duration::from_secs(60) {
+        old_hwm = old_hwm.max(hwm_kb(old_pid).unwrap_or(0));
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    during.store(false, Ordering::Relaxed);
+    let new_hwm = hwm_kb(new_pid).unwrap_or(0);
+    stop.store(true, Ordering::Relaxed);
+    let (mut steady, mut handoff, failed) = probe.await.unwrap();
+
+    // Every idle connection moved and still works.
+    let mut broken = 0;
+    for (i, s) in idle.iter_mut().enumerate() {
+        if !get(s, &format!("/after/{i}")).await {
+            broken += 1;
+        }
+    }
+    let (s50, s99) = (pct(&mut steady, 0.5), pct(&mut steady, 0.99));
+    let (h50, h99) = (pct(&mut handoff, 0.5), pct(&mut handoff, 0.99));
+    println!(
+        "| {n} | {} | {wall_ms} | {} | {s50:.3} / {s99:.3} | {h50:.3} / {h99:.3} ({} samples) | {:.2} | {:.1} / {:.1} | {broken} | {failed} |",
+        status["durationMs"],
+        status["connections"],
+        handoff.len(),
+        h99 / s99,
+        old_hwm as f64 / 1024.0,
+        new_hwm as f64 / 1024.0,
+    );
+    assert_eq!(broken, 0, "connections lost in the handoff");
+    assert_eq!(failed, 0, "probe requests failed");
+    drop(new);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run bench/handoff-bench.sh"]
+async fn handoff_bench() {
+    // RLIMIT_NOFILE is raised by bench/handoff-bench.sh (children inherit it).
+    let counts: Vec<usize> = std::env::var("BATON_BENCH_CONNS")
+        .unwrap_or_else(|_| "100,1000,10000".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    println!(
+        "| idle conns | handoff ms (new) | wall ms (spawn→complete) | moved | probe p50/p99 ms steady | p50/p99 ms during | p99 ratio | peak RSS MiB old/new | broken | probe failures |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for n in counts {
+        bench(n).await;
+    }
+}
