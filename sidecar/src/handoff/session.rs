@@ -1203,3 +1203,108 @@ pub async fn run(
     running.drain(grace).await;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(kind: WireKind, tls: Option<TlsWireState>) -> ConnectionHeader {
+        ConnectionHeader {
+            id: 1,
+            kind,
+            to_upstream_len: 2,
+            to_downstream_len: 1,
+            tls_ciphertext_len: 0,
+            tls,
+            meta: serde_json::to_value(MetaWire {
+                listener: "outbound".into(),
+                peer: "127.0.0.1:1".parse().unwrap(),
+                local: "127.0.0.1:2".parse().unwrap(),
+                original_dst: None,
+                peer_identity: Some("spiffe://td/ns/a/sa/b".into()),
+                alpn: None,
+                tls: false,
+            })
+            .unwrap(),
+        }
+    }
+
+    fn fds(n: usize) -> Vec<OwnedFd> {
+        (0..n)
+            .map(|_| OwnedFd::from(std::net::TcpListener::bind("127.0.0.1:0").unwrap()))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_connection_with_the_wrong_number_of_descriptors_is_declined() {
+        let err = Resumable::from_frame(&header(WireKind::Tcp, None), b"abc".to_vec(), fds(1), 7)
+            .err()
+            .unwrap();
+        assert!(err.contains("needs 2 descriptors"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_tls_connection_with_an_unknown_cipher_or_version_is_declined() {
+        let d = crate::handoff::protocol::DirectionSecrets {
+            seq: 0,
+            key: vec![0; 16],
+            iv: vec![0; 12],
+            traffic_secret: None,
+        };
+        let mut t = TlsWireState {
+            version: TLS13,
+            aead: "rc4".into(),
+            tx: d.clone(),
+            rx: d,
+            server: true,
+        };
+        let err = Resumable::from_frame(
+            &header(WireKind::Http1, Some(t.clone())),
+            b"abc".to_vec(),
+            fds(1),
+            7,
+        )
+        .err()
+        .unwrap();
+        assert!(err.contains("rc4"), "{err}");
+        t.aead = "aes_128_gcm".into();
+        t.version = 0x0301;
+        assert!(
+            Resumable::from_frame(
+                &header(WireKind::Http1, Some(t)),
+                b"abc".to_vec(),
+                fds(1),
+                7
+            )
+            .is_err()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_received_connection_keeps_its_metadata_and_splits_its_bytes() {
+        let r = Resumable::from_frame(&header(WireKind::Tcp, None), b"upd".to_vec(), fds(2), 9)
+            .ok()
+            .unwrap();
+        assert_eq!((r.meta.id, &*r.meta.listener), (9, "outbound"));
+        assert_eq!(
+            r.meta.peer_identity.as_deref(),
+            Some("spiffe://td/ns/a/sa/b")
+        );
+        assert_eq!(
+            (&r.to_upstream[..], &r.to_downstream[..]),
+            (&b"up"[..], &b"d"[..])
+        );
+        assert!(r.up.is_some() && r.tls.is_none());
+    }
+
+    #[test]
+    fn the_test_knobs_default_to_off_and_the_contract_paths() {
+        let c = HandoffConfig::from_env();
+        if std::env::var(contract::env::HANDOFF_SOCKET).is_err() {
+            assert_eq!(c.socket, PathBuf::from(contract::volumes::HANDOFF_SOCKET));
+        }
+        if std::env::var(contract::env::HANDOFF_PROTOCOL_RANGE).is_err() {
+            assert_eq!(c.versions, VersionRange::this_build());
+        }
+    }
+}
