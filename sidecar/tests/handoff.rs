@@ -89,6 +89,7 @@ async fn consecutive_handoffs_lose_no_request_no_byte_and_no_counter() {
             echo: 3,
             tls12: 1,
             tls13: 1,
+            https: 1,
             pace: Duration::from_millis(4),
         },
     )
@@ -139,6 +140,8 @@ async fn consecutive_handoffs_lose_no_request_no_byte_and_no_counter() {
     let echoed = stats.echo_bytes.load(std::sync::atomic::Ordering::Relaxed);
     let tls_bytes = stats.tls_bytes.load(std::sync::atomic::Ordering::Relaxed);
     assert!(tls_bytes > 0, "no TLS traffic");
+    let https = stats.https_ok.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(https > rounds as u64, "too few HTTPS requests: {https}");
     assert!(
         ok > rounds as u64 * 10,
         "too little traffic to mean anything: {ok} requests"
@@ -173,6 +176,7 @@ async fn an_incompatible_protocol_version_is_refused_and_the_old_keeps_serving()
             echo: 2,
             tls12: 0,
             tls13: 0,
+            https: 0,
             pace: Duration::from_millis(4),
         },
     )
@@ -230,6 +234,7 @@ async fn interrupted_handoffs(
                 echo: 5,
                 tls12: 0,
                 tls13: 0,
+                https: 0,
                 pace: Duration::from_millis(3),
             },
         )
@@ -285,6 +290,7 @@ async fn interrupted_handoffs(
                 echo: 1,
                 tls12: 0,
                 tls13: 0,
+                https: 0,
                 pace: Duration::from_millis(3),
             },
         )

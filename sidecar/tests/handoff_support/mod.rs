@@ -392,6 +392,7 @@ pub struct Stats {
     /// HTTP/2 requests retried after a GOAWAY said they were not processed.
     pub h2_retries: AtomicU64,
     pub tls_bytes: AtomicU64,
+    pub https_ok: AtomicU64,
 }
 
 impl Stats {
@@ -434,6 +435,8 @@ pub struct LoadShape {
     /// TLS 1.3 ones also send KeyUpdates).
     pub tls12: usize,
     pub tls13: usize,
+    /// HTTP/1.1 keep-alive over TLS 1.3 (ALPN http/1.1) through the TLS listener.
+    pub https: usize,
     /// Pause between operations of one client (bounds the load).
     pub pace: Duration,
 }
@@ -487,6 +490,16 @@ impl Load {
             )));
         }
         if let Some((addr, ca)) = &world.tls {
+            for c in 0..shape.https {
+                tasks.push(tokio::spawn(https_client(
+                    *addr,
+                    ca.clone(),
+                    c,
+                    shape.pace,
+                    stats.clone(),
+                    stop_rx.clone(),
+                )));
+            }
             for (c, v) in (0..shape.tls12)
                 .map(|c| (c, &rustls::version::TLS12))
                 .chain((0..shape.tls13).map(|c| (100 + c, &rustls::version::TLS13)))
@@ -856,5 +869,76 @@ async fn tls_echo_client(
             stats.tls_bytes.fetch_add(n, Ordering::Relaxed);
         }
         Err(e) => stats.fail(format!("tls {c}: {e}")),
+    }
+}
+
+/// HTTP/1.1 keep-alive over TLS (ALPN `http/1.1`): one TLS connection, every
+/// response checked; the connection moves as TLS + HTTP/1.1 between requests.
+async fn https_client(
+    addr: SocketAddr,
+    ca: rustls_pki_types::CertificateDer<'static>,
+    c: usize,
+    pace: Duration,
+    stats: Arc<Stats>,
+    stop: watch::Receiver<bool>,
+) {
+    let r = async {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca).map_err(|e| e.to_string())?;
+        let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let tcp = TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+            .connect(name, tcp)
+            .await
+            .map_err(|e| format!("handshake: {e}"))?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        let mut seq = 0u64;
+        while !*stop.borrow() {
+            seq += 1;
+            let path = format!("/tls/{c}/{seq}");
+            sender.ready().await.map_err(|e| format!("{path}: {e}"))?;
+            let req = Request::get(&path)
+                .header("host", "upstream")
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            let resp = sender
+                .send_request(req)
+                .await
+                .map_err(|e| format!("{path}: {e}"))?;
+            let status = resp.status();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| format!("{path}: {e}"))?
+                .to_bytes();
+            if status != 200 || body != path.as_bytes() {
+                return Err(format!(
+                    "{path}: {status} {:?}",
+                    String::from_utf8_lossy(&body)
+                ));
+            }
+            stats.ok.fetch_add(1, Ordering::Relaxed);
+            stats.https_ok.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(pace).await;
+        }
+        Ok::<(), String>(())
+    }
+    .await;
+    if let Err(e) = r {
+        stats.fail(format!("https {c}: {e}"));
     }
 }
