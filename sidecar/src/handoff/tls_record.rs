@@ -205,8 +205,14 @@ impl SecretCapture {
         self.inner.lock().ok()?.by_iv.remove(&key)
     }
 
+    /// Traffic secrets held (each is indexed under `CAPTURED_GENERATIONS`
+    /// IVs; a secret taken by a move removes only its matching generation,
+    /// so this is an upper bound after moves).
     pub fn len(&self) -> usize {
-        self.inner.lock().map(|i| i.by_iv.len()).unwrap_or(0)
+        self.inner
+            .lock()
+            .map(|i| i.by_iv.len().div_ceil(CAPTURED_GENERATIONS))
+            .unwrap_or(0)
     }
 
     pub fn is_empty(&self) -> bool {
