@@ -872,6 +872,9 @@ async fn hand_off_inner(
 
     // Whatever happens next, this guard resumes what was not handed over.
     let mut pending: HashMap<u64, InFlight> = HashMap::new();
+    // Outside the block: whatever is still parking when it ends (a long
+    // request, or an error) must be resumed, never dropped.
+    let mut parks: JoinSet<(u64, Option<Parked>)> = JoinSet::new();
     let result = async {
         // 1. Listeners, the admin socket last.
         let socks = running.listening_sockets()?;
@@ -909,7 +912,6 @@ async fn hand_off_inner(
         // connection is frozen until the new process adopts it, so a small
         // window keeps each one's pause short); send each as it reaches its
         // safe point; release it when acknowledged.
-        let mut parks: JoinSet<(u64, Option<Parked>)> = JoinSet::new();
         let mut asked = std::collections::HashSet::new();
         let mut queue = std::collections::VecDeque::new();
         let mut draining = std::collections::HashSet::new();
@@ -957,8 +959,10 @@ async fn hand_off_inner(
                         Some(r) => match r.extract_tls().await {
                             Ok(Some(r)) => {
                                 sent += 1;
-                                send_connection(&tx, sent, &r).await?;
+                                // Pending before sending: if the send fails, the
+                                // failure path below resumes it here.
                                 pending.insert(sent, InFlight { resumable: r });
+                                send_connection(&tx, sent, &pending[&sent].resumable).await?;
                             }
                             Ok(None) => hm.conn("lost"),
                             Err(r) => {
@@ -981,21 +985,6 @@ async fn hand_off_inner(
                     return Err(ProtocolError::Timeout.into());
                 }
             }
-        }
-        // Late parks (long requests) are resumed here once they stop.
-        if !parks.is_empty() {
-            let shared = shared.clone();
-            let hm = hm.clone();
-            tokio::spawn(async move {
-                while let Some(j) = parks.join_next().await {
-                    if let Ok((_, Some(p))) = j
-                        && let Some(r) = Resumable::from_parked(p)
-                    {
-                        hm.conn("kept");
-                        spawn_resumed(&shared, r);
-                    }
-                }
-            });
         }
         // HTTP/2 connections got GOAWAY and finish their streams here; wait
         // (bounded) so what they count is in the final counters.
@@ -1025,6 +1014,21 @@ async fn hand_off_inner(
     }
     .await;
 
+    // Late parks (long requests, or the handoff failed) resume here.
+    if !parks.is_empty() {
+        let shared = shared.clone();
+        let hm = hm.clone();
+        tokio::spawn(async move {
+            while let Some(j) = parks.join_next().await {
+                if let Ok((_, Some(p))) = j
+                    && let Some(r) = Resumable::from_parked(p)
+                {
+                    hm.conn("kept");
+                    spawn_resumed(&shared, r);
+                }
+            }
+        });
+    }
     if result.is_err() {
         // From here on the new process cannot acknowledge anything; what it
         // acknowledged before is still queued and is honoured.
