@@ -12,7 +12,8 @@
 # target is installed), /etc/passwd and /tmp. The runtime stages of the repo's
 # Dockerfile describe the same images (same binary, path, entrypoint, user).
 # Tarballs are written to $BATON_CACHE/images/ (set BATON_IMAGES_NO_IMPORT=1
-# to only build them).
+# to only build them; BATON_IMAGES_NO_BUILD=1 packs the release binaries
+# already in target/release without running cargo).
 set -euo pipefail
 E2E_DIR="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=e2e/scripts/common.sh
@@ -129,6 +130,10 @@ oci_tar() {
 declare -A cargo_done=()
 cargo_bins() {
   local pkg=$1
+  if [ -z "${cargo_done[$pkg]:-}" ] && [ "${BATON_IMAGES_NO_BUILD:-0}" = 1 ]; then
+    # Reuse the release binaries as they are (quick re-import after `up`).
+    cargo_done[$pkg]=ok
+  fi
   if [ -z "${cargo_done[$pkg]:-}" ]; then
     log "cargo build --release -p $pkg"
     if (cd "$REPO" && cargo build --release --locked -p "$pkg" --bins >&2); then

@@ -63,3 +63,18 @@ k8s_bin() { "$E2E_DIR/scripts/provision.sh"; }
 
 pid_alive() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null; }
 recorded_pid() { cat "$PIDS/$1.pid" 2>/dev/null || true; }
+
+# One cluster operation at a time: up, install and down serialise on a lock
+# outside the run dir (a `down` racing an `up` would let the `up` recreate
+# what the `down` just removed). Held until the calling script exits.
+cluster_lock() {
+  # A script called by the lock holder (up → down) runs under its lock.
+  [ "${BATON_E2E_LOCK_HELD:-0}" = 1 ] && return 0
+  export BATON_E2E_LOCK_HELD=1
+  mkdir -p "$CACHE"
+  exec 9>"$CACHE/cluster.lock"
+  if ! flock -n 9; then
+    log "waiting for another cluster operation (lock $CACHE/cluster.lock)"
+    flock -w 600 9 || die "another cluster operation holds $CACHE/cluster.lock"
+  fi
+}

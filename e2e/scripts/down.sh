@@ -13,6 +13,7 @@ E2E_DIR="$(cd "$(dirname "$0")/.." && pwd)"
 . "$E2E_DIR/scripts/common.sh"
 
 [ "$(id -u)" = 0 ] || die "down needs root"
+cluster_lock
 problems=0
 problem() { log "LEFT BEHIND: $*"; problems=$((problems + 1)); }
 

@@ -15,6 +15,7 @@ E2E_DIR="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$REPO"
 
 [ -f "$KUBECONFIG_ADMIN" ] || die "cluster is not up (run e2e/cluster.sh up)"
+cluster_lock
 RELEASE="${CARGO_TARGET_DIR:-$REPO/target}/release"
 skipped=()
 # usable NAME BINARY: the binary exists and e2e/images.sh did not skip its
@@ -74,7 +75,7 @@ host_process() {
     log "$name already running (pid $pid)"
     return 0
   fi
-  setsid "$@" >"$LOGS/host-$name.log" 2>&1 </dev/null &
+  setsid "$@" >"$LOGS/host-$name.log" 2>&1 </dev/null 9>&- &
   echo $! >"$PIDS/host-$name.pid"
   local deadline=$(($(date +%s) + 60))
   until curl -fsS -o /dev/null "$ready"; do

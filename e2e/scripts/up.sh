@@ -10,6 +10,7 @@ E2E_DIR="$(cd "$(dirname "$0")/.." && pwd)"
 . "$E2E_DIR/scripts/common.sh"
 
 [ "$(id -u)" = 0 ] || die "the cluster needs root (containerd, kubelet, iptables)"
+cluster_lock
 T0=$(date +%s.%N)
 elapsed() { awk -v a="$T0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
 
@@ -94,7 +95,8 @@ kubeconfig scheduler scheduler
 start() {
   local name=$1
   shift
-  setsid "$@" >"$LOGS/$name.log" 2>&1 </dev/null &
+  # 9>&-: daemons must not inherit the cluster lock's descriptor.
+  setsid "$@" >"$LOGS/$name.log" 2>&1 </dev/null 9>&- &
   echo $! >"$PIDS/$name.pid"
 }
 
