@@ -11,4 +11,4 @@ cd "$(dirname "$0")/.."
 export BATON_BENCH_RATE="${BATON_BENCH_RATE:-200}"
 export BATON_BENCH_SECONDS="${BATON_BENCH_SECONDS:-10}"
 export BATON_BENCH_CONNECTIONS="${BATON_BENCH_CONNECTIONS:-2}"
-exec timeout 900 cargo bench --locked -p baton-webhook --bench admission
+exec timeout 1800 cargo bench --locked -p baton-webhook --bench admission
