@@ -78,7 +78,7 @@ host_process() {
   setsid "$@" >"$LOGS/host-$name.log" 2>&1 </dev/null 9>&- &
   echo $! >"$PIDS/host-$name.pid"
   local deadline=$(($(date +%s) + 60))
-  until curl -fsS -o /dev/null "$ready"; do
+  until curl -fs -o /dev/null "$ready"; do
     if ! pid_alive "$(recorded_pid "host-$name")"; then
       tail -20 "$LOGS/host-$name.log" >&2
       die "$name exited during start-up (log: $LOGS/host-$name.log)"
