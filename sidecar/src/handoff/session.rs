@@ -915,12 +915,17 @@ async fn hand_off_inner(
         let mut asked = std::collections::HashSet::new();
         let mut queue = std::collections::VecDeque::new();
         let mut draining = std::collections::HashSet::new();
+        // `relist` scans the registry (O(n)): only at the start and when
+        // everything asked so far is done, never per connection.
         let ask_all = |parks: &mut JoinSet<(u64, Option<Parked>)>,
                        asked: &mut std::collections::HashSet<u64>,
-                       queue: &mut std::collections::VecDeque<u64>| {
-            for c in shared.registry.list() {
-                if asked.insert(c.id) {
-                    queue.push_back(c.id);
+                       queue: &mut std::collections::VecDeque<u64>,
+                       relist: bool| {
+            if relist {
+                for c in shared.registry.list() {
+                    if asked.insert(c.id) {
+                        queue.push_back(c.id);
+                    }
                 }
             }
             while parks.len() < PARK_WINDOW {
@@ -930,7 +935,7 @@ async fn hand_off_inner(
                 }
             }
         };
-        ask_all(&mut parks, &mut asked, &mut queue);
+        ask_all(&mut parks, &mut asked, &mut queue, true);
         let park_deadline = tokio::time::Instant::now() + cfg.park_timeout;
         let mut sent = 0u64;
         let mut progress = tokio::time::Instant::now();
@@ -940,7 +945,7 @@ async fn hand_off_inner(
                 // Connections accepted just before the pause register a
                 // moment later: look once more before declaring done.
                 tokio::task::yield_now().await;
-                ask_all(&mut parks, &mut asked, &mut queue);
+                ask_all(&mut parks, &mut asked, &mut queue, true);
                 if parks.is_empty() {
                     break;
                 }
@@ -949,7 +954,7 @@ async fn hand_off_inner(
                 joined = parks.join_next() => {
                     let Some(joined) = joined else { continue };
                     progress = tokio::time::Instant::now();
-                    ask_all(&mut parks, &mut asked, &mut queue);
+                    ask_all(&mut parks, &mut asked, &mut queue, false);
                     let Ok((id, Some(parked))) = joined else { continue }; // ended on its own
                     match Resumable::from_parked(parked) {
                         None => {

@@ -157,7 +157,7 @@ impl World {
             format!(
                 "version: 1
 admin: {{ address: {admin} }}
-runtime: {{ worker_threads: 1, drain_timeout_ms: 5000 }}
+runtime: {{ worker_threads: 1, drain_timeout_ms: 5000, header_read_timeout_ms: 300000 }}
 listeners:
   - name: http
     address: {http}
