@@ -61,7 +61,10 @@ use crate::server::{Running, StartError, StartOptions};
 use crate::tls::glue::MeshServerStream;
 
 /// Connections parked at once by the old process (see `hand_off_inner`).
-const PARK_WINDOW: usize = 128;
+/// A parked connection is frozen until the new process adopts it, so the
+/// window bounds each connection's pause; the work is CPU-bound, so a small
+/// window costs no throughput (measured: 8 beat 128 on both counts).
+const PARK_WINDOW: usize = 8;
 
 /// Listener name under which the admin socket travels (not a valid config
 /// listener name, so it never collides).
