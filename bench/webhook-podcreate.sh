@@ -44,9 +44,20 @@ for ns in "$plain" "$meshed"; do
   until k get sa default -n "$ns" >/dev/null 2>&1; do sleep 0.2; done
 done
 server=$(k config view --raw --minify -o jsonpath='{.clusters[0].cluster.server}')
-k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >"$tmp/ca.crt"
-k config view --raw --minify -o jsonpath='{.users[0].user.client-certificate-data}' | base64 -d >"$tmp/client.crt"
-k config view --raw --minify -o jsonpath='{.users[0].user.client-key-data}' | base64 -d >"$tmp/client.key"
+# Credentials inline (*-data) or as file paths, whichever the kubeconfig has.
+cred() {
+  local data file
+  data=$(k config view --raw --minify -o "jsonpath={$1-data}")
+  if [ -n "$data" ]; then
+    printf '%s' "$data" | base64 -d >"$2"
+  else
+    file=$(k config view --raw --minify -o "jsonpath={$1}")
+    cp "$file" "$2"
+  fi
+}
+cred .clusters[0].cluster.certificate-authority "$tmp/ca.crt"
+cred .users[0].user.client-certificate "$tmp/client.crt"
+cred .users[0].user.client-key "$tmp/client.key"
 
 python3 - "$server" "$tmp" "$plain" "$meshed" "$N" "$RATE" <<'PY'
 import http.client, json, ssl, sys, time, urllib.parse
