@@ -338,6 +338,9 @@ pub fn self_test(engine: &dyn Engine) -> Result<(), OffloadError> {
 
 type Job = Box<dyn FnOnce() + Send>;
 
+/// Nice value of crypto threads relative to the event loop (0).
+const CRYPTO_NICE: i32 = 10;
+
 /// A dedicated, bounded pool of crypto threads. At most `workers + queue`
 /// steps are admitted; further submitters wait asynchronously for a slot, so
 /// a handshake burst becomes back-pressure on accept, never an unbounded
@@ -373,6 +376,10 @@ impl CryptoPool {
             std::thread::Builder::new()
                 .name(format!("baton-crypto-{name}-{i}"))
                 .spawn(move || {
+                    // Let the event loop preempt signatures (see tls::sched).
+                    if let Err(e) = super::sched::set_current_thread_nice(CRYPTO_NICE) {
+                        tracing::debug!(error = %e, "cannot lower crypto thread priority");
+                    }
                     loop {
                         // Hold the lock only to receive, not to run.
                         let job = match rx.lock() {

@@ -1,0 +1,46 @@
+//! Scheduling priority of the crypto threads.
+//!
+//! Offload moves signatures off the event loop, but on a sidecar's small CPU
+//! budget both still share cores. A crypto thread running flat out at the
+//! same priority gets the same share as the event loop and delays it by whole
+//! scheduler slices. Giving crypto threads a higher nice value lets the event
+//! loop preempt them whenever it has work: plaintext and established-TLS
+//! traffic stays responsive and handshakes absorb the contention, which is
+//! the point of offloading them.
+#![allow(unsafe_code)]
+
+/// Sets the nice value of the calling thread (Linux: `PRIO_PROCESS` with
+/// `who = 0` addresses the calling thread, not the whole process).
+pub fn set_current_thread_nice(nice: i32) -> std::io::Result<()> {
+    // SAFETY: setpriority only reads its integer arguments; it does not touch
+    // memory owned by this program.
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_thread_can_lower_its_own_priority_without_touching_others() {
+        let main_before = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+        let nice_field = |stat: &str| -> i64 {
+            // Field 19 (nice) counted after the ")" that ends the command name.
+            let rest = &stat[stat.rfind(')').unwrap() + 2..];
+            rest.split(' ').nth(16).unwrap().parse().unwrap()
+        };
+        let before = nice_field(&main_before);
+        let child = std::thread::spawn(move || {
+            super::set_current_thread_nice(10).unwrap();
+            nice_field(&std::fs::read_to_string("/proc/thread-self/stat").unwrap())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(child, (before + 10).min(19));
+        let after = nice_field(&std::fs::read_to_string("/proc/thread-self/stat").unwrap());
+        assert_eq!(after, before);
+    }
+}
