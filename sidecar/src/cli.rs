@@ -249,12 +249,27 @@ fn run_proxy(args: RunArgs) -> Result<(), CliError> {
         snapshot.admin.address = SocketAddr::from(([127, 0, 0, 1], 0));
     }
     crate::config::compile(&snapshot)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(snapshot.runtime.worker_threads)
-        .thread_name("baton-worker")
-        .enable_all()
-        .build()
-        .map_err(CliError::Runtime)?;
+    // One worker: a current-thread runtime (no work-stealing machinery, no
+    // cross-thread wakeups); more: the multi-thread scheduler.
+    let runtime = if snapshot.runtime.worker_threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(snapshot.runtime.worker_threads)
+            .thread_name("baton-worker")
+            .enable_all()
+            .build()
+    }
+    .map_err(CliError::Runtime)?;
+    // Mesh TLS from the snapshot's `tls` section (inside the runtime: the
+    // certificate file watcher is a task).
+    let tls = runtime
+        .block_on(async { crate::tls::MeshTls::from_section(snapshot.tls.as_ref()) })
+        .map_err(ConfigError::Tls)?;
+    // TLS 1.3 traffic secrets for the handoff (KeyUpdate after a move).
+    tls.set_key_log(crate::handoff::tls_record::secret_capture());
     // With handoff: adopt from a live sidecar on the shared volume, or
     // start fresh and answer the next one's handoff request.
     runtime.block_on(crate::handoff::run(
@@ -262,6 +277,7 @@ fn run_proxy(args: RunArgs) -> Result<(), CliError> {
         StartOptions {
             watch,
             log_level,
+            tls: Some(tls),
             ..Default::default()
         },
         crate::handoff::HandoffConfig::from_env(),

@@ -62,7 +62,7 @@ pub fn detect(buf: &[u8]) -> Detection {
             Detection::Done(Protocol::Tcp)
         };
     }
-    if token_len == 0 || buf[token_len] != b' ' {
+    if token_len == 0 || token_len >= 16 || buf[token_len] != b' ' {
         return Detection::Done(Protocol::Tcp);
     }
     match buf.iter().position(|b| *b == b'\n') {
@@ -141,6 +141,33 @@ mod tests {
         let mut weird = b"FOO /".to_vec();
         weird.resize(MAX_DETECT_BYTES, b'a');
         assert_eq!(d(&weird), Detection::Done(Protocol::Tcp));
+    }
+
+    /// Once detection decides, more bytes never change the decision (the
+    /// fuzz target checks the same property on arbitrary input).
+    #[test]
+    fn a_decision_is_stable_when_more_bytes_arrive() {
+        let samples: [&[u8]; 6] = [
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"ABCDEFGHIJKLMNOPQRS / HTTP/1.1\r\n",
+            H2_PREFACE,
+            b"\x16\x03\x01\x00\x10",
+            b"PRX * HTTP/2.0\r\n",
+            b"GET /x SSH\r\nmore",
+        ];
+        for sample in samples {
+            let mut decided = None;
+            for n in 0..=sample.len() {
+                match (detect(&sample[..n]), decided) {
+                    (Detection::Done(p), None) => decided = Some(p),
+                    (Detection::Done(p), Some(d)) => assert_eq!(p, d, "{sample:?} at {n}"),
+                    (Detection::NeedMore, Some(d)) => {
+                        panic!("{sample:?} went back to NeedMore after {d:?}")
+                    }
+                    (Detection::NeedMore, None) => {}
+                }
+            }
+        }
     }
 
     #[test]

@@ -29,7 +29,7 @@ use crate::config::store::{Active, ConfigStore};
 use crate::conn::ConnRegistry;
 use crate::filters::{ConnMeta, FilterAction, RequestInfo, StreamFilter, fast_rand};
 use crate::lifecycle::Lifecycle;
-use crate::metrics::{Metrics, RequestLabels, RouteLabels, StatusClass};
+use crate::metrics::{Metrics, RequestLabels, RouteLabels, RouteMetrics, StatusClass};
 use crate::routing::{CompiledRoute, RequestView, match_route, split_host_port};
 use crate::upstream::{Cluster, Outcome};
 
@@ -307,7 +307,17 @@ impl HttpService {
                         "fault_abort"
                     };
                     let resp = local(status, reason, body, metrics);
-                    self.record_status(&route_name, resp.status(), started);
+                    let compiled = match &target {
+                        Target::Route(r) => Some(&**r),
+                        _ => None,
+                    };
+                    self.record_status(
+                        compiled,
+                        &route_name,
+                        resp.status(),
+                        started,
+                        listener.config.access_log,
+                    );
                     return resp;
                 }
             }
@@ -472,31 +482,46 @@ impl HttpService {
                 )
             }
         };
-        self.record_status(&route_name, resp.status(), started);
+        self.record_status(
+            route.as_deref(),
+            &route_name,
+            resp.status(),
+            started,
+            listener.config.access_log,
+        );
         resp
     }
 
-    fn record_status(&self, route: &Arc<str>, status: StatusCode, started: Instant) {
+    fn record_status(
+        &self,
+        compiled: Option<&CompiledRoute>,
+        route: &Arc<str>,
+        status: StatusCode,
+        started: Instant,
+        access_log: bool,
+    ) {
         let m = &self.shared.metrics;
-        m.requests
-            .get_or_create(&RequestLabels {
-                route: route.clone(),
-                status_class: StatusClass::of(status.as_u16()),
-            })
-            .inc();
-        m.request_duration
-            .get_or_create(&RouteLabels {
-                route: route.clone(),
-            })
-            .observe(started.elapsed().as_secs_f64());
-        if self
-            .shared
-            .store
-            .load()
-            .config
-            .listener(&self.conn.listener)
-            .is_some_and(|l| l.config.access_log)
-        {
+        let elapsed = started.elapsed().as_secs_f64();
+        match compiled {
+            Some(r) => r
+                .metrics
+                .get_or_init(|| RouteMetrics::resolve(m, route))
+                .record(status.as_u16(), elapsed),
+            None => {
+                m.requests
+                    .get_or_create(&RequestLabels {
+                        route: route.clone(),
+                        status_class: StatusClass::of(status.as_u16()),
+                    })
+                    .inc();
+                m.request_duration
+                    .get_or_create(&RouteLabels {
+                        route: route.clone(),
+                    })
+                    .observe(elapsed);
+            }
+        }
+        if access_log {
             tracing::info!(target: "access", conn = self.conn.id, peer = %self.conn.peer, route = %route, status = status.as_u16(), micros = started.elapsed().as_micros() as u64, "request");
         }
     }

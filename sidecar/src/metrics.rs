@@ -69,6 +69,48 @@ pub struct ConnLabels {
 
 type Labels = Vec<(&'static str, &'static str)>;
 
+/// Per-route metric handles, resolved once per compiled route so the hot
+/// path does no label hashing or lock (counters are shared with the family,
+/// so values continue across reloads).
+#[derive(Debug, Clone)]
+pub struct RouteMetrics {
+    by_class: [Counter; 5],
+    duration: Histogram,
+}
+
+impl RouteMetrics {
+    pub fn resolve(m: &Metrics, route: &Arc<str>) -> Self {
+        let class = |c| {
+            m.requests
+                .get_or_create(&RequestLabels {
+                    route: route.clone(),
+                    status_class: c,
+                })
+                .clone()
+        };
+        Self {
+            by_class: [
+                class(StatusClass::C1xx),
+                class(StatusClass::C2xx),
+                class(StatusClass::C3xx),
+                class(StatusClass::C4xx),
+                class(StatusClass::C5xx),
+            ],
+            duration: m
+                .request_duration
+                .get_or_create(&RouteLabels {
+                    route: route.clone(),
+                })
+                .clone(),
+        }
+    }
+
+    pub fn record(&self, status: u16, seconds: f64) {
+        self.by_class[StatusClass::of(status) as usize].inc();
+        self.duration.observe(seconds);
+    }
+}
+
 fn latency_histogram() -> Histogram {
     // 100 µs .. ~13 s
     Histogram::new(exponential_buckets(0.0001, 2.0, 18))

@@ -226,6 +226,8 @@ pub struct CompiledRoute {
     pub mirror: Option<(usize, f64)>,
     pub request_headers: HeaderRewriter,
     pub response_headers: HeaderRewriter,
+    /// Metric handles, resolved on first use.
+    pub metrics: std::sync::OnceLock<crate::metrics::RouteMetrics>,
 }
 
 /// The parts of a request routing looks at, borrowed (no copies).

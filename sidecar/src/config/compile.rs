@@ -372,6 +372,7 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
                 mirror,
                 request_headers,
                 response_headers,
+                metrics: Default::default(),
             }),
         ));
     }
