@@ -708,62 +708,64 @@ pub async fn adopt(
     opts.adopting = true;
     step_delay(cfg).await;
     let running = crate::server::start(snapshot, opts).await?;
-    // Accept loops run on the shared sockets now: the old may stop accepting.
-    tx.send(&Message::Accepting, b"", &[]).await?;
-
     let shared = running.shared.clone();
     let mut moved = 0u64;
-    let mut next = 0u64;
-    loop {
-        let f = match recv_within(&mut rx, cfg.step_timeout).await {
-            Ok(f) => f,
-            Err(e) => {
-                // The old process died or stalled. Whatever we acknowledged
-                // is ours; everything else stays with it. Keep serving.
-                tracing::error!(error = %e, moved, "handoff: old process stopped mid-handoff; serving what we adopted");
-                hm.handoff("new", "failed");
-                running.shared.lifecycle.set(Phase::Serving);
-                return Ok(running);
-            }
-        };
-        match f.msg {
-            Message::Connection(h) => {
-                next += 1;
-                match Resumable::from_frame(&h, f.blob, f.fds, next) {
-                    Ok(r) => {
-                        step_delay(cfg).await;
-                        // Acknowledge before touching the sockets: once the
-                        // ack is written the old process has let go.
-                        tx.send(&Message::Ack { id: h.id }, b"", &[]).await?;
-                        spawn_resumed(&shared, r);
-                        moved += 1;
-                    }
-                    Err(reason) => {
-                        tracing::warn!(id = h.id, %reason, "handoff: connection refused; the old process keeps it");
-                        tx.send(&Message::Nack { id: h.id, reason }, b"", &[])
-                            .await?;
+    // From here on we serve: a failure leaves us with what we acknowledged
+    // (the old process keeps the rest), never exits.
+    let rest = async {
+        // Accept loops run on the shared sockets now: the old may stop accepting.
+        tx.send(&Message::Accepting, b"", &[]).await?;
+
+        let mut next = 0u64;
+        loop {
+            let f = recv_within(&mut rx, cfg.step_timeout).await?;
+            match f.msg {
+                Message::Connection(h) => {
+                    next += 1;
+                    match Resumable::from_frame(&h, f.blob, f.fds, next) {
+                        Ok(r) => {
+                            step_delay(cfg).await;
+                            // Acknowledge before touching the sockets: once the
+                            // ack is written the old process has let go.
+                            tx.send(&Message::Ack { id: h.id }, b"", &[]).await?;
+                            spawn_resumed(&shared, r);
+                            moved += 1;
+                        }
+                        Err(reason) => {
+                            tracing::warn!(id = h.id, %reason, "handoff: connection refused; the old process keeps it");
+                            tx.send(&Message::Nack { id: h.id, reason }, b"", &[])
+                                .await?;
+                        }
                     }
                 }
-            }
-            Message::Done {
-                connections,
-                counters: delta,
-            } => {
-                let skipped = counters::import(metrics, &extra, &delta);
-                if !skipped.is_empty() {
-                    tracing::warn!(series = ?skipped, "handoff: counters this build does not know were not carried over");
+                Message::Done {
+                    connections,
+                    counters: delta,
+                } => {
+                    let skipped = counters::import(metrics, &extra, &delta);
+                    if !skipped.is_empty() {
+                        tracing::warn!(series = ?skipped, "handoff: counters this build does not know were not carried over");
+                    }
+                    tracing::info!(
+                        offered = connections,
+                        moved,
+                        "handoff: all connections received"
+                    );
+                    break;
                 }
-                tracing::info!(
-                    offered = connections,
-                    moved,
-                    "handoff: all connections received"
-                );
-                break;
+                m => return Err(unexpected(&m)),
             }
-            m => return Err(unexpected(&m).into()),
         }
+        tx.send(&Message::Complete, b"", &[]).await?;
+        Ok::<(), ProtocolError>(())
     }
-    tx.send(&Message::Complete, b"", &[]).await?;
+    .await;
+    if let Err(e) = rest {
+        tracing::error!(error = %e, moved, "handoff: old process stopped mid-handoff; serving what we adopted");
+        hm.handoff("new", "failed");
+        running.shared.lifecycle.set(Phase::Serving);
+        return Ok(running);
+    }
     let elapsed = started.elapsed();
     running.shared.lifecycle.set(Phase::Serving);
     hm.complete.set(1);
