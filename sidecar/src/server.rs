@@ -207,6 +207,7 @@ pub async fn start(snapshot: Snapshot, mut opts: StartOptions) -> Result<Running
             addr: snapshot.admin.address,
             source,
         })?;
+    // Admin is tasks[0] (see `stop_admin`).
     tasks.push(tokio::spawn(admin.clone().serve(admin_listener)));
 
     let mut running = HashMap::new();
@@ -322,6 +323,15 @@ impl Running {
             }
         }
         Ok(())
+    }
+
+    /// Stop accepting on the admin socket (after a handoff the new process
+    /// answers probes on the same socket; a draining old one would say 503).
+    /// Admin requests already accepted finish.
+    pub fn stop_admin(&self) {
+        if let Some(admin) = self.tasks.first() {
+            admin.abort();
+        }
     }
 
     /// Add a readiness condition (see [`ReadinessHook`]).

@@ -94,6 +94,23 @@ async fn consecutive_handoffs_lose_no_request_no_byte_and_no_counter() {
         },
     )
     .await;
+    // Readiness probes throughout, as the kubelet would send them: every
+    // answer on the shared admin port must be 200.
+    let probe_stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let prober = tokio::spawn({
+        let (admin, stop) = (world.admin, probe_stop.clone());
+        async move {
+            let (mut ok, mut bad) = (0u64, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match admin_get(admin, "/ready").await {
+                    Ok((200, _)) => ok += 1,
+                    other => bad.push(format!("{other:?}")),
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            (ok, bad)
+        }
+    });
     let mut last_requests = 0u64;
     let mut durations = Vec::new();
     let mut moved_total = 0u64;
@@ -134,6 +151,16 @@ async fn consecutive_handoffs_lose_no_request_no_byte_and_no_counter() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let stats = load.finish().await;
     assert_clean(&stats, &[current.log_tail()]);
+    probe_stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ready_ok, not_ready) = prober.await.unwrap();
+    assert!(
+        not_ready.is_empty(),
+        "/ready not 200 during handoffs: {not_ready:?}"
+    );
+    assert!(
+        ready_ok > rounds as u64,
+        "too few readiness probes: {ready_ok}"
+    );
     let dups = world.upstream.duplicates();
     assert!(dups.is_empty(), "requests served twice: {dups:?}");
     let ok = stats.ok.load(std::sync::atomic::Ordering::Relaxed);

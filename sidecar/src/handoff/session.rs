@@ -1210,6 +1210,10 @@ pub async fn run(
         }
     }
     drop(listener);
+    if handed_off {
+        // Probes on the shared admin socket go to the new process only.
+        running.stop_admin();
+    }
     if !handed_off {
         // The path is ours (a successor would have replaced it).
         let _ = std::fs::remove_file(&cfg.socket);
