@@ -21,6 +21,7 @@
 pub mod admin;
 pub mod body;
 pub mod cli;
+pub mod coarse_timer;
 pub mod config;
 pub mod conn;
 pub mod detect;

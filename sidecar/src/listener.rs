@@ -411,7 +411,7 @@ async fn serve_http1<I: ParkableIo>(
     let inflight = svc.inflight.clone();
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
-        .timer(TokioTimer::new())
+        .timer(crate::coarse_timer::CoarseTimer)
         .header_read_timeout(Duration::from_millis(rt.header_read_timeout_ms))
         .max_header_size(rt.max_header_bytes)
         .keep_alive(true);
