@@ -53,7 +53,7 @@ log "install Baton"
   log "WARNING: continuing with skipped components (see SKIPPED lines above)"
 }
 # Tests that need a skipped component check this list and fail loudly.
-BATON_E2E_SKIPPED="$(cat "$CACHE/images/skipped" "$STATE/install-skipped" 2>/dev/null | tr '\n' ';')"
+BATON_E2E_SKIPPED="$(cat "$CACHE/images/skipped" "$STATE/install-skipped" 2>/dev/null | tr '\n' ';' || true)"
 export BATON_E2E_SKIPPED
 
 log "e2e tests"

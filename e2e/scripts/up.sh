@@ -229,7 +229,7 @@ ip6tables -w -N "$GUARD_OUT" 2>/dev/null || ip6tables -w -F "$GUARD_OUT"
 ip6tables -w -A "$GUARD_OUT" -d fe80::a9fe:a9fe/128 -j DROP
 ip6tables -w -I OUTPUT 1 -j "$GUARD_OUT"
 
-wait_until 30 "kube-apiserver /readyz" kc get --raw /readyz
+wait_until 60 "kube-apiserver /readyz" kc get --raw /readyz
 log "apiserver ready after $(elapsed)s"
 
 log "controller-manager, scheduler"
@@ -249,7 +249,7 @@ start kube-scheduler "$BIN/kube-scheduler" \
   --authorization-kubeconfig "$RUN/scheduler.kubeconfig" \
   --bind-address 127.0.0.1 --port 0 --secure-port 10259 --leader-elect=false
 
-wait_until 20 "containerd" ctr --address "$CONTAINERD_SOCK" version
+wait_until 30 "containerd" ctr --address "$CONTAINERD_SOCK" version
 "$E2E_DIR/images.sh" pause
 
 # --- kubelet ---------------------------------------------------------------------
@@ -295,7 +295,7 @@ node_ready() {
   [ "$(kc get node "$NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" = True ] &&
     ! kc get node "$NODE_NAME" -o 'jsonpath={.spec.taints[*].key}' | grep -q not-ready
 }
-wait_until 60 "Node $NODE_NAME Ready" node_ready
+wait_until 90 "Node $NODE_NAME Ready" node_ready
 
 # The kubelet may have inserted rules in FORWARD/OUTPUT: keep the guards first.
 for ipt in iptables ip6tables; do

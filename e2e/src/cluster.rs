@@ -96,10 +96,33 @@ pub const SKIPPED_ENV: &str = "BATON_E2E_SKIPPED";
 #[track_caller]
 pub fn require_component(component: &str) {
     let skipped = std::env::var(SKIPPED_ENV).unwrap_or_default();
-    if let Some(entry) = skipped
-        .split(';')
-        .find(|e| e.split_whitespace().next().map(|w| w.trim_end_matches(':')) == Some(component))
-    {
+    if let Some(entry) = skipped_entry(&skipped, component) {
         panic!("this test needs the {component}, which the harness skipped: {entry}");
+    }
+}
+
+/// The entry of `component` in a `;`-separated skip list whose entries start
+/// with the component's name (`webhook (release build failed)`,
+/// `operator: no usable release binary ...`).
+pub fn skipped_entry<'a>(list: &'a str, component: &str) -> Option<&'a str> {
+    list.split(';').map(str::trim).find(|entry| {
+        entry.split_whitespace().next().map(|w| w.trim_end_matches(':')) == Some(component)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::skipped_entry;
+
+    #[test]
+    fn a_skipped_component_is_found_by_its_leading_name_only() {
+        let list = "webhook (release build of baton-webhook failed);operator: no usable release binary;";
+        assert_eq!(
+            skipped_entry(list, "webhook"),
+            Some("webhook (release build of baton-webhook failed)")
+        );
+        assert_eq!(skipped_entry(list, "operator"), Some("operator: no usable release binary"));
+        assert_eq!(skipped_entry(list, "sidecar"), None);
+        assert_eq!(skipped_entry("", "webhook"), None);
     }
 }
