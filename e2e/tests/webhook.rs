@@ -121,6 +121,7 @@ impl TestWebhook {
             .expect("starting baton-webhook");
         me.child = Some(child);
         me.wait_ready(client).await;
+        me.wait_wired(client, ns).await;
         me
     }
 
@@ -249,6 +250,47 @@ impl TestWebhook {
         )
         .await;
         if let Err(e) = patched {
+            panic!("{e}\nwebhook log:\n{}", self.log_tail());
+        }
+    }
+
+    /// The API server learns about new webhook configurations through an
+    /// informer, so for a moment after creation it may not call this
+    /// webhook yet. Dry-run a probe pod until this process has counted a
+    /// `/mutate-pods` admission (bounded).
+    async fn wait_wired(&self, client: &Client, ns: &str) {
+        let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let probe = pods::pod("probe", vec![pods::container("app", "demo-http-echo", &[])]);
+        let admin = self.admin;
+        let wired = wait_for(
+            "the API server calling this webhook",
+            Duration::from_secs(30),
+            || {
+                let (api, probe) = (api.clone(), probe.clone());
+                async move {
+                    let dry = PostParams {
+                        dry_run: true,
+                        field_manager: None,
+                    };
+                    let created = api.create(&dry, &probe).await;
+                    match admin_get(admin, "/metrics").await {
+                        Ok((200, m))
+                            if m.contains(
+                                r#"baton_webhook_admissions_total{endpoint="mutate-pods""#,
+                            ) =>
+                        {
+                            Check::Done(())
+                        }
+                        other => Check::NotYet(format!(
+                            "create: {:?}; metrics: {other:?}",
+                            created.map(|_| ())
+                        )),
+                    }
+                }
+            },
+        )
+        .await;
+        if let Err(e) = wired {
             panic!("{e}\nwebhook log:\n{}", self.log_tail());
         }
     }

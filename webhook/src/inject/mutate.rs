@@ -15,7 +15,7 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use baton_crds::{
     AcceleratorPool, SidecarRelease, TlsPolicy,
-    contract::{annotations, containers, labels, ports},
+    contract::{annotations, labels, ports},
 };
 use json_patch::{AddOperation, Patch, PatchOperation, jsonptr::PointerBuf};
 use k8s_openapi::api::core::v1::{Container, EnvVar, Node, Pod, ResourceRequirements};
@@ -527,6 +527,3 @@ impl Ops {
         }
     }
 }
-
-/// Container names of the injected slots (used by callers and tests).
-pub const SLOT_NAMES: [&str; 2] = [containers::SLOT_A, containers::SLOT_B];
