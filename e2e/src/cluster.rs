@@ -106,7 +106,11 @@ pub fn require_component(component: &str) {
 /// `operator: no usable release binary ...`).
 pub fn skipped_entry<'a>(list: &'a str, component: &str) -> Option<&'a str> {
     list.split(';').map(str::trim).find(|entry| {
-        entry.split_whitespace().next().map(|w| w.trim_end_matches(':')) == Some(component)
+        entry
+            .split_whitespace()
+            .next()
+            .map(|w| w.trim_end_matches(':'))
+            == Some(component)
     })
 }
 
@@ -116,12 +120,16 @@ mod tests {
 
     #[test]
     fn a_skipped_component_is_found_by_its_leading_name_only() {
-        let list = "webhook (release build of baton-webhook failed);operator: no usable release binary;";
+        let list =
+            "webhook (release build of baton-webhook failed);operator: no usable release binary;";
         assert_eq!(
             skipped_entry(list, "webhook"),
             Some("webhook (release build of baton-webhook failed)")
         );
-        assert_eq!(skipped_entry(list, "operator"), Some("operator: no usable release binary"));
+        assert_eq!(
+            skipped_entry(list, "operator"),
+            Some("operator: no usable release binary")
+        );
         assert_eq!(skipped_entry(list, "sidecar"), None);
         assert_eq!(skipped_entry("", "webhook"), None);
     }
