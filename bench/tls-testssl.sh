@@ -62,11 +62,21 @@ for _ in $(seq 100); do ss -ltn "sport = :$PORT" | grep -q ":$PORT" && break; sl
 timeout 900 testssl --quiet --color 0 --warnings off --fast --ip 127.0.0.1 \
   --jsonfile "$OUT/testssl.json" --logfile "$OUT/testssl.log" "127.0.0.1:$PORT" >"$OUT/testssl.txt" 2>&1 || true
 cat "$OUT/testssl.txt"
-bad=$(python3 -c "
-import json,sys
-d=json.load(open('$OUT/testssl.json'))
-bad=[f for f in d if f.get('severity') in ('MEDIUM','HIGH','CRITICAL')]
-for f in bad: print(f\"{f['severity']}: {f['id']}: {f['finding']}\")
-print(len(bad), file=sys.stderr)" 2>"$OUT/bad-count" | tee "$OUT/findings.txt"; cat "$OUT/bad-count")
+# Findings that are properties of a mesh certificate, not of the TLS layer:
+# the test certificate is self-signed and lives 2 days; mesh certificates come
+# from the mesh CA (not a public one), live hours and are revoked by expiry
+# (renewal at 2/3 of the lifetime), so no CRL/OCSP URI. HTTP security headers
+# (HSTS, ...) belong to the application behind the sidecar.
+EXPECTED='cert_chain_of_trust cert_expirationStatus cert_notAfter cert_revocation cert_trust security_headers HSTS DNS_CAArecord'
+python3 - "$OUT/testssl.json" "$EXPECTED" > "$OUT/findings.txt" <<'PY'
+import json, sys
+expected = set(sys.argv[2].split())
+bad = [f for f in json.load(open(sys.argv[1]))
+       if f.get("severity") in ("MEDIUM", "HIGH", "CRITICAL") and f["id"] not in expected]
+for f in bad:
+    print(f"{f['severity']}: {f['id']}: {f['finding']}")
+PY
+echo "findings (MEDIUM or worse, excluding the expected certificate/HTTP-header ones):"
+cat "$OUT/findings.txt"
 echo "raw: $OUT"
-[[ $(tail -1 "$OUT/bad-count") == 0 ]]
+[[ ! -s $OUT/findings.txt ]]

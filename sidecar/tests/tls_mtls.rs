@@ -439,3 +439,31 @@ async fn the_handoff_key_log_captures_tls13_traffic_secrets() {
     // One client and one server application traffic secret.
     assert_eq!(capture.len(), 2);
 }
+
+#[tokio::test]
+async fn the_policy_suite_order_wins_over_the_client_preference() {
+    let pki = Pki::new("mesh-ca");
+    let mut ss = settings(TlsMode::Strict);
+    ss.cipher_suites = vec![
+        "TLS_AES_256_GCM_SHA384".into(),
+        "TLS_AES_128_GCM_SHA256".into(),
+    ];
+    let server = context(&ss, pki.leaf("backend", Key::P256));
+    let mut cs = settings(TlsMode::Strict);
+    cs.cipher_suites = vec![
+        "TLS_AES_128_GCM_SHA256".into(),
+        "TLS_AES_256_GCM_SHA384".into(),
+    ];
+    let client = context(&cs, pki.leaf("frontend", Key::P256));
+    let srv = EchoServer::start(server).await;
+    let tcp = TcpStream::connect(srv.addr).await.unwrap();
+    let (_s, peer) = client
+        .connector()
+        .connect(tcp, &id("backend"), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        peer.suite,
+        Some(rustls::CipherSuite::TLS13_AES_256_GCM_SHA384)
+    );
+}

@@ -340,6 +340,9 @@ fn build_server_config(
         .with_client_cert_verifier(verifier)
         .with_cert_resolver(Arc::new(StoreResolver(store.clone())));
     cfg.alpn_protocols = p.alpn.clone();
+    // The policy's suite order wins over the client's (testssl flags a server
+    // that follows the client's preference).
+    cfg.ignore_client_order = true;
     // The handoff moves established connections to the next process with
     // their record-layer secrets (ServerConnection::dangerous_extract_secrets).
     cfg.enable_secret_extraction = true;

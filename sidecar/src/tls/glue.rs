@@ -119,10 +119,13 @@ impl MeshTls {
             s.compile().map_err(|e| e.to_string())?;
         }
         let mut applied = self.applied.lock().unwrap_or_else(|p| p.into_inner());
-        if applied.settings == settings && (settings.is_none() || self.current.load().is_some()) {
+        // Failed applies never update `applied`, so equal settings mean the
+        // context (or its pending bootstrap) is already the right one.
+        if applied.settings == settings {
             return Ok(());
         }
         let Some(s) = settings else {
+            *self.pending.lock().unwrap_or_else(|p| p.into_inner()) = None;
             self.current.store(None);
             self.mode
                 .store(MODE_NONE, std::sync::atomic::Ordering::Release);
@@ -130,6 +133,8 @@ impl MeshTls {
             return Ok(());
         };
         let runtime = tokio::runtime::Handle::try_current().ok();
+        // A bootstrap of replaced settings no longer gates readiness.
+        *self.pending.lock().unwrap_or_else(|p| p.into_inner()) = None;
         match (&s.source, s.mode) {
             (_, TlsMode::Disabled) => {
                 self.current.store(None);
@@ -165,18 +170,36 @@ impl MeshTls {
                 // The task holds only a Weak: dropping the MeshTls ends it.
                 let this = Arc::downgrade(self);
                 rt.spawn(async move {
-                    let r = bootstrap(&settings, metrics, stop_rx, RetryPolicy::default()).await;
-                    let Some(this) = this.upgrade() else { return };
-                    match r {
-                        Ok(ctx) => {
-                            this.install_key_log(&ctx);
-                            this.current.store(Some(ctx));
-                            *this.pending.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    // Until the first certificate arrives (or these settings
+                    // are replaced): each round retries with back-off inside
+                    // `bootstrap`, rounds are 30 s apart.
+                    let mut stop = stop_rx.clone();
+                    loop {
+                        let r = bootstrap(
+                            &settings,
+                            metrics.clone(),
+                            stop_rx.clone(),
+                            RetryPolicy::default(),
+                        )
+                        .await;
+                        let Some(this) = this.upgrade() else { return };
+                        match r {
+                            Ok(ctx) => {
+                                this.install_key_log(&ctx);
+                                this.current.store(Some(ctx));
+                                *this.pending.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                                return;
+                            }
+                            Err(e) => {
+                                tracing::error!(error = %e, "identity bootstrap failed; retrying");
+                                *this.pending.lock().unwrap_or_else(|p| p.into_inner()) =
+                                    Some(format!("identity bootstrap failed: {e}"));
+                            }
                         }
-                        Err(e) => {
-                            tracing::error!(error = %e, "identity bootstrap failed");
-                            *this.pending.lock().unwrap_or_else(|p| p.into_inner()) =
-                                Some(format!("identity bootstrap failed: {e}"));
+                        drop(this);
+                        tokio::select! {
+                            _ = tokio::time::sleep(std::time::Duration::from_secs(30)) => {}
+                            _ = stop.wait_for(|s| *s) => return,
                         }
                     }
                 });
