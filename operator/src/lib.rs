@@ -60,6 +60,9 @@ pub fn init_tracing(filter: &str) {
 
 /// Runs the operator until SIGTERM/SIGINT or the loss of leadership.
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    // kube's TLS stack needs a process-wide rustls provider; the workspace
+    // builds rustls with ring only, chosen here explicitly.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let client = kube::Client::try_default()
         .await
         .context("no Kubernetes client configuration (in-cluster or KUBECONFIG)")?;
