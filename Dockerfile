@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # One builder compiles every binary once; each runtime stage copies only its own.
 # Build a component with:  docker build --target sidecar -t baton/sidecar:0.1.0 .
-# (targets: operator, webhook, sidecar, empty). The e2e harness builds the same
+# (targets: operator, webhook, sidecar, empty, and the demo-* workloads). The e2e harness builds the same
 # images as OCI tarballs without Docker (e2e/images.sh); keep the two in step —
 # scripts/check-dockerfile.sh verifies every binary copied here is one the
 # workspace builds.
@@ -17,7 +17,8 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --release --locked --bins \
     && mkdir -p /out \
     && cp target/release/baton-operator target/release/baton-webhook \
-          target/release/baton-sidecar target/release/baton-empty /out/
+          target/release/baton-sidecar target/release/baton-empty \
+          target/release/demo-http-echo target/release/demo-tcp-echo target/release/demo-load /out/
 
 # Minimal runtime: Debian slim with CA certificates and the OpenSSL 3 runtime
 # (the sidecar's `openssl` offload engine loads providers such as Intel's QAT
@@ -36,7 +37,14 @@ FROM runtime AS webhook
 COPY --from=builder /out/baton-webhook /usr/local/bin/baton-webhook
 ENTRYPOINT ["/usr/local/bin/baton-webhook"]
 
+# `baton-sidecar init` (the injected init container) programs iptables, so
+# this image alone carries it; the capability to use it (NET_ADMIN) is granted
+# to the init container only.
 FROM runtime AS sidecar
+USER root
+RUN apt-get update && apt-get install -y --no-install-recommends iptables \
+    && rm -rf /var/lib/apt/lists/*
+USER 2137:2137
 COPY --from=builder /out/baton-sidecar /usr/local/bin/baton-sidecar
 ENTRYPOINT ["/usr/local/bin/baton-sidecar"]
 CMD ["run"]
@@ -46,3 +54,16 @@ CMD ["run"]
 FROM runtime AS empty
 COPY --from=builder /out/baton-empty /usr/local/bin/baton-empty
 ENTRYPOINT ["/usr/local/bin/baton-empty"]
+
+# Demo and test workloads (e2e/images.sh builds the same three).
+FROM runtime AS demo-http-echo
+COPY --from=builder /out/demo-http-echo /usr/local/bin/demo-http-echo
+ENTRYPOINT ["/usr/local/bin/demo-http-echo"]
+
+FROM runtime AS demo-tcp-echo
+COPY --from=builder /out/demo-tcp-echo /usr/local/bin/demo-tcp-echo
+ENTRYPOINT ["/usr/local/bin/demo-tcp-echo"]
+
+FROM runtime AS demo-load
+COPY --from=builder /out/demo-load /usr/local/bin/demo-load
+ENTRYPOINT ["/usr/local/bin/demo-load"]
