@@ -172,6 +172,11 @@ pub async fn start(snapshot: Snapshot, mut opts: StartOptions) -> Result<Running
         .take()
         .unwrap_or_else(|| Arc::new(Metrics::new()));
     let lifecycle = Lifecycle::new(metrics.clone());
+    if opts.adopting {
+        // Taking over a serving socket: the admin port may answer probes
+        // before start-up finishes, and the old process still serves.
+        lifecycle.set(Phase::Adopting);
+    }
     let store = Arc::new(ConfigStore::new(&snapshot, metrics.clone())?);
     let shared = Shared::new(store.clone(), metrics, lifecycle.clone());
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -66,6 +66,10 @@ use crate::tls::glue::MeshServerStream;
 /// window costs no throughput (measured: 8 beat 128 on both counts).
 const PARK_WINDOW: usize = 8;
 
+/// How long a handed-off process keeps serving admin requests it already
+/// accepted before it exits.
+const ADMIN_LINGER: Duration = Duration::from_millis(250);
+
 /// Listener name under which the admin socket travels (not a valid config
 /// listener name, so it never collides).
 pub const ADMIN_LISTENER: &str = "@admin";
@@ -1211,8 +1215,11 @@ pub async fn run(
     }
     drop(listener);
     if handed_off {
-        // Probes on the shared admin socket go to the new process only.
+        // Probes on the shared admin socket go to the new process only; the
+        // few admin requests this process accepted just before finish first
+        // (they take well under a millisecond; exiting would cut them off).
         running.stop_admin();
+        tokio::time::sleep(ADMIN_LINGER).await;
     }
     if !handed_off {
         // The path is ours (a successor would have replaced it).
