@@ -293,22 +293,19 @@ mod tests {
     #[tokio::test]
     async fn least_request_prefers_the_less_loaded_endpoint() {
         let c = cluster(2, LbPolicy::LeastRequest, None);
-        let busy: Vec<_> = (0..5)
-            .map(|_| {
-                // Hold guards on endpoint 1 only.
-                let g = c.pick().unwrap();
-                if g.endpoint().addr.port() == 1 {
-                    Some(g)
-                } else {
-                    None
-                }
-            })
-            .collect();
-        let held = busy.iter().flatten().count();
-        if held > 0 {
-            // With two endpoints, P2C always compares both: the idle one wins.
-            assert!((0..20).all(|_| c.pick().unwrap().endpoint().addr.port() == 2));
-        }
+        // Endpoint 1 is busy; with two endpoints P2C always compares both.
+        c.endpoints[0].active.store(5, Ordering::Relaxed);
+        assert!((0..20).all(|_| c.pick().unwrap().endpoint().addr.port() == 2));
+        c.endpoints[0].active.store(0, Ordering::Relaxed);
+        let held: Vec<_> = (0..3).map(|_| c.pick().unwrap()).collect();
+        let on_2 = held
+            .iter()
+            .filter(|g| g.endpoint().addr.port() == 2)
+            .count();
+        assert!(
+            (1..=2).contains(&on_2),
+            "load spreads over both endpoints, got {on_2} of 3 on endpoint 2"
+        );
     }
 
     #[tokio::test]
