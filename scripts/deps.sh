@@ -14,5 +14,6 @@ fi
 # the same version as the e2e API server) is enough for the suite.
 if ! command -v kubectl >/dev/null; then
   echo "installing: kubernetes-client (kubectl)"
+  apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends kubernetes-client >/dev/null
 fi
