@@ -277,10 +277,13 @@ fn run_proxy(args: RunArgs) -> Result<(), CliError> {
         StartOptions {
             watch,
             log_level,
-            tls: Some(tls),
+            tls: Some(tls.clone()),
             ..Default::default()
         },
         crate::handoff::HandoffConfig::from_env(),
+        // Reloaded `tls` sections are checked and applied, /ready reflects
+        // the offload engine, and /metrics carries the TLS series.
+        |running| tls.attach(running),
     ))?;
     Ok(())
 }

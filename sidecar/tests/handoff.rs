@@ -216,7 +216,7 @@ async fn an_incompatible_protocol_version_is_refused_and_the_old_keeps_serving()
         "the refused process must exit with an error: {exit:?}"
     );
     assert!(
-        new.log_tail().contains("incompatible"),
+        new.log_all().contains("incompatible"),
         "{}",
         new.log_tail()
     );

@@ -1159,10 +1159,15 @@ pub enum RunError {
 /// The sidecar's main loop with handoff: adopt from a live sidecar on the
 /// handoff socket if one answers, else start fresh; then serve, answering
 /// handoff requests, until a signal, `/shutdown`, or a completed handoff.
+///
+/// `on_start` runs once the data plane serves (fresh or adopted), before the
+/// first handoff request is answered: the place to attach layers that hook
+/// into the running server (mesh TLS: config hook, readiness, metrics).
 pub async fn run(
     snapshot: Snapshot,
     mut opts: StartOptions,
     cfg: HandoffConfig,
+    on_start: impl FnOnce(&crate::server::Running),
 ) -> Result<(), RunError> {
     let metrics = opts
         .metrics
@@ -1183,6 +1188,7 @@ pub async fn run(
             (crate::server::start(snapshot, opts).await?, listener)
         }
     };
+    on_start(&running);
     let lifecycle = running.shared.lifecycle.clone();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let mut handed_off = false;

@@ -58,6 +58,12 @@ impl Sidecar {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// The whole log (an error message may sit above a long backtrace when
+    /// RUST_BACKTRACE is set).
+    pub fn log_all(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
     pub fn log_tail(&self) -> String {
         let s = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = s.lines().collect();
