@@ -215,11 +215,7 @@ async fn an_incompatible_protocol_version_is_refused_and_the_old_keeps_serving()
         exit.is_some_and(|s| !s.success()),
         "the refused process must exit with an error: {exit:?}"
     );
-    assert!(
-        new.log_all().contains("incompatible"),
-        "{}",
-        new.log_tail()
-    );
+    assert!(new.log_all().contains("incompatible"), "{}", new.log_tail());
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(old.alive());
     let m = metrics(&world).await;
