@@ -135,12 +135,13 @@ cargo_bins() {
     cargo_done[$pkg]=ok
   fi
   if [ -z "${cargo_done[$pkg]:-}" ]; then
-    log "cargo build --release -p $pkg"
-    if (cd "$REPO" && cargo build --release --locked -p "$pkg" --bins >&2); then
-      cargo_done[$pkg]=ok
-    else
-      cargo_done[$pkg]=failed
+    # One build of every workspace binary: per-package builds unify features
+    # differently and recompile the shared dependency tree once per package.
+    log "cargo build --release --workspace --bins (for $pkg)"
+    if (cd "$REPO" && cargo build --release --locked --workspace --bins >&2); then
+      for p in baton-sidecar baton-operator baton-webhook baton-e2e; do cargo_done[$p]=ok; done
     fi
+    cargo_done[$pkg]=${cargo_done[$pkg]:-failed}
   fi
   [ "${cargo_done[$pkg]}" = ok ]
 }
