@@ -46,12 +46,15 @@ say "act 1: three live handoffs under load"
 "$BIN/demo-http-echo" --listen 127.0.0.1:8082 >"$work/echo2.log" 2>&1 & pids+=($!)
 export BATON_HANDOFF_SOCKET="$work/handoff.sock" BATON_HANDOFF_STATUS_FILE="$work/handoff-status.json"
 export BATON_LOG=warn
+# Sets $started (not echoed: a command substitution would run it in a
+# subshell and the PID would never reach the cleanup list).
 start_sidecar() {
   "$BIN/baton-sidecar" run --config examples/standalone.yaml >>"$work/sidecar.log" 2>&1 &
-  pids+=($!)
-  echo $!
+  started=$!
+  pids+=("$started")
 }
-first=$(start_sidecar)
+start_sidecar
+first=$started
 "$BIN/baton-sidecar" wait-ready --admin 127.0.0.1:15020 --timeout-secs 30
 echo "sidecar pid $first serves 127.0.0.1:15001 (examples/standalone.yaml)"
 
@@ -62,7 +65,8 @@ pids+=("$load")
 for i in 1 2 3; do
   sleep 2
   before=$(date +%s%N)
-  new=$(start_sidecar)
+  start_sidecar
+  new=$started
   for _ in $(seq 1 200); do
     grep -qs "\"pid\": *$new\b" "$BATON_HANDOFF_STATUS_FILE" && break
     sleep 0.05
