@@ -384,14 +384,12 @@ pub async fn patch_ca_bundles(
     let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     match mutating.get_opt(mutating_name).await? {
         Some(mut config) => {
-            let mut changed = false;
-            for hook in config.webhooks.iter_mut().flatten() {
-                if hook.client_config.ca_bundle.as_ref() != Some(&bundle) {
-                    hook.client_config.ca_bundle = Some(bundle.clone());
-                    changed = true;
-                }
-            }
-            if changed {
+            let clients = config
+                .webhooks
+                .iter_mut()
+                .flatten()
+                .map(|h| &mut h.client_config);
+            if set_ca_bundle(clients, &bundle) {
                 mutating
                     .replace(mutating_name, &PostParams::default(), &config)
                     .await?;
@@ -403,14 +401,12 @@ pub async fn patch_ca_bundles(
     let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     match validating.get_opt(validating_name).await? {
         Some(mut config) => {
-            let mut changed = false;
-            for hook in config.webhooks.iter_mut().flatten() {
-                if hook.client_config.ca_bundle.as_ref() != Some(&bundle) {
-                    hook.client_config.ca_bundle = Some(bundle.clone());
-                    changed = true;
-                }
-            }
-            if changed {
+            let clients = config
+                .webhooks
+                .iter_mut()
+                .flatten()
+                .map(|h| &mut h.client_config);
+            if set_ca_bundle(clients, &bundle) {
                 validating
                     .replace(validating_name, &PostParams::default(), &config)
                     .await?;
@@ -496,6 +492,24 @@ pub async fn run(client: Client, cfg: SelfManaged, store: Arc<CertStore>, stop: 
             () = tokio::time::sleep(wait) => {}
         }
     }
+}
+
+/// Points every webhook client config at `bundle`; whether anything changed
+/// (so an unchanged configuration is not rewritten).
+fn set_ca_bundle<'a>(
+    clients: impl IntoIterator<
+        Item = &'a mut k8s_openapi::api::admissionregistration::v1::WebhookClientConfig,
+    >,
+    bundle: &ByteString,
+) -> bool {
+    let mut changed = false;
+    for client in clients {
+        if client.ca_bundle.as_ref() != Some(bundle) {
+            client.ca_bundle = Some(bundle.clone());
+            changed = true;
+        }
+    }
+    changed
 }
 
 #[cfg(test)]
