@@ -1,5 +1,5 @@
 //! The admin listener: `/metrics`, `/ready`, `/live`, `/config` (secrets
-//! redacted), `/log-level`, `/connections` and `/shutdown`.
+//! redacted), `/log-level`, `/connections`, `/handoff` and `/shutdown`.
 //!
 //! Kept deliberately separate from the data-plane listeners: it never goes
 //! through routing or filters, and it keeps answering while draining (so
@@ -31,6 +31,9 @@ pub struct Admin {
     pub shared: Arc<Shared>,
     pub log_level: Option<LogLevelHook>,
     pub readiness: Arc<std::sync::Mutex<Vec<ReadinessHook>>>,
+    /// The handoff that made this process the serving one (the status-file
+    /// document), for `GET /handoff`; `None` after a fresh start.
+    pub handoff: Arc<std::sync::Mutex<Option<serde_json::Value>>>,
 }
 
 impl std::fmt::Debug for Admin {
@@ -124,6 +127,29 @@ impl Admin {
                 );
                 r
             }
+            (&Method::GET, "/handoff") => {
+                // Phase first: during a handoff the old process says
+                // `handing-off`/`draining`, the new one `adopting`.
+                let last = self
+                    .handoff
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                let body = serde_json::json!({
+                    "phase": phase.as_str(),
+                    "complete": last.is_some(),
+                    "lastHandoff": last,
+                });
+                let mut r = text(
+                    StatusCode::OK,
+                    serde_json::to_vec_pretty(&body).unwrap_or_default(),
+                );
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    "application/json".parse().expect("static"),
+                );
+                r
+            }
             (&Method::GET, "/connections") => {
                 let mut out = String::new();
                 for c in self.shared.registry.list() {
@@ -175,7 +201,7 @@ impl Admin {
             (
                 _,
                 "/metrics" | "/live" | "/ready" | "/config" | "/connections" | "/log-level"
-                | "/shutdown",
+                | "/handoff" | "/shutdown",
             ) => text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
             _ => text(StatusCode::NOT_FOUND, "not found\n"),
         }

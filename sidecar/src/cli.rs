@@ -154,6 +154,7 @@ pub fn quick_snapshot(listen: SocketAddr, upstream: SocketAddr) -> Snapshot {
             pool_idle_timeout_ms: 60_000,
             pool_max_idle_per_endpoint: 256,
             outlier: None,
+            mtls: None,
         }],
         ..Default::default()
     }
@@ -280,7 +281,8 @@ fn run_proxy(args: RunArgs) -> Result<(), CliError> {
             tls: Some(tls.clone()),
             ..Default::default()
         },
-        crate::handoff::HandoffConfig::from_env(),
+        // The certificate and key travel with the handoff.
+        crate::handoff::HandoffConfig::from_env().with_identity(tls.clone()),
         // Reloaded `tls` sections are checked and applied, /ready reflects
         // the offload engine, and /metrics carries the TLS series.
         |running| tls.attach(running),

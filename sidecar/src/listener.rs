@@ -22,7 +22,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
 use crate::body::InFlight;
-use crate::config::{Capture, ListenerProtocol};
+use crate::config::{Capture, Direction, ListenerProtocol};
 use crate::conn::{BoxIo, ConnGuard, ConnKind, ParkRequest, ParkableIo, Parked, PrefixedIo};
 use crate::detect::{Detection, MAX_DETECT_BYTES, Protocol, detect};
 use crate::filters::{ConnMeta, NetworkFilter};
@@ -116,6 +116,13 @@ pub async fn handle_connection(
         return;
     };
     let local = stream.local_addr().unwrap_or(peer);
+    // Mesh mTLS (termination, Strict/Permissive) is for traffic entering
+    // the pod. Outbound listeners take the local app's plaintext; TLS the
+    // app speaks itself passes through them as opaque bytes.
+    let tls = match l.config.direction {
+        Direction::Inbound => tls,
+        Direction::Outbound => None,
+    };
     let original_dst = match l.config.capture {
         Capture::Transparent => crate::orig_dst::original_dst(&stream, local),
         Capture::Explicit => None,
@@ -320,6 +327,15 @@ pub async fn serve_plain<I: ParkableIo>(
     drop(guard);
 }
 
+/// Original-destination passthrough: plain TCP, 1 s connect timeout.
+async fn connect_passthrough(addr: SocketAddr) -> std::io::Result<crate::upstream::TcpUpstream> {
+    let tcp = tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(addr))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timeout"))??;
+    let _ = tcp.set_nodelay(true);
+    Ok(crate::upstream::TcpUpstream::Plain(tcp))
+}
+
 async fn serve_tcp<I: ParkableIo>(
     io: PrefixedIo<I>,
     meta: ConnMeta,
@@ -337,19 +353,15 @@ async fn serve_tcp<I: ParkableIo>(
     ) {
         (Some(c), _) => {
             let cluster = active.upstreams.clusters[*c].clone();
-            cluster.pick().map(|ep| {
-                (
-                    ep.endpoint().addr,
-                    Some(ep),
-                    cluster.config.connect_timeout_ms,
-                )
-            })
+            cluster
+                .pick()
+                .map(|ep| (ep.endpoint().addr, Some((ep, cluster))))
         }
-        (None, Some(dst)) if l.config.passthrough => Some((dst, None, 1000)),
+        (None, Some(dst)) if l.config.passthrough => Some((dst, None)),
         _ => None,
     };
     drop(active);
-    let Some((addr, ep, connect_ms)) = target else {
+    let Some((addr, ep)) = target else {
         shared.metrics.upstream_error("no_endpoints");
         tracing::debug!(
             conn = meta.id,
@@ -357,24 +369,26 @@ async fn serve_tcp<I: ParkableIo>(
         );
         return;
     };
-    let up = match tokio::time::timeout(Duration::from_millis(connect_ms), TcpStream::connect(addr))
-        .await
-    {
-        Ok(Ok(s)) => {
-            if let Some(ep) = &ep {
+    let connected = match &ep {
+        Some((_, cluster)) => cluster.connect_tcp(addr).await,
+        None => connect_passthrough(addr).await,
+    };
+    let up = match connected {
+        Ok(s) => {
+            if let Some((ep, _)) = &ep {
                 ep.report(crate::upstream::Outcome::Success);
             }
             s
         }
-        Ok(Err(_)) | Err(_) => {
-            if let Some(ep) = &ep {
+        Err(e) => {
+            if let Some((ep, _)) = &ep {
                 ep.report(crate::upstream::Outcome::Failure);
             }
             shared.metrics.upstream_error("connect");
+            tracing::debug!(conn = meta.id, upstream = %addr, error = %e, "tcp: upstream connect failed");
             return;
         }
     };
-    let _ = up.set_nodelay(true);
     let (prefix, io) = io.into_parts();
     let end = crate::tcp_proxy::proxy(
         io,

@@ -15,11 +15,13 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 #[cfg(test)]
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+#[cfg(test)]
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
 use crate::conn::{ParkRequest, ParkableIo, Parked};
 use crate::filters::ConnMeta;
+use crate::upstream::TcpUpstream;
 
 const BUF: usize = 16 * 1024;
 
@@ -116,7 +118,7 @@ enum Stop {
 /// (during detection) that must reach `up` first.
 pub async fn proxy<D: ParkableIo>(
     down: D,
-    up: TcpStream,
+    up: TcpUpstream,
     to_upstream: &[u8],
     meta: &ConnMeta,
     park: oneshot::Receiver<ParkRequest>,
@@ -132,7 +134,7 @@ pub async fn proxy<D: ParkableIo>(
 #[allow(clippy::too_many_arguments)]
 pub async fn proxy_resumed<D: ParkableIo>(
     mut down: D,
-    mut up: TcpStream,
+    mut up: TcpUpstream,
     to_upstream: &[u8],
     to_downstream: &[u8],
     meta: &ConnMeta,
@@ -146,7 +148,15 @@ pub async fn proxy_resumed<D: ParkableIo>(
     let result = std::future::poll_fn(|cx| {
         if park_open {
             match Pin::new(&mut park).poll(cx) {
-                Poll::Ready(Ok(req)) => return Poll::Ready(Err(Stop::Park(req))),
+                Poll::Ready(Ok(req)) => {
+                    if matches!(up, TcpUpstream::Plain(_)) {
+                        return Poll::Ready(Err(Stop::Park(req)));
+                    }
+                    // Originated TLS cannot move: finish here (the old
+                    // process drains it) and tell the handoff so.
+                    let _ = req.reply.send(Parked::Draining);
+                    park_open = false;
+                }
                 Poll::Ready(Err(_)) => park_open = false,
                 Poll::Pending => {}
             }
@@ -167,6 +177,9 @@ pub async fn proxy_resumed<D: ParkableIo>(
         Ok(()) => TcpEnd::Closed,
         Err(Stop::Err(e)) => TcpEnd::Error(e),
         Err(Stop::Park(req)) => {
+            let TcpUpstream::Plain(up) = up else {
+                unreachable!("only plain upstreams are parked (checked above)")
+            };
             let (downstream, extra) = down.into_parked();
             let mut to_up = extra.to_vec();
             to_up.extend_from_slice(&c2s.pending());
@@ -215,7 +228,16 @@ mod tests {
         let (park_tx, park_rx) = oneshot::channel();
         let (rx, tx) = (Counter::default(), Counter::default());
         let task = tokio::spawn(async move {
-            proxy(proxy_down, proxy_up, b"pre-", &meta(), park_rx, &rx, &tx).await
+            proxy(
+                proxy_down,
+                TcpUpstream::Plain(proxy_up),
+                b"pre-",
+                &meta(),
+                park_rx,
+                &rx,
+                &tx,
+            )
+            .await
         });
         client.write_all(b"hello").await.unwrap();
         let mut got = [0u8; 9];
@@ -263,7 +285,7 @@ mod tests {
         let task = tokio::spawn(async move {
             proxy(
                 proxy_down,
-                proxy_up,
+                TcpUpstream::Plain(proxy_up),
                 b"",
                 &meta(),
                 park_rx,

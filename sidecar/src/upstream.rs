@@ -5,21 +5,201 @@
 //! Cluster state outlives config reloads: [`Upstreams::build`] reuses a
 //! cluster whose configuration did not change, so pools and ejections
 //! survive a reload; changed clusters get fresh state.
+//!
+//! A cluster with `mtls` originates mesh mTLS on every new upstream
+//! connection through the [`Originator`] the TLS layer installs in the
+//! [`OriginatorSlot`]; pooled connections stay encrypted for their life.
 
+use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use http::Uri;
 use http::uri::Authority;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpStream;
 
 use crate::body::ProxyBody;
 use crate::config::{ClusterConfig, LbPolicy, UpstreamProtocol};
+use crate::conn::BoxIo;
 use crate::filters::fast_rand;
 use crate::metrics::Metrics;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Originates mesh mTLS on a connected upstream socket. Implemented by the
+/// TLS layer (`tls::MeshTls`); a trait so clusters do not depend on it.
+pub trait Originator: Send + Sync + 'static {
+    /// TLS over `tcp` to a peer that must present `identity` (a SPIFFE ID),
+    /// or, when `None`, the identity the TLS settings expect for
+    /// `destination` (the cluster name). `alpn` is the one protocol offered.
+    fn originate(
+        &self,
+        tcp: TcpStream,
+        destination: Arc<str>,
+        identity: Option<Arc<str>>,
+        alpn: &'static [u8],
+    ) -> Pin<Box<dyn Future<Output = std::io::Result<BoxIo>> + Send>>;
+}
+
+/// Where the TLS layer installs its [`Originator`]; shared by every
+/// cluster, read once per new upstream connection (not per request).
+#[derive(Clone, Default)]
+pub struct OriginatorSlot(Arc<RwLock<Option<Arc<dyn Originator>>>>);
+
+impl std::fmt::Debug for OriginatorSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("OriginatorSlot")
+            .field(&self.get().is_some())
+            .finish()
+    }
+}
+
+impl OriginatorSlot {
+    pub fn set(&self, o: Arc<dyn Originator>) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Some(o);
+    }
+    fn get(&self) -> Option<Arc<dyn Originator>> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// What clusters are built with: process metrics and the TLS originator.
+#[derive(Debug, Clone)]
+pub struct UpstreamDeps {
+    pub metrics: Arc<Metrics>,
+    pub originator: OriginatorSlot,
+}
+
+impl UpstreamDeps {
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        Self {
+            metrics,
+            originator: OriginatorSlot::default(),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct MtlsTarget {
+    destination: Arc<str>,
+    identity: Option<Arc<str>>,
+    alpn: &'static [u8],
+    slot: OriginatorSlot,
+}
+
+/// The cluster client's connector: TCP (timeout, nodelay), then mesh mTLS
+/// when the cluster asks for it.
+#[derive(Clone)]
+pub struct ClusterConnector {
+    http: HttpConnector,
+    mtls: Option<Arc<MtlsTarget>>,
+}
+
+impl tower_service::Service<Uri> for ClusterConnector {
+    type Response = UpstreamIo;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<UpstreamIo, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.http.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let tcp = self.http.call(uri);
+        let mtls = self.mtls.clone();
+        Box::pin(async move {
+            let tcp = tcp.await?;
+            let Some(t) = mtls else {
+                return Ok(UpstreamIo::Plain(tcp));
+            };
+            let Some(originator) = t.slot.get() else {
+                return Err(std::io::Error::other(
+                    "cluster wants mesh mTLS but the sidecar has no TLS layer",
+                )
+                .into());
+            };
+            let io = originator
+                .originate(
+                    tcp.into_inner(),
+                    t.destination.clone(),
+                    t.identity.clone(),
+                    t.alpn,
+                )
+                .await?;
+            Ok(UpstreamIo::Tls(TokioIo::new(io)))
+        })
+    }
+}
+
+/// An upstream connection: plain TCP or originated mesh mTLS.
+pub enum UpstreamIo {
+    Plain(TokioIo<TcpStream>),
+    Tls(TokioIo<BoxIo>),
+}
+
+impl Connection for UpstreamIo {
+    fn connected(&self) -> Connected {
+        match self {
+            UpstreamIo::Plain(s) => s.connected(),
+            UpstreamIo::Tls(_) => Connected::new(),
+        }
+    }
+}
+
+macro_rules! delegate {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self.get_mut() {
+            UpstreamIo::Plain($s) => $e,
+            UpstreamIo::Tls($s) => $e,
+        }
+    };
+}
+
+impl hyper::rt::Read for UpstreamIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        delegate!(self, s => Pin::new(s).poll_read(cx, buf))
+    }
+}
+
+impl hyper::rt::Write for UpstreamIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        delegate!(self, s => Pin::new(s).poll_write(cx, buf))
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        delegate!(self, s => Pin::new(s).poll_write_vectored(cx, bufs))
+    }
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            UpstreamIo::Plain(s) => s.is_write_vectored(),
+            UpstreamIo::Tls(s) => s.is_write_vectored(),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        delegate!(self, s => Pin::new(s).poll_flush(cx))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        delegate!(self, s => Pin::new(s).poll_shutdown(cx))
+    }
+}
 
 /// One upstream address and its health/load state.
 #[derive(Debug)]
@@ -67,8 +247,55 @@ pub struct Cluster {
     pub endpoints: Vec<Endpoint>,
     rr: AtomicUsize,
     epoch: Instant,
-    pub client: Client<HttpConnector, ProxyBody>,
+    pub client: Client<ClusterConnector, ProxyBody>,
     metrics: Arc<Metrics>,
+    originator: OriginatorSlot,
+}
+
+/// A raw-TCP upstream. Plain sockets move with the handoff; an originated
+/// TLS session does not (its client-side record state is not carried), so
+/// such a connection finishes in the old process.
+pub enum TcpUpstream {
+    Plain(TcpStream),
+    Tls(BoxIo),
+}
+
+impl tokio::io::AsyncRead for TcpUpstream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            TcpUpstream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            TcpUpstream::Tls(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for TcpUpstream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            TcpUpstream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            TcpUpstream::Tls(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            TcpUpstream::Plain(s) => Pin::new(s).poll_flush(cx),
+            TcpUpstream::Tls(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            TcpUpstream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            TcpUpstream::Tls(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
 }
 
 /// Decrements the endpoint's in-flight count when dropped.
@@ -96,7 +323,7 @@ impl Drop for ActiveGuard {
 }
 
 impl Cluster {
-    pub fn new(config: ClusterConfig, metrics: Arc<Metrics>) -> Self {
+    pub fn new(config: ClusterConfig, deps: &UpstreamDeps) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(Duration::from_millis(config.connect_timeout_ms)));
         connector.set_nodelay(true);
@@ -108,7 +335,22 @@ impl Cluster {
             .pool_idle_timeout(Duration::from_millis(config.pool_idle_timeout_ms))
             .pool_max_idle_per_host(config.pool_max_idle_per_endpoint)
             .http2_only(config.protocol == UpstreamProtocol::Http2);
-        let client = builder.build(connector);
+        let alpn: &'static [u8] = match config.protocol {
+            UpstreamProtocol::Http1 => b"http/1.1",
+            UpstreamProtocol::Http2 => b"h2",
+        };
+        let mtls = config.mtls.as_ref().map(|m| {
+            Arc::new(MtlsTarget {
+                destination: Arc::from(config.name.as_str()),
+                identity: m.identity.as_deref().map(Arc::from),
+                alpn,
+                slot: deps.originator.clone(),
+            })
+        });
+        let client = builder.build(ClusterConnector {
+            http: connector,
+            mtls,
+        });
         Self {
             name: Arc::from(config.name.as_str()),
             endpoints: config
@@ -121,8 +363,36 @@ impl Cluster {
             rr: AtomicUsize::new(0),
             epoch: Instant::now(),
             client,
-            metrics,
+            metrics: deps.metrics.clone(),
+            originator: deps.originator.clone(),
         }
+    }
+
+    /// A new connection to `ep` for a raw TCP proxy: connect timeout, then
+    /// mesh mTLS (ALPN none) when the cluster asks for it.
+    pub async fn connect_tcp(&self, addr: SocketAddr) -> std::io::Result<TcpUpstream> {
+        let timeout = Duration::from_millis(self.config.connect_timeout_ms);
+        let tcp = tokio::time::timeout(timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timeout"))??;
+        let _ = tcp.set_nodelay(true);
+        let Some(m) = &self.config.mtls else {
+            return Ok(TcpUpstream::Plain(tcp));
+        };
+        let Some(originator) = self.originator.get() else {
+            return Err(std::io::Error::other(
+                "cluster wants mesh mTLS but the sidecar has no TLS layer",
+            ));
+        };
+        let io = originator
+            .originate(
+                tcp,
+                self.name.clone(),
+                m.identity.as_deref().map(Arc::from),
+                b"",
+            )
+            .await?;
+        Ok(TcpUpstream::Tls(io))
     }
 
     fn now_ms(&self) -> u64 {
@@ -245,7 +515,7 @@ impl Upstreams {
     pub fn build(
         configs: &[ClusterConfig],
         previous: Option<&Upstreams>,
-        metrics: &Arc<Metrics>,
+        deps: &UpstreamDeps,
     ) -> Self {
         let clusters = configs
             .iter()
@@ -253,7 +523,7 @@ impl Upstreams {
                 previous
                     .and_then(|p| p.clusters.iter().find(|old| old.config == *c))
                     .cloned()
-                    .unwrap_or_else(|| Arc::new(Cluster::new(c.clone(), metrics.clone())))
+                    .unwrap_or_else(|| Arc::new(Cluster::new(c.clone(), deps)))
             })
             .collect();
         Self { clusters }
@@ -277,8 +547,12 @@ mod tests {
             pool_idle_timeout_ms: 1000,
             pool_max_idle_per_endpoint: 1,
             outlier,
+            mtls: None,
         };
-        Arc::new(Cluster::new(cfg, Arc::new(Metrics::new())))
+        Arc::new(Cluster::new(
+            cfg,
+            &UpstreamDeps::new(Arc::new(Metrics::new())),
+        ))
     }
 
     #[tokio::test]
@@ -351,7 +625,7 @@ mod tests {
 
     #[tokio::test]
     async fn unchanged_clusters_survive_a_rebuild() {
-        let m = Arc::new(Metrics::new());
+        let m = UpstreamDeps::new(Arc::new(Metrics::new()));
         let cfg = cluster(1, LbPolicy::RoundRobin, None).config.clone();
         let first = Upstreams::build(std::slice::from_ref(&cfg), None, &m);
         let same = Upstreams::build(std::slice::from_ref(&cfg), Some(&first), &m);

@@ -146,6 +146,13 @@ async fn consecutive_handoffs_lose_no_request_no_byte_and_no_counter() {
             "round {round}: no completion metric"
         );
         assert!(m.contains("baton_sidecar_lifecycle_phase{phase=\"serving\"} 1"));
+        // The admin endpoint reports the same completion as the file.
+        let (code, body) = admin_get(world.admin, "/handoff").await.unwrap();
+        let admin: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(code, 200, "{body}");
+        assert_eq!(admin["phase"], "serving", "{body}");
+        assert_eq!(admin["complete"], true, "{body}");
+        assert_eq!(admin["lastHandoff"], status, "round {round}: {body}");
         current = next;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -54,13 +54,30 @@ fn pem(der: &[u8], label: &str) -> String {
 
 struct Sidecar {
     running: Running,
+    tls: std::sync::Arc<MeshTls>,
     _dir: tempfile::TempDir,
     _app: tokio::task::JoinHandle<()>,
 }
 
+/// A sidecar for the mesh workload `backend`: a Strict mTLS inbound
+/// listener in front of a local HTTP app.
 async fn sidecar(pki: &Pki, extra_tls: &str) -> Sidecar {
+    sidecar_as(
+        pki,
+        "backend",
+        "listeners: [{name: inbound, address: '127.0.0.1:0', direction: inbound}]
+clusters: [{name: app, endpoints: ['{app}']}]
+routes: [{name: default, backends: [{cluster: app}]}]",
+        extra_tls,
+    )
+    .await
+}
+
+/// A sidecar with service account `sa`'s mesh certificate serving
+/// `data_plane` (`{app}` is replaced by a local HTTP app's address).
+async fn sidecar_as(pki: &Pki, sa: &str, data_plane: &str, extra_tls: &str) -> Sidecar {
     let dir = tempfile::tempdir().unwrap();
-    let m = pki.leaf("backend", Key::P256);
+    let m = pki.leaf(sa, Key::P256);
     let (c, k, b) = (
         dir.path().join("c.pem"),
         dir.path().join("k.pem"),
@@ -70,15 +87,15 @@ async fn sidecar(pki: &Pki, extra_tls: &str) -> Sidecar {
     std::fs::write(&k, pem(m.key.secret_der(), "PRIVATE KEY")).unwrap();
     std::fs::write(&b, pem(&m.trust_bundle[0], "CERTIFICATE")).unwrap();
     let (app_addr, app_task) = app().await;
+    let data_plane = data_plane.replace("{app}", &app_addr.to_string());
     let text = format!(
-        "listeners: [{{name: inbound, address: '127.0.0.1:0'}}]
-clusters: [{{name: app, endpoints: ['{app_addr}']}}]
-routes: [{{name: default, backends: [{{cluster: app}}]}}]
+        "{data_plane}
 tls:
   mode: Strict
-  identity: {{trust_domain: {TD}}}
+  identity: {{trust_domain: {TD}, expected_peers: {{backend: '{}'}}}}
   source: {{files: {{cert_chain: '{}', key: '{}', trust_bundle: '{}'}}}}
 {extra_tls}",
+        id("backend"),
         c.display(),
         k.display(),
         b.display()
@@ -99,6 +116,7 @@ tls:
     tls.attach(&running);
     Sidecar {
         running,
+        tls,
         _dir: dir,
         _app: app_task,
     }
@@ -260,4 +278,209 @@ async fn an_invalid_tls_section_is_refused_and_the_serving_config_stays() {
         .connect(tcp, &id("backend"), None)
         .await
         .unwrap();
+}
+
+/// One HTTP/1.1 request on a fresh plaintext connection to `addr`.
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let resp = tokio::time::timeout(
+        Duration::from_secs(10),
+        send.send_request(
+            hyper::Request::get(path)
+                .header("host", "backend")
+                .body(Empty::<Bytes>::new())
+                .unwrap(),
+        ),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbound_clusters_originate_mesh_mtls_to_the_peer_sidecar_for_http1_http2_and_tcp() {
+    let pki = Pki::new("mesh-ca");
+    let backend = sidecar(&pki, "").await;
+    let peer = backend.running.addr("inbound").unwrap();
+    // The frontend's app talks plaintext to its sidecar; every cluster
+    // below points at the backend sidecar's Strict inbound port.
+    let frontend = sidecar_as(
+        &pki,
+        "frontend",
+        &format!(
+            "listeners:
+- {{name: outbound, address: '127.0.0.1:0'}}
+- {{name: tcp-out, address: '127.0.0.1:0', protocol: tcp, tcp_cluster: backend-tcp}}
+clusters:
+- {{name: backend, endpoints: ['{peer}'], mtls: {{}}}}
+- {{name: backend-h2, endpoints: ['{peer}'], protocol: http2, mtls: {{identity: '{}'}}}}
+- {{name: backend-tcp, endpoints: ['{peer}'], mtls: {{identity: '{}'}}}}
+- {{name: impostor, endpoints: ['{peer}'], mtls: {{identity: '{}'}}}}
+- {{name: plain, endpoints: ['{peer}']}}
+routes:
+- {{name: h2, match: {{path: {{prefix: /h2}}}}, backends: [{{cluster: backend-h2}}]}}
+- {{name: impostor, match: {{path: {{prefix: /impostor}}}}, backends: [{{cluster: impostor}}]}}
+- {{name: plain, match: {{path: {{prefix: /plain}}}}, backends: [{{cluster: plain}}]}}
+- {{name: default, backends: [{{cluster: backend}}]}}",
+            id("backend"),
+            id("backend"),
+            id("someone-else"),
+        ),
+        // `backend` names no identity: it comes from expected_peers.
+        "",
+    )
+    .await;
+    let out = frontend.running.addr("outbound").unwrap();
+
+    // HTTP/1.1 over originated mTLS, several requests on pooled connections.
+    for _ in 0..5 {
+        assert_eq!(get(out, "/").await, (200, "hello from app".into()));
+    }
+    // HTTP/2 (ALPN h2) over originated mTLS.
+    for _ in 0..3 {
+        assert_eq!(get(out, "/h2").await, (200, "hello from app".into()));
+    }
+    // The peer presents `backend`, not the identity this cluster expects:
+    // refused by the frontend, answered 503 with the reason.
+    let (status, body) = get(out, "/impostor").await;
+    assert_eq!(status, 503, "{body}");
+    // Plaintext to a Strict inbound is refused by the backend.
+    let (status, body) = get(out, "/plain").await;
+    assert!(status == 502 || status == 503, "{status} {body}");
+
+    // Raw TCP over originated mTLS: the bytes reach the backend's inbound,
+    // which detects HTTP inside the tunnel and answers.
+    let mut tcp = TcpStream::connect(frontend.running.addr("tcp-out").unwrap())
+        .await
+        .unwrap();
+    tcp.write_all(b"GET / HTTP/1.1\r\nhost: backend\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut reply = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut reply))
+        .await
+        .unwrap()
+        .unwrap();
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(
+        reply.starts_with("HTTP/1.1 200") && reply.ends_with("hello from app"),
+        "{reply}"
+    );
+
+    // Both sides counted what happened: 3 good client handshakes at least
+    // (HTTP/1 pool, HTTP/2, TCP) and the impostor refused.
+    let (_, m) = admin_get(frontend.running.admin_addr, "/metrics").await;
+    let client_ok = metric(
+        &m,
+        "baton_sidecar_tls_handshakes_total{side=\"client\",result=\"ok\"}",
+    );
+    assert!(client_ok >= 3.0, "{m}");
+    let refused: f64 = m
+        .lines()
+        .filter(|l| {
+            l.starts_with("baton_sidecar_tls_handshakes_total{side=\"client\"")
+                && !l.contains("result=\"ok\"")
+        })
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert!(refused >= 1.0, "{m}");
+    let (_, m) = admin_get(backend.running.admin_addr, "/metrics").await;
+    assert!(
+        metric(
+            &m,
+            "baton_sidecar_tls_handshakes_total{side=\"server\",result=\"ok\"}"
+        ) >= 3.0,
+        "{m}"
+    );
+    assert!(
+        metric(&m, "baton_sidecar_tls_plaintext_refused_total") >= 1.0,
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_asking_for_mtls_without_a_tls_section_is_refused_with_a_clear_error() {
+    let text = "listeners: [{name: outbound, address: '127.0.0.1:0'}]
+clusters: [{name: backend, endpoints: ['127.0.0.1:9'], mtls: {identity: 'not-a-spiffe-id'}}]
+routes: [{name: default, backends: [{cluster: backend}]}]";
+    let err = baton_sidecar::config::compile(&yaml::parse(text).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("clusters[0] (backend).mtls"), "{err}");
+    assert!(err.contains("tls section"), "{err}");
+    assert!(err.contains("mtls.identity"), "{err}");
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_carried_by_the_handoff_serves_while_the_identity_service_is_unreachable() {
+    use baton_sidecar::handoff::IdentityCarrier;
+    let pki = Pki::new("mesh-ca");
+    let old = sidecar(&pki, "").await;
+    let carried = old.tls.export().expect("the old process has a certificate");
+    assert!(carried.key.contains("PRIVATE KEY"));
+    assert!(
+        format!("{carried:?}").find("PRIVATE").is_none(),
+        "Debug redacts"
+    );
+
+    // The new process gets its identity from an identity service that does
+    // not answer (nothing listens on port 9 of loopback).
+    let new = MeshTls::new(TlsMetrics::default());
+    new.apply(Some(&serde_json::json!({
+        "mode": "Strict",
+        "identity": {"trust_domain": TD, "local": id("backend").to_string()},
+        "source": {"identity_service": {
+            "url": "http://127.0.0.1:9/sign",
+            "token_path": "/nonexistent/token"
+        }}
+    })))
+    .unwrap();
+    let reason = new.readiness().unwrap_err();
+    assert!(reason.contains("identity service"), "{reason}");
+
+    // Import: ready at once, and new handshakes present the carried identity.
+    assert_eq!(new.import(&carried), Ok(true));
+    new.readiness().unwrap();
+    let ctx = new.context().unwrap();
+    assert_eq!(ctx.local_identity(), Some(id("backend")));
+    let srv = EchoServer::start(ctx).await;
+    let client = context(
+        &settings(baton_sidecar::tls::TlsMode::Strict),
+        pki.leaf("frontend", Key::P256),
+    );
+    mtls_round_trip(&client, srv.addr, &id("backend"))
+        .await
+        .unwrap();
+    // The failing bootstrap keeps retrying but does not make it unready.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    new.readiness().unwrap();
+
+    // A process with its own (files) certificate keeps it.
+    assert_eq!(old.tls.import(&carried), Ok(false));
+    // Garbage is refused with a reason, nothing changes.
+    let mut bad = carried.clone();
+    bad.key = "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n".into();
+    let fresh = MeshTls::new(TlsMetrics::default());
+    fresh
+        .apply(Some(&serde_json::json!({
+            "mode": "Strict",
+            "identity": {"trust_domain": TD, "local": id("backend").to_string()},
+            "source": {"identity_service": {"url": "http://127.0.0.1:9/sign", "token_path": "/nonexistent/token"}}
+        })))
+        .unwrap();
+    assert!(fresh.import(&bad).is_err());
+    assert!(fresh.readiness().is_err());
 }

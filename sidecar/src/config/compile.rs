@@ -119,6 +119,19 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
         if c.connect_timeout_ms == 0 {
             p.push(format!("{at}.connect_timeout_ms"), "must be > 0");
         }
+        if let Some(m) = &c.mtls {
+            if snapshot.tls.is_none() {
+                p.push(
+                    format!("{at}.mtls"),
+                    "originating mesh mTLS needs the snapshot's tls section (identity and trust)",
+                );
+            }
+            if let Some(id) = &m.identity
+                && let Err(e) = id.parse::<crate::tls::spiffe::SpiffeId>()
+            {
+                p.push(format!("{at}.mtls.identity"), e.to_string());
+            }
+        }
         let mut seen = HashSet::new();
         for e in &c.endpoints {
             if !seen.insert(e) {

@@ -439,6 +439,20 @@ pub struct ClusterConfig {
     pub pool_max_idle_per_endpoint: usize,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outlier: Option<OutlierConfig>,
+    /// Originate mesh mTLS to the endpoints (peer sidecars' inbound ports)
+    /// with this sidecar's identity; needs the snapshot's `tls` section.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtls: Option<ClusterMtls>,
+}
+
+/// Outbound mesh mTLS for a cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterMtls {
+    /// SPIFFE ID every endpoint must present. Default: the cluster's entry
+    /// in `tls.identity.expected_peers`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
 }
 
 fn default_connect_timeout_ms() -> u64 {

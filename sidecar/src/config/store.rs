@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use super::{CompiledConfig, ConfigError, Snapshot, TlsSection, compile, yaml};
 use crate::metrics::Metrics;
-use crate::upstream::Upstreams;
+use crate::upstream::{Originator, UpstreamDeps, Upstreams};
 
 /// What requests are served from.
 #[derive(Debug)]
@@ -33,6 +33,8 @@ pub type TlsHook = Arc<dyn Fn(Option<&TlsSection>) -> Result<(), String> + Send 
 pub struct ConfigStore {
     current: ArcSwap<Active>,
     metrics: Arc<Metrics>,
+    /// What clusters are built with (metrics, the TLS originator).
+    deps: UpstreamDeps,
     /// Serializes appliers (file watcher, operator stream, handoff) so
     /// "previous state" reuse is consistent.
     apply_lock: std::sync::Mutex<()>,
@@ -52,17 +54,25 @@ impl ConfigStore {
     /// A store serving `snapshot`, which must be valid.
     pub fn new(snapshot: &Snapshot, metrics: Arc<Metrics>) -> Result<Self, ConfigError> {
         let config = compile(snapshot)?;
-        let upstreams = Upstreams::build(&snapshot.clusters, None, &metrics);
+        let deps = UpstreamDeps::new(metrics.clone());
+        let upstreams = Upstreams::build(&snapshot.clusters, None, &deps);
         metrics.config_version.set(snapshot.version as i64);
         metrics.config_applies.inc();
         let (version_tx, _) = watch::channel(snapshot.version);
         Ok(Self {
             current: ArcSwap::from_pointee(Active { config, upstreams }),
             metrics,
+            deps,
             apply_lock: std::sync::Mutex::new(()),
             tls_hook: std::sync::Mutex::new(None),
             version_tx,
         })
+    }
+
+    /// Installs the TLS layer's originator for clusters with `mtls` (every
+    /// cluster, current and future, sees it on its next new connection).
+    pub fn set_originator(&self, o: Arc<dyn Originator>) {
+        self.deps.originator.set(o);
     }
 
     pub fn set_tls_hook(&self, hook: TlsHook) {
@@ -121,8 +131,7 @@ impl ConfigStore {
             hook(snapshot.tls.as_ref()).map_err(ConfigError::Tls)?;
         }
         let previous = self.current.load();
-        let upstreams =
-            Upstreams::build(&snapshot.clusters, Some(&previous.upstreams), &self.metrics);
+        let upstreams = Upstreams::build(&snapshot.clusters, Some(&previous.upstreams), &self.deps);
         self.current.store(Arc::new(Active { config, upstreams }));
         Ok(())
     }

@@ -14,4 +14,4 @@ pub mod protocol;
 pub mod session;
 pub mod tls_record;
 
-pub use session::{HandoffConfig, HandoffMetrics, RunError, run};
+pub use session::{HandoffConfig, HandoffMetrics, IdentityCarrier, IdentityPem, RunError, run};

@@ -201,7 +201,7 @@ pub struct ListenerInfo {
     pub addr: String,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StateSnapshot {
     /// The current config snapshot, as the data plane serializes it.
     #[serde(default)]
@@ -211,9 +211,24 @@ pub struct StateSnapshot {
     pub cert_chain_pem: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub private_key_pem: Option<String>,
+    /// Trust bundle (PEM) that goes with the certificate (protocol 1 peers
+    /// ignore it; an identity without it is not imported).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust_bundle_pem: Option<String>,
     /// Monotonic counters by metric name, so none goes backwards.
     #[serde(default)]
     pub counters: BTreeMap<String, u64>,
+}
+
+/// Never prints the certificate material (the key is a secret).
+impl std::fmt::Debug for StateSnapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateSnapshot")
+            .field("config", &self.config)
+            .field("identity", &self.private_key_pem.is_some())
+            .field("counters", &self.counters)
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -553,6 +568,7 @@ mod tests {
                 config: serde_json::json!({"version": 3}),
                 cert_chain_pem: Some("CERT".into()),
                 private_key_pem: Some("KEY".into()),
+                trust_bundle_pem: Some("BUNDLE".into()),
                 counters: [("requests_total".to_string(), 42u64)].into(),
             }),
             Message::Ack { id: 9 },

@@ -74,8 +74,33 @@ const ADMIN_LINGER: Duration = Duration::from_millis(250);
 /// listener name, so it never collides).
 pub const ADMIN_LISTENER: &str = "@admin";
 
+/// The mesh identity as the handoff carries it (PEM text). The new process
+/// can then serve new handshakes before its own certificate arrives (the
+/// identity service may be slow or down during an upgrade).
+#[derive(Clone, PartialEq, Eq)]
+pub struct IdentityPem {
+    pub cert_chain: String,
+    pub key: String,
+    pub trust_bundle: String,
+}
+
+impl std::fmt::Debug for IdentityPem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdentityPem").finish_non_exhaustive()
+    }
+}
+
+/// What owns the mesh identity (the TLS layer): exports it on the old side,
+/// imports it on the new one.
+pub trait IdentityCarrier: Send + Sync {
+    fn export(&self) -> Option<IdentityPem>;
+    /// `Ok(true)` if the carried identity is now in use, `Ok(false)` if this
+    /// process already has its own (it keeps that).
+    fn import(&self, pem: &IdentityPem) -> Result<bool, String>;
+}
+
 /// Where and how this process hands off.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct HandoffConfig {
     pub socket: PathBuf,
     pub status_file: PathBuf,
@@ -87,6 +112,21 @@ pub struct HandoffConfig {
     pub sidecar_version: String,
     /// Testing knob (0 in production): pause before each adoption step.
     pub test_step_delay: Duration,
+    /// Carries the certificate and key across (the TLS layer).
+    pub identity: Option<Arc<dyn IdentityCarrier>>,
+}
+
+impl std::fmt::Debug for HandoffConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandoffConfig")
+            .field("socket", &self.socket)
+            .field("status_file", &self.status_file)
+            .field("step_timeout", &self.step_timeout)
+            .field("park_timeout", &self.park_timeout)
+            .field("versions", &self.versions)
+            .field("identity", &self.identity.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl HandoffConfig {
@@ -118,7 +158,13 @@ impl HandoffConfig {
             versions,
             sidecar_version: env!("CARGO_PKG_VERSION").to_string(),
             test_step_delay: ms(contract::env::HANDOFF_TEST_STEP_DELAY_MS, 0),
+            identity: None,
         }
+    }
+
+    pub fn with_identity(mut self, identity: Arc<dyn IdentityCarrier>) -> Self {
+        self.identity = Some(identity);
+        self
     }
 }
 
@@ -500,6 +546,7 @@ fn spawn_resumed(shared: &Arc<Shared>, r: Resumable) {
             tokio::spawn(async move {
                 let (rx, tx) = (&shared.bytes_rx, &shared.bytes_tx);
                 let (a, b) = (&r.to_upstream[..], &r.to_downstream[..]);
+                let up = crate::upstream::TcpUpstream::Plain(up);
                 let end = match down {
                     Either::Tcp(d) => {
                         crate::tcp_proxy::proxy_resumed(d, up, a, b, &meta, park, rx, tx).await
@@ -700,6 +747,24 @@ pub async fn adopt(
             tracing::warn!(error = %e, "handoff: old config snapshot unreadable; serving our own")
         }
     }
+    // The old process's certificate, for new handshakes until our own
+    // arrives (a failure leaves us on our own source, as on a fresh start).
+    if let (Some(carrier), Some(cert_chain), Some(key), Some(trust_bundle)) = (
+        &cfg.identity,
+        state.cert_chain_pem,
+        state.private_key_pem,
+        state.trust_bundle_pem,
+    ) {
+        match carrier.import(&IdentityPem {
+            cert_chain,
+            key,
+            trust_bundle,
+        }) {
+            Ok(true) => tracing::info!("handoff: serving with the carried mesh certificate"),
+            Ok(false) => tracing::debug!("handoff: carried mesh certificate not needed"),
+            Err(e) => tracing::warn!(error = %e, "handoff: carried mesh certificate refused"),
+        }
+    }
     let extra = [
         ("baton_sidecar_handoffs_total", &hm.handoffs),
         ("baton_sidecar_handoff_connections_total", &hm.connections),
@@ -789,6 +854,11 @@ pub async fn adopt(
             .unwrap_or(0),
         pid: std::process::id(),
     };
+    *running
+        .admin
+        .handoff
+        .lock()
+        .unwrap_or_else(|e| e.into_inner()) = serde_json::to_value(&status).ok();
     if let Err(e) = write_status(&cfg.status_file, &status) {
         tracing::warn!(path = %cfg.status_file.display(), error = %e, "cannot write the handoff status file");
     }
@@ -901,10 +971,12 @@ async fn hand_off_inner(
         drop(admin);
 
         // 2. State: the new process starts serving from it.
+        let identity = cfg.identity.as_ref().and_then(|i| i.export());
         let state = StateSnapshot {
             config: serde_json::to_value(&*shared.store.snapshot()).unwrap_or_default(),
-            cert_chain_pem: None,
-            private_key_pem: None,
+            cert_chain_pem: identity.as_ref().map(|i| i.cert_chain.clone()),
+            private_key_pem: identity.as_ref().map(|i| i.key.clone()),
+            trust_bundle_pem: identity.map(|i| i.trust_bundle),
             counters: counters::export(&shared.metrics),
         };
         let exported = state.counters.clone();

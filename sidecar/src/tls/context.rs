@@ -86,6 +86,8 @@ pub struct TlsContext {
     settings: TlsSettings,
     offload: Arc<Offload>,
     store: Arc<CertStore>,
+    /// The material `store` was built from, for the handoff to carry.
+    material: ArcSwap<Material>,
     server: ArcSwap<ServerConfig>,
     server_generation: std::sync::atomic::AtomicU64,
     clients: Mutex<ClientCache>,
@@ -141,6 +143,7 @@ impl TlsContext {
             settings: settings.clone(),
             offload,
             store,
+            material: ArcSwap::from_pointee(material),
             server: ArcSwap::from_pointee(server),
             server_generation: 1.into(),
             clients: Mutex::new(ClientCache::default()),
@@ -214,6 +217,7 @@ impl TlsContext {
             self.metrics.cert_expiry_seconds.set(unix(not_after));
         }
         self.metrics.material_generation.set(generation as i64);
+        self.material.store(Arc::new(material));
         Ok(generation)
     }
 
@@ -224,6 +228,11 @@ impl TlsContext {
         let server = build_server_config(&self.policy, &self.store, &self.sessions, Some(key_log))?;
         self.server.store(Arc::new(server));
         Ok(())
+    }
+
+    /// The certificate, key and trust bundle new handshakes use.
+    pub fn material(&self) -> Arc<Material> {
+        self.material.load_full()
     }
 
     pub fn settings(&self) -> &TlsSettings {

@@ -27,15 +27,18 @@ use tokio::net::TcpStream;
 
 use super::context::PeerInfo;
 use super::identity_client::{RetryPolicy, bootstrap};
-use super::material::FileWatcher;
+use super::material::{FileWatcher, Material};
 use super::metrics::TlsMetrics;
+use super::offload::Offload;
 use super::settings::{CertSource, TlsMode, TlsSettings};
 use super::spiffe::SpiffeId;
 use super::{TlsContext, TlsError};
 use crate::conn::{BoxIo, PrefixedIo};
 use crate::filters::ConnMeta;
 use crate::handoff::tls_record::RecordAlignedIo;
+use crate::handoff::{IdentityCarrier, IdentityPem};
 use crate::listener::{TlsAccepted, TlsTerminator};
+use crate::upstream::Originator;
 
 #[derive(Default)]
 struct Applied {
@@ -192,8 +195,12 @@ impl MeshTls {
                             }
                             Err(e) => {
                                 tracing::error!(error = %e, "identity bootstrap failed; retrying");
-                                *this.pending.lock().unwrap_or_else(|p| p.into_inner()) =
-                                    Some(format!("identity bootstrap failed: {e}"));
+                                // Serving with a certificate carried over by
+                                // the handoff: still ready, keep trying.
+                                if this.current.load().is_none() {
+                                    *this.pending.lock().unwrap_or_else(|p| p.into_inner()) =
+                                        Some(format!("identity bootstrap failed: {e}"));
+                                }
                             }
                         }
                         drop(this);
@@ -264,15 +271,27 @@ impl MeshTls {
         destination: &str,
         alpn: Option<Vec<Vec<u8>>>,
     ) -> Result<(BoxIo, PeerInfo), TlsError> {
+        self.connect_to(tcp, destination, None, alpn).await
+    }
+
+    /// [`MeshTls::connect`] with an explicit expected identity (a cluster's
+    /// `mtls.identity`), falling back to `expected_peers[destination]`.
+    pub async fn connect_to(
+        &self,
+        tcp: TcpStream,
+        destination: &str,
+        identity: Option<&str>,
+        alpn: Option<Vec<Vec<u8>>>,
+    ) -> Result<(BoxIo, PeerInfo), TlsError> {
         let Some(ctx) = self.current.load_full() else {
             return Err(TlsError::Disabled);
         };
-        let expected: SpiffeId = ctx
-            .settings()
-            .expected_identity(destination)
+        let expected: SpiffeId = identity
+            .or_else(|| ctx.settings().expected_identity(destination))
             .ok_or_else(|| {
                 TlsError::Io(std::io::Error::other(format!(
-                    "no expected identity for destination {destination:?}"
+                    "no expected identity for destination {destination:?}: set the cluster's \
+                     mtls.identity or tls.identity.expected_peers[{destination:?}]"
                 )))
             })?
             .parse()
@@ -281,9 +300,13 @@ impl MeshTls {
         Ok((Box::new(stream), peer))
     }
 
-    /// Installs the config hook, the readiness condition and the metrics on
-    /// a started data plane.
+    /// Installs the config hook, the outbound originator, the readiness
+    /// condition and the metrics on a started data plane.
     pub fn attach(self: &Arc<Self>, running: &crate::server::Running) {
+        running
+            .shared
+            .store
+            .set_originator(Arc::new(Outbound(self.clone())));
         let me = self.clone();
         running
             .shared
@@ -301,6 +324,83 @@ impl MeshTls {
             .shared
             .metrics
             .register(move |r| metrics.register_into(r));
+    }
+}
+
+impl IdentityCarrier for MeshTls {
+    fn export(&self) -> Option<IdentityPem> {
+        let (cert_chain, key, trust_bundle) = self.current.load().as_ref()?.material().to_pem();
+        Some(IdentityPem {
+            cert_chain,
+            key,
+            trust_bundle,
+        })
+    }
+
+    /// Used only while this process waits for its identity service (a
+    /// `files` source, or a certificate already issued, wins): the carried
+    /// certificate serves new handshakes until the bootstrap replaces it.
+    fn import(&self, pem: &IdentityPem) -> Result<bool, String> {
+        let applied = self.applied.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(settings) = applied.settings.as_ref() else {
+            return Ok(false);
+        };
+        let waiting = matches!(settings.source, Some(CertSource::IdentityService { .. }))
+            && self.current.load().is_none();
+        if !waiting {
+            return Ok(false);
+        }
+        let material = Material::from_pem(
+            pem.cert_chain.as_bytes(),
+            pem.key.as_bytes(),
+            pem.trust_bundle.as_bytes(),
+        )
+        .map_err(|e| e.to_string())?;
+        if let Ok((_, not_after)) = material.validity()
+            && not_after <= std::time::SystemTime::now()
+        {
+            return Err("the carried certificate has expired".into());
+        }
+        let offload = Arc::new(Offload::select(
+            &settings.offload,
+            &|k| std::env::var(k).ok(),
+            self.metrics.clone(),
+        ));
+        let ctx = TlsContext::new(settings, material, offload, self.metrics.clone())
+            .map_err(|e| e.to_string())?;
+        self.install_key_log(&ctx);
+        self.current.store(Some(ctx));
+        *self.pending.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        Ok(true)
+    }
+}
+
+/// [`MeshTls`] as the clusters' [`Originator`] (owns an `Arc` so the
+/// handshake future is `'static`).
+struct Outbound(Arc<MeshTls>);
+
+impl Originator for Outbound {
+    fn originate(
+        &self,
+        tcp: TcpStream,
+        destination: Arc<str>,
+        identity: Option<Arc<str>>,
+        alpn: &'static [u8],
+    ) -> Pin<Box<dyn Future<Output = std::io::Result<BoxIo>> + Send>> {
+        let tls = self.0.clone();
+        // Raw TCP offers no ALPN at all (not the policy's list): the peer
+        // must detect what the bytes are, as it would for plaintext.
+        let alpn = Some(if alpn.is_empty() {
+            Vec::new()
+        } else {
+            vec![alpn.to_vec()]
+        });
+        Box::pin(async move {
+            tls.connect_to(tcp, &destination, identity.as_deref(), alpn)
+                .await
+                .map(|(io, _peer)| io)
+                .map_err(|e| std::io::Error::other(format!("mesh mTLS to {destination}: {e}")))
+        })
     }
 }
 

@@ -32,7 +32,7 @@ use tokio::net::TcpStream;
 
 use super::TlsError;
 use super::context::TlsContext;
-use super::material::Material;
+use super::material::{Material, pem_encode};
 use super::metrics::TlsMetrics;
 use super::offload::Offload;
 use super::settings::{CertSource, KeyType, TlsSettings};
@@ -436,31 +436,6 @@ where
         .map_err(|e| IdentityClientError::Http(e.to_string()))?
         .to_bytes();
     Ok((status, body))
-}
-
-fn pem_encode(label: &str, der: &[u8]) -> String {
-    use std::fmt::Write;
-    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut b64 = String::with_capacity(der.len() * 4 / 3 + 4);
-    for chunk in der.chunks(3) {
-        let n = chunk.len();
-        let v = (u32::from(chunk[0]) << 16)
-            | (u32::from(*chunk.get(1).unwrap_or(&0)) << 8)
-            | u32::from(*chunk.get(2).unwrap_or(&0));
-        for i in 0..4 {
-            if i <= n {
-                b64.push(T[((v >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                b64.push('=');
-            }
-        }
-    }
-    let mut out = format!("-----BEGIN {label}-----\n");
-    for line in b64.as_bytes().chunks(64) {
-        let _ = writeln!(out, "{}", std::str::from_utf8(line).unwrap_or_default());
-    }
-    let _ = writeln!(out, "-----END {label}-----");
-    out
 }
 
 /// Identity-service start: select the offload engine, obtain the first

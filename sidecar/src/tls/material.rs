@@ -91,6 +91,21 @@ impl Material {
         })
     }
 
+    /// PEM text of (chain, key, bundle): what the handoff carries.
+    pub fn to_pem(&self) -> (String, String, String) {
+        let all = |certs: &[CertificateDer<'_>]| {
+            certs
+                .iter()
+                .map(|c| pem_encode("CERTIFICATE", c.as_ref()))
+                .collect::<String>()
+        };
+        (
+            all(&self.cert_chain),
+            pem_encode("PRIVATE KEY", self.key.secret_der()),
+            all(&self.trust_bundle),
+        )
+    }
+
     /// Reads and decodes the three PEM files.
     pub fn from_files(chain: &Path, key: &Path, bundle: &Path) -> Result<Self, MaterialError> {
         let read = |p: &Path| {
@@ -289,4 +304,30 @@ impl FileWatcher {
         });
         FileWatcher { task }
     }
+}
+
+/// PEM armour for one DER object (64-column base64).
+pub(crate) fn pem_encode(label: &str, der: &[u8]) -> String {
+    use std::fmt::Write;
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut b64 = String::with_capacity(der.len() * 4 / 3 + 4);
+    for chunk in der.chunks(3) {
+        let n = chunk.len();
+        let v = (u32::from(chunk[0]) << 16)
+            | (u32::from(*chunk.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*chunk.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= n {
+                b64.push(T[((v >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                b64.push('=');
+            }
+        }
+    }
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        let _ = writeln!(out, "{}", std::str::from_utf8(line).unwrap_or_default());
+    }
+    let _ = writeln!(out, "-----END {label}-----");
+    out
 }

@@ -144,7 +144,9 @@ impl World {
             let ca = write_pki(dir.path());
             let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
             let d = dir.path().display();
-            let listener = format!("  - name: tls\n    address: {addr}\n    tcp_cluster: echo\n");
+            let listener = format!(
+                "  - name: tls\n    address: {addr}\n    direction: inbound\n    tcp_cluster: echo\n"
+            );
             let section = format!(
                 "tls:
   mode: Permissive
