@@ -1,8 +1,8 @@
 //! Handoff benchmark (ignored by default; run by `bench/handoff-bench.sh`).
 //!
 //! For each connection count: N idle HTTP/1.1 keep-alive connections through
-//! a sidecar, one probe client measuring request latency, then a handoff to a
-//! second process. Reports the handoff duration (as the new process measured
+//! a sidecar, probe clients (`BATON_BENCH_PROBES`, default 4) measuring
+//! request latency, then a handoff to a second process. Reports the handoff duration (as the new process measured
 //! it, and wall time from spawn to completion), probe p50/p99 in steady
 //! state and during the handoff (same run, same machine), peak RSS (VmHWM)
 //! of both processes, and checks every idle connection still works after.
@@ -86,34 +86,45 @@ async fn bench(n: usize) {
             idle.push(b.await.unwrap());
         }
     }
-    // Probe: sequential requests, latency per request, tagged by phase.
+    // Probes: each a keep-alive connection sending sequential requests 1 ms
+    // apart, latency per request, tagged by phase. Several, so the "during"
+    // window has enough samples that p99 is a percentile, not the one
+    // request each connection spends frozen while it moves.
+    let probes: usize = std::env::var("BATON_BENCH_PROBES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
     let during = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
-    let probe = tokio::spawn({
-        let (during, stop, addr) = (during.clone(), stop.clone(), world.http);
-        async move {
-            let mut s = connect(addr).await;
-            let (mut steady, mut handoff, mut failed) = (Vec::new(), Vec::new(), 0);
-            let mut seq = 0;
-            while !stop.load(Ordering::Relaxed) {
-                seq += 1;
-                let phase = during.load(Ordering::Relaxed);
-                let t = Instant::now();
-                let ok = get(&mut s, &format!("/probe/{seq}")).await;
-                let ms = t.elapsed().as_secs_f64() * 1000.0;
-                if !ok {
-                    failed += 1;
-                    s = connect(addr).await;
-                } else if phase && during.load(Ordering::Relaxed) {
-                    handoff.push(ms);
-                } else if !phase {
-                    steady.push(ms);
+    let probe_tasks: Vec<_> = (0..probes)
+        .map(|p| {
+            tokio::spawn({
+                let (during, stop, addr) = (during.clone(), stop.clone(), world.http);
+                async move {
+                    let mut s = connect(addr).await;
+                    let (mut steady, mut handoff, mut failed) = (Vec::new(), Vec::new(), 0);
+                    let mut seq = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        seq += 1;
+                        let phase = during.load(Ordering::Relaxed);
+                        let t = Instant::now();
+                        let ok = get(&mut s, &format!("/probe/{p}/{seq}")).await;
+                        let ms = t.elapsed().as_secs_f64() * 1000.0;
+                        if !ok {
+                            failed += 1;
+                            s = connect(addr).await;
+                        } else if phase && during.load(Ordering::Relaxed) {
+                            handoff.push(ms);
+                        } else if !phase {
+                            steady.push(ms);
+                        }
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    (steady, handoff, failed)
                 }
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            (steady, handoff, failed)
-        }
-    });
+            })
+        })
+        .collect();
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     during.store(true, Ordering::Relaxed);
@@ -144,7 +155,13 @@ async fn bench(n: usize) {
     during.store(false, Ordering::Relaxed);
     let new_hwm = hwm_kb(new_pid).unwrap_or(0);
     stop.store(true, Ordering::Relaxed);
-    let (mut steady, mut handoff, failed) = probe.await.unwrap();
+    let (mut steady, mut handoff, mut failed) = (Vec::new(), Vec::new(), 0);
+    for t in probe_tasks {
+        let (s, h, f) = t.await.unwrap();
+        steady.extend(s);
+        handoff.extend(h);
+        failed += f;
+    }
 
     // Every idle connection moved and still works.
     let mut broken = 0;

@@ -799,6 +799,11 @@ pub async fn adopt(
                             tx.send(&Message::Ack { id: h.id }, b"", &[]).await?;
                             spawn_resumed(&shared, r);
                             moved += 1;
+                            // Frames usually arrive faster than one socket
+                            // op yields: let the connections already adopted
+                            // (and the request that just moved) run between
+                            // adoptions instead of after a whole burst.
+                            tokio::task::yield_now().await;
                         }
                         Err(reason) => {
                             tracing::warn!(id = h.id, %reason, "handoff: connection refused; the old process keeps it");
@@ -1049,6 +1054,9 @@ async fn hand_off_inner(
                                 // failure path below resumes it here.
                                 pending.insert(sent, InFlight { resumable: r });
                                 send_connection(&tx, sent, &pending[&sent].resumable).await?;
+                                // Serve the connections not yet moved between
+                                // sends (see the adopting side).
+                                tokio::task::yield_now().await;
                             }
                             Ok(None) => hm.conn("lost"),
                             Err(r) => {
