@@ -52,6 +52,18 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
     r
 }
 
+fn json(value: &serde_json::Value) -> Response<Full<Bytes>> {
+    let mut r = text(
+        StatusCode::OK,
+        serde_json::to_vec_pretty(value).unwrap_or_default(),
+    );
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        "application/json".parse().expect("static"),
+    );
+    r
+}
+
 impl Admin {
     pub async fn serve(self, listener: TcpListener) {
         let mut phase = self.shared.lifecycle.subscribe();
@@ -115,18 +127,7 @@ impl Admin {
                 }
                 text(StatusCode::OK, "ready\n")
             }
-            (&Method::GET, "/config") => {
-                let json = redacted_json(&self.shared.store.snapshot());
-                let mut r = text(
-                    StatusCode::OK,
-                    serde_json::to_vec_pretty(&json).unwrap_or_default(),
-                );
-                r.headers_mut().insert(
-                    header::CONTENT_TYPE,
-                    "application/json".parse().expect("static"),
-                );
-                r
-            }
+            (&Method::GET, "/config") => json(&redacted_json(&self.shared.store.snapshot())),
             (&Method::GET, "/handoff") => {
                 // Phase first: during a handoff the old process says
                 // `handing-off`/`draining`, the new one `adopting`.
@@ -135,20 +136,11 @@ impl Admin {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .clone();
-                let body = serde_json::json!({
+                json(&serde_json::json!({
                     "phase": phase.as_str(),
                     "complete": last.is_some(),
                     "lastHandoff": last,
-                });
-                let mut r = text(
-                    StatusCode::OK,
-                    serde_json::to_vec_pretty(&body).unwrap_or_default(),
-                );
-                r.headers_mut().insert(
-                    header::CONTENT_TYPE,
-                    "application/json".parse().expect("static"),
-                );
-                r
+                }))
             }
             (&Method::GET, "/connections") => {
                 let mut out = String::new();

@@ -123,20 +123,28 @@ tls:
 }
 
 async fn admin_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    get_with_host(addr, path, "admin").await
+}
+
+/// One HTTP/1.1 request on a fresh plaintext connection to `addr`.
+async fn get_with_host(addr: SocketAddr, path: &str, host: &str) -> (u16, String) {
     let tcp = TcpStream::connect(addr).await.unwrap();
     let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
         .await
         .unwrap();
     tokio::spawn(conn);
-    let resp = send
-        .send_request(
+    let resp = tokio::time::timeout(
+        Duration::from_secs(10),
+        send.send_request(
             hyper::Request::get(path)
-                .header("host", "admin")
+                .header("host", host)
                 .body(Empty::<Bytes>::new())
                 .unwrap(),
-        )
-        .await
-        .unwrap();
+        ),
+    )
+    .await
+    .unwrap()
+    .unwrap();
     let status = resp.status().as_u16();
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     (status, String::from_utf8_lossy(&body).into_owned())
@@ -280,28 +288,8 @@ async fn an_invalid_tls_section_is_refused_and_the_serving_config_stays() {
         .unwrap();
 }
 
-/// One HTTP/1.1 request on a fresh plaintext connection to `addr`.
 async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let resp = tokio::time::timeout(
-        Duration::from_secs(10),
-        send.send_request(
-            hyper::Request::get(path)
-                .header("host", "backend")
-                .body(Empty::<Bytes>::new())
-                .unwrap(),
-        ),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    let status = resp.status().as_u16();
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
+    get_with_host(addr, path, "backend").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
