@@ -114,7 +114,7 @@ async fn bench(n: usize) {
                             failed += 1;
                             s = connect(addr).await;
                         } else if phase && during.load(Ordering::Relaxed) {
-                            handoff.push(ms);
+                            handoff.push((t, ms));
                         } else if !phase {
                             steady.push(ms);
                         }
@@ -155,14 +155,28 @@ async fn bench(n: usize) {
     during.store(false, Ordering::Relaxed);
     let new_hwm = hwm_kb(new_pid).unwrap_or(0);
     stop.store(true, Ordering::Relaxed);
-    let (mut steady, mut handoff, mut failed) = (Vec::new(), Vec::new(), 0);
+    let (mut steady, mut timed, mut failed) = (Vec::new(), Vec::new(), 0);
     for t in probe_tasks {
         let (s, h, f) = t.await.unwrap();
         steady.extend(s);
-        handoff.extend(h);
+        timed.extend(h);
         failed += f;
     }
 
+    // Where the slowest requests of the window started, relative to the
+    // spawn of the new process (BATON_BENCH_SLOWEST=n to print them).
+    if let Some(k) = std::env::var("BATON_BENCH_SLOWEST")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        let mut by_ms = timed.clone();
+        by_ms.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap());
+        for (t, ms) in by_ms.iter().take(k) {
+            let at = t.saturating_duration_since(t0).as_secs_f64() * 1000.0;
+            println!("  slow: started at +{at:.1} ms, took {ms:.3} ms");
+        }
+    }
+    let mut handoff: Vec<f64> = timed.iter().map(|(_, ms)| *ms).collect();
     // Every idle connection moved and still works.
     let mut broken = 0;
     for (i, s) in idle.iter_mut().enumerate() {
