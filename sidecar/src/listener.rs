@@ -435,12 +435,12 @@ async fn serve_http1<I: ParkableIo>(
     let mut conn = builder
         .serve_connection(TokioIo::new(io), svc)
         .with_upgrades();
-    let mut phase = shared.lifecycle.subscribe();
+    let mut drain = shared.lifecycle.drain_signal();
     let mut park = park;
     let mut draining = false;
     tokio::select! {
         r = &mut conn => { log_conn_end(&meta, r.err()); return; }
-        _ = crate::lifecycle::wait_until(&mut phase, |p| p.stops_accepting()) => { draining = true; }
+        _ = crate::lifecycle::wait_until(&mut drain, |d| *d) => { draining = true; }
         req = &mut park => if let Ok(req) = req {
                 // Safe point: no request in flight. Keep driving the
                 // connection (responses must flush) while waiting for it.
@@ -491,10 +491,10 @@ async fn serve_http2<I: ParkableIo>(
         .max_header_list_size(rt.max_header_bytes as u32);
     let conn = builder.serve_connection(TokioIo::new(io), svc);
     tokio::pin!(conn);
-    let mut phase = shared.lifecycle.subscribe();
+    let mut drain = shared.lifecycle.drain_signal();
     tokio::select! {
         r = &mut conn => { log_conn_end(&meta, r.err()); return; }
-        _ = crate::lifecycle::wait_until(&mut phase, |p| p.stops_accepting()) => {}
+        _ = crate::lifecycle::wait_until(&mut drain, |d| *d) => {}
         req = &mut park => {
             // HTTP/2 cannot move mid-connection: GOAWAY and drain.
             if let Ok(req) = req { let _ = req.reply.send(Parked::Draining); }
