@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Where a proxied request's CPU goes: user vs kernel microseconds per request,
+# sidecar vs nginx (1 worker, keep-alive upstream pool), plain HTTP/1.1 and
+# HTTPS (TLS 1.3, ECDSA P-256, no resumption), keep-alive, wrk -c16.
+#
+# Both proxies forward to the same nginx upstream (`return 200`, 10 bytes);
+# proxies and upstream share CPU 0, wrk runs on CPU 1 (as ../shared/bench
+# does). CPU comes from /proc/<pid>/stat utime/stime of the proxy process
+# (the nginx worker, the whole sidecar process incl. its crypto thread)
+# around each wrk run. Runs are interleaved and repeated; compare the ratios
+# of one run only (shared, noisy machine).
+#
+# Usage: bench/cpu-split.sh [-d SECONDS] [-r REPEATS] [-o OUTDIR]
+# Env:   BATON_SIDECAR_BIN (default target/release/baton-sidecar)
+set -euo pipefail
+
+DURATION=4 REPEATS=3 OUT=""
+while getopts "d:r:o:h" o; do
+  case $o in
+    d) DURATION=$OPTARG ;; r) REPEATS=$OPTARG ;; o) OUT=$OPTARG ;;
+    *) sed -n '2,15p' "$0"; exit 0 ;;
+  esac
+done
+(( DURATION <= 30 && REPEATS <= 10 )) || { echo "refusing: DURATION<=30, REPEATS<=10" >&2; exit 2; }
+BIN=${BATON_SIDECAR_BIN:-target/release/baton-sidecar}
+[[ -x $BIN ]] || { echo "no sidecar binary at $BIN (cargo build --release -p baton-sidecar)" >&2; exit 2; }
+for t in wrk nginx openssl taskset python3; do command -v $t >/dev/null || { echo "missing $t" >&2; exit 2; }; done
+OUT=${OUT:-${TMPDIR:-/tmp}/cpu-split/$(date +%Y%m%d-%H%M%S)}
+W=$OUT/work; mkdir -p "$W"
+
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+UP=$(free_port) NGX=$(free_port) NGXS=$(free_port) SC=$(free_port) SCS=$(free_port)
+
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$W/key.pem" \
+  -out "$W/cert.pem" -days 2 -subj "/CN=localhost" 2>/dev/null
+
+ngx_conf() { # name body
+  cat >"$W/$1.conf" <<EOF
+worker_processes 1;
+daemon off;
+pid $W/$1.pid;
+error_log $W/$1.err;
+events { worker_connections 4096; }
+http { access_log off; $2 }
+EOF
+}
+ngx_conf upstream "server { listen 127.0.0.1:$UP; location / { return 200 \"0123456789\"; } }"
+ngx_conf proxy "upstream up { server 127.0.0.1:$UP; keepalive 64; }
+  server { listen 127.0.0.1:$NGX; location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection \"\"; } }
+  server { listen 127.0.0.1:$NGXS ssl; ssl_certificate $W/cert.pem; ssl_certificate_key $W/key.pem;
+    ssl_protocols TLSv1.3; ssl_session_tickets off; ssl_session_cache off;
+    location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection \"\"; } }"
+cat >"$W/sidecar.yaml" <<EOF
+version: 1
+admin: {address: "127.0.0.1:0"}
+runtime: {worker_threads: 1}
+listeners:
+- {name: plain, address: "127.0.0.1:$SC"}
+- {name: tls, address: "127.0.0.1:$SCS", direction: inbound}
+clusters:
+- {name: up, endpoints: ["127.0.0.1:$UP"], pool_max_idle_per_endpoint: 256}
+routes:
+- {name: r, backends: [{cluster: up}]}
+tls:
+  mode: Permissive
+  min_version: "1.3"
+  alpn: ["http/1.1"]
+  session_resumption: false
+  require_client_cert: false
+  source: {files: {cert_chain: $W/cert.pem, key: $W/key.pem, trust_bundle: $W/cert.pem}}
+  offload: {mode: Preferred, workers: 1}
+EOF
+
+taskset -c 0 nginx -p "$W" -c "$W/upstream.conf" >/dev/null 2>&1 & PIDS+=($!)
+taskset -c 0 nginx -p "$W" -c "$W/proxy.conf" >/dev/null 2>&1 & PIDS+=($!); NGX_MASTER=$!
+BATON_HANDOFF_SOCKET=$W/handoff.sock BATON_HANDOFF_STATUS_FILE=$W/handoff.json \
+  taskset -c 0 "$BIN" run --config "$W/sidecar.yaml" >"$W/sidecar.log" 2>&1 & PIDS+=($!); SC_PID=$!
+for i in $(seq 1 50); do
+  curl -sf "http://127.0.0.1:$SC/" >/dev/null && curl -sfk "https://127.0.0.1:$SCS/" >/dev/null \
+    && curl -sf "http://127.0.0.1:$NGX/" >/dev/null && break
+  sleep 0.1
+done
+NGX_WORKER=$(pgrep -P "$NGX_MASTER" | head -1)
+
+cpu() { awk '{print $14, $15}' "/proc/$1/stat"; }
+run() { # target-name pid url
+  local u0 s0 u1 s1 rps
+  read -r u0 s0 < <(cpu "$2")
+  rps=$(taskset -c 1 wrk -t1 -c16 -d"${DURATION}s" "$3" | awk '/Requests\/sec/{print $2}')
+  read -r u1 s1 < <(cpu "$2")
+  echo "$1 $rps $((u1 - u0)) $((s1 - s0))" >>"$OUT/raw.txt"
+}
+echo "host: $(uname -r), $(nproc) cpus, load: $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$OUT/summary.txt"
+for r in $(seq 1 "$REPEATS"); do
+  run sidecar-http "$SC_PID" "http://127.0.0.1:$SC/"
+  run nginx-http "$NGX_WORKER" "http://127.0.0.1:$NGX/"
+  run nginx-https "$NGX_WORKER" "https://127.0.0.1:$NGXS/"
+  run sidecar-https "$SC_PID" "https://127.0.0.1:$SCS/"
+done
+python3 - "$OUT/raw.txt" "$DURATION" "$(getconf CLK_TCK)" <<'EOF' | tee -a "$OUT/summary.txt"
+import sys, statistics as st
+raw, dur, hz = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+rows = {}
+for line in open(raw):
+    name, rps, u, s = line.split()
+    n = float(rps) * dur
+    rows.setdefault(name, []).append((float(rps), int(u) * 1e6 / hz / n, int(s) * 1e6 / hz / n))
+med = {k: tuple(st.median(x[i] for x in v) for i in range(3)) for k, v in rows.items()}
+print(f"{'target':14} {'req/s':>8} {'user us/req':>12} {'kernel us/req':>14} {'total':>7}")
+for k in ("sidecar-http", "nginx-http", "sidecar-https", "nginx-https"):
+    r, u, s = med[k]
+    print(f"{k:14} {r:8.0f} {u:12.2f} {s:14.2f} {u + s:7.2f}")
+for proto in ("http", "https"):
+    a, b = med[f"sidecar-{proto}"], med[f"nginx-{proto}"]
+    print(f"{proto}: sidecar/nginx throughput x{a[0] / b[0]:.2f}, user x{a[1] / b[1]:.2f}, "
+          f"kernel x{a[2] / b[2]:.2f}, cpu/req x{(a[1] + a[2]) / (b[1] + b[2]):.2f}")
+EOF
+echo "raw: $OUT"
