@@ -34,6 +34,7 @@ pub mod listener;
 pub mod metrics;
 pub mod orig_dst;
 pub mod routing;
+pub mod sched;
 pub mod server;
 pub mod tcp_proxy;
 pub mod tls;

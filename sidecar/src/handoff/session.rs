@@ -1312,6 +1312,13 @@ pub async fn run(
         let _ = std::fs::remove_file(&cfg.socket);
     }
     running.drain(grace).await;
+    if handed_off {
+        // Everything is with the successor now: our exit (freeing what the
+        // moved connections used) must not take the CPU from it.
+        if let Err(e) = crate::sched::set_current_thread_nice(19) {
+            tracing::debug!(error = %e, "cannot lower priority for exit");
+        }
+    }
     Ok(())
 }
 

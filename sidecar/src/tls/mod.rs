@@ -38,7 +38,6 @@ pub mod identity_client;
 pub mod material;
 pub mod metrics;
 pub mod offload;
-pub mod sched;
 pub mod settings;
 pub mod spiffe;
 pub mod stream;

@@ -376,8 +376,8 @@ impl CryptoPool {
             std::thread::Builder::new()
                 .name(format!("baton-crypto-{name}-{i}"))
                 .spawn(move || {
-                    // Let the event loop preempt signatures (see tls::sched).
-                    if let Err(e) = super::sched::set_current_thread_nice(CRYPTO_NICE) {
+                    // Let the event loop preempt signatures (see crate::sched).
+                    if let Err(e) = crate::sched::set_current_thread_nice(CRYPTO_NICE) {
                         tracing::debug!(error = %e, "cannot lower crypto thread priority");
                     }
                     loop {
