@@ -361,6 +361,413 @@ impl Drop for ConnGuard {
     }
 }
 
+/// Shared by a [`FramingGuard`] (the read side) and its connection's HTTP
+/// service: which request, if any, the service must refuse. hyper serves
+/// HTTP/1 requests one at a time, in order, so the service finds the refused
+/// one by counting.
+#[derive(Debug)]
+pub struct H1Refusal {
+    /// Index of the refused request on this connection; `u64::MAX` while none.
+    at: AtomicU64,
+    /// Requests the service has been called for.
+    served: AtomicU64,
+}
+
+impl H1Refusal {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            at: AtomicU64::new(u64::MAX),
+            served: AtomicU64::new(0),
+        })
+    }
+
+    /// Called by the service once per request, in order: whether this one is
+    /// the refused request. The guard marks it before hyper can parse its
+    /// head, so the mark is always there in time.
+    pub fn next_is_refused(&self) -> bool {
+        let n = self.served.fetch_add(1, Ordering::Relaxed);
+        n == self.at.load(Ordering::Relaxed)
+    }
+}
+
+/// Where the framing shadow is in the request stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Frame {
+    /// Reading a request head (leading empty lines are skipped, as httparse
+    /// does).
+    Head,
+    /// Inside a body of known length: bytes left.
+    Fixed(u64),
+    /// Inside a chunked body, in hyper's decoder states (strict CRLF).
+    Chunk(ChunkState),
+    /// Stopped following: after an upgrade/CONNECT head (the response decides
+    /// what the next bytes are), or on anything hyper itself refuses (it then
+    /// answers 400/431 and closes, so nothing later needs checking).
+    Off,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChunkState {
+    Start,
+    Size(u64),
+    Lws(u64),
+    Ext(u64),
+    SizeLf(u64),
+    Data(u64),
+    DataCr,
+    DataLf,
+    EndCr,
+    Trailer,
+    TrailerLf,
+    EndLf,
+}
+
+/// What a request head says about the bytes after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HeadScan {
+    Next(Frame),
+    /// Both `Content-Length` and `Transfer-Encoding`.
+    Conflict,
+}
+
+/// What [`H1Framing::feed`] found in a chunk of bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FramingVerdict {
+    /// Nothing to refuse; every byte may go to the HTTP parser.
+    Pass,
+    /// Request number `index` (0-based on this connection) carries both
+    /// `Content-Length` and `Transfer-Encoding`. Only the first `deliver`
+    /// bytes of the chunk (ending with that request's head) may reach the
+    /// parser: its body and anything after it are the would-be smuggled
+    /// payload.
+    Refuse { index: u64, deliver: usize },
+}
+
+/// A shadow of HTTP/1 request framing over the raw downstream bytes.
+///
+/// hyper resolves a request carrying both `Content-Length` and
+/// `Transfer-Encoding` the way RFC 9112 §6.3 allows (chunked wins, the length
+/// is dropped from the header map, the connection closes after the response)
+/// but leaves the service no trace of the conflict, so it cannot refuse it.
+/// This shadow sees the raw heads: it finds each head's end, reads the
+/// framing headers, and skips each body exactly as hyper's decoder does, so
+/// it finds the next head where hyper does. It only ever *adds* a refusal:
+/// wherever it could disagree with hyper it stops following and hyper's own
+/// handling stands.
+#[derive(Debug)]
+pub struct H1Framing {
+    frame: Frame,
+    /// Heads completed so far (= the index of the head being read).
+    heads: u64,
+    /// A head split across reads, collected until its end arrives.
+    partial: Vec<u8>,
+    max_head: usize,
+}
+
+impl H1Framing {
+    /// `max_head`: the largest head hyper accepts (its `max_header_size`);
+    /// beyond it hyper answers 431 and this stops following.
+    pub fn new(max_head: usize) -> Self {
+        Self {
+            frame: Frame::Head,
+            heads: 0,
+            partial: Vec::new(),
+            max_head,
+        }
+    }
+
+    /// Whether it still follows the stream.
+    pub fn following(&self) -> bool {
+        self.frame != Frame::Off
+    }
+
+    /// Account for `data`, the next bytes read from the client.
+    pub fn feed(&mut self, data: &[u8]) -> FramingVerdict {
+        let mut at = 0;
+        while at < data.len() {
+            match self.frame {
+                Frame::Off => break,
+                Frame::Head => match self.head(data, at) {
+                    Some((end, HeadScan::Conflict)) => {
+                        self.frame = Frame::Off;
+                        return FramingVerdict::Refuse {
+                            index: self.heads,
+                            deliver: end,
+                        };
+                    }
+                    Some((end, HeadScan::Next(frame))) => {
+                        self.heads += 1;
+                        self.frame = frame;
+                        at = end;
+                    }
+                    None => break,
+                },
+                Frame::Fixed(left) => {
+                    let n = left.min((data.len() - at) as u64);
+                    at += n as usize;
+                    self.frame = if n == left {
+                        Frame::Head
+                    } else {
+                        Frame::Fixed(left - n)
+                    };
+                }
+                Frame::Chunk(ChunkState::Data(left)) => {
+                    let n = left.min((data.len() - at) as u64);
+                    at += n as usize;
+                    self.frame = Frame::Chunk(if n == left {
+                        ChunkState::DataCr
+                    } else {
+                        ChunkState::Data(left - n)
+                    });
+                }
+                Frame::Chunk(state) => {
+                    self.frame = chunk_step(state, data[at]);
+                    at += 1;
+                }
+            }
+        }
+        FramingVerdict::Pass
+    }
+
+    /// Look for the end of the current head in `data[at..]`: the index in
+    /// `data` just past it and what it says, or `None` when more bytes are
+    /// needed (what was read of the head is kept in `partial`).
+    fn head(&mut self, data: &[u8], mut at: usize) -> Option<(usize, HeadScan)> {
+        if self.partial.is_empty() {
+            while at < data.len() && matches!(data[at], b'\r' | b'\n') {
+                at += 1;
+            }
+            if at == data.len() {
+                return None;
+            }
+            // Common case: the whole head is in this read; nothing is copied.
+            if let Some(end) = head_end(&data[at..]) {
+                return Some((at + end, scan_head(&data[at..at + end])));
+            }
+        }
+        let already = self.partial.len();
+        // The end marker (at most 3 bytes) may straddle the previous read.
+        let from = already.saturating_sub(2);
+        self.partial.extend_from_slice(&data[at..]);
+        match head_end(&self.partial[from..]) {
+            Some(end) => {
+                let end = from + end;
+                let scan = scan_head(&self.partial[..end]);
+                self.partial = Vec::new();
+                Some((at + end - already, scan))
+            }
+            None => {
+                if self.partial.len() > self.max_head {
+                    self.partial = Vec::new();
+                    self.frame = Frame::Off;
+                }
+                None
+            }
+        }
+    }
+}
+
+/// Length of the head at the start of `buf` (request line, header lines and
+/// the empty line; LF or CRLF line ends, as httparse accepts), if complete.
+fn head_end(buf: &[u8]) -> Option<usize> {
+    let mut from = 0;
+    while let Some(i) = buf[from..].iter().position(|b| *b == b'\n') {
+        let i = from + i;
+        match buf.get(i + 1..) {
+            Some([b'\n', ..]) => return Some(i + 2),
+            Some([b'\r', b'\n', ..]) => return Some(i + 3),
+            _ => from = i + 1,
+        }
+    }
+    None
+}
+
+/// Read the framing of one complete head.
+fn scan_head(head: &[u8]) -> HeadScan {
+    let mut lines = head
+        .split(|b| *b == b'\n')
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l));
+    let connect = lines.next().is_some_and(|l| l.starts_with(b"CONNECT "));
+    let (mut te, mut upgrade, mut cl_seen) = (false, false, false);
+    let mut length: Option<u64> = None;
+    let mut length_ok = true;
+    for line in lines.filter(|l| !l.is_empty()) {
+        if matches!(line[0], b' ' | b'\t') {
+            // obs-fold: httparse refuses it in requests.
+            return HeadScan::Next(Frame::Off);
+        }
+        let Some(colon) = line.iter().position(|b| *b == b':') else {
+            return HeadScan::Next(Frame::Off);
+        };
+        let name = &line[..colon];
+        if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            te = true;
+        } else if name.eq_ignore_ascii_case(b"upgrade") {
+            upgrade = true;
+        } else if name.eq_ignore_ascii_case(b"content-length") {
+            cl_seen = true;
+            match (parse_length(&line[colon + 1..]), length) {
+                (Some(n), None) => length = Some(n),
+                (Some(n), Some(prev)) if n == prev => {}
+                _ => length_ok = false,
+            }
+        }
+    }
+    // Refused whatever the values say: hyper would drop the length, and any
+    // intermediary that did not is the one being smuggled past.
+    if te && cl_seen {
+        return HeadScan::Conflict;
+    }
+    let body = if te {
+        Frame::Chunk(ChunkState::Start)
+    } else if !length_ok {
+        // hyper answers 400.
+        Frame::Off
+    } else {
+        match length.unwrap_or(0) {
+            0 => Frame::Head,
+            n => Frame::Fixed(n),
+        }
+    };
+    if upgrade || connect {
+        return HeadScan::Next(Frame::Off);
+    }
+    HeadScan::Next(body)
+}
+
+/// A `Content-Length` value as hyper reads it: digits only, around optional
+/// whitespace.
+fn parse_length(value: &[u8]) -> Option<u64> {
+    let v = value.trim_ascii();
+    if v.is_empty() {
+        return None;
+    }
+    v.iter().try_fold(0u64, |n, b| {
+        b.is_ascii_digit()
+            .then(|| n.checked_mul(10)?.checked_add(u64::from(b - b'0')))
+            .flatten()
+    })
+}
+
+/// One byte of chunked framing outside chunk data, as hyper's decoder reads
+/// it; anything hyper would reject stops the shadow.
+fn chunk_step(state: ChunkState, b: u8) -> Frame {
+    use ChunkState::*;
+    let hex = (b as char).to_digit(16).map(u64::from);
+    let next = match (state, b) {
+        (Start, _) => hex.map(Size),
+        (Size(n), _) if hex.is_some() => n
+            .checked_mul(16)
+            .and_then(|n| n.checked_add(hex.unwrap_or(0)))
+            .map(Size),
+        (Size(n) | Lws(n), b' ' | b'\t') => Some(Lws(n)),
+        (Size(n) | Lws(n), b';') => Some(Ext(n)),
+        (Size(n) | Lws(n) | Ext(n), b'\r') => Some(SizeLf(n)),
+        (Ext(_), b'\n') => None,
+        (Ext(n), _) => Some(Ext(n)),
+        (SizeLf(0), b'\n') => Some(EndCr),
+        (SizeLf(n), b'\n') => Some(Data(n)),
+        (DataCr, b'\r') => Some(DataLf),
+        (DataLf, b'\n') => Some(Start),
+        (EndCr, b'\r') => Some(EndLf),
+        (Trailer, b'\r') => Some(TrailerLf),
+        (EndCr | Trailer, _) => Some(Trailer),
+        (TrailerLf, b'\n') => Some(EndCr),
+        (EndLf, b'\n') => return Frame::Head,
+        _ => None,
+    };
+    next.map_or(Frame::Off, Frame::Chunk)
+}
+
+/// The HTTP/1 downstream stream as hyper reads it, with the [`H1Framing`]
+/// shadow on the read path. When a head must be refused, hyper gets the
+/// bytes up to the end of that head and then only end-of-stream: the body
+/// and anything pipelined after it are read and dropped.
+#[derive(Debug)]
+pub struct FramingGuard<T> {
+    inner: T,
+    framing: H1Framing,
+    refusal: Arc<H1Refusal>,
+    refused: bool,
+}
+
+impl<T> FramingGuard<T> {
+    pub fn new(inner: T, framing: H1Framing, refusal: Arc<H1Refusal>) -> Self {
+        Self {
+            inner,
+            framing,
+            refusal,
+            refused: false,
+        }
+    }
+}
+
+impl<T: ParkableIo> ParkableIo for FramingGuard<T> {
+    fn into_parked(self) -> (Box<dyn Any + Send>, Bytes) {
+        // Holds no bytes of its own; the receiver starts a fresh shadow at
+        // the same request boundary hyper parked at.
+        self.inner.into_parked()
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for FramingGuard<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        let before = buf.filled().len();
+        if this.refused {
+            // Drain and drop until the client closes (or hyper does, after
+            // the 400).
+            loop {
+                std::task::ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+                if buf.filled().len() == before {
+                    return Poll::Ready(Ok(()));
+                }
+                buf.set_filled(before);
+            }
+        }
+        std::task::ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+        if this.framing.following()
+            && let FramingVerdict::Refuse { index, deliver } =
+                this.framing.feed(&buf.filled()[before..])
+        {
+            this.refusal.at.store(index, Ordering::Relaxed);
+            this.refused = true;
+            buf.set_filled(before + deliver);
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for FramingGuard<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -377,6 +784,124 @@ mod tests {
             alpn: None,
             tls: false,
         }
+    }
+
+    /// Feed `stream` in pieces of `step` bytes; the refusal as (request
+    /// index, absolute end of the refused head), and the heads completed.
+    fn shadow(stream: &[u8], step: usize) -> (Option<(u64, usize)>, u64) {
+        let mut f = H1Framing::new(8192);
+        let mut offset = 0;
+        for piece in stream.chunks(step) {
+            if let FramingVerdict::Refuse { index, deliver } = f.feed(piece) {
+                assert!(deliver > 0, "a refusal always delivers the head's end");
+                return (Some((index, offset + deliver)), f.heads);
+            }
+            offset += piece.len();
+        }
+        (None, f.heads)
+    }
+
+    /// Every split of the stream gives the same answer as one read.
+    fn shadow_any_split(stream: &[u8]) -> (Option<(u64, usize)>, u64) {
+        let whole = shadow(stream, stream.len().max(1));
+        for step in 1..stream.len().min(40) {
+            assert_eq!(shadow(stream, step), whole, "split every {step} bytes");
+        }
+        whole
+    }
+
+    #[test]
+    fn framing_shadow_refuses_content_length_with_transfer_encoding_in_either_order() {
+        let first = b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n";
+        let cl_te = b"POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let smuggled = b"0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n";
+        let mut stream = first.to_vec();
+        stream.extend_from_slice(cl_te);
+        stream.extend_from_slice(smuggled);
+        assert_eq!(
+            shadow_any_split(&stream),
+            (Some((1, first.len() + cl_te.len())), 1)
+        );
+        let te_cl =
+            b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\ncontent-length: x\r\n\r\n0\r\n\r\n";
+        assert_eq!(shadow_any_split(te_cl), (Some((0, te_cl.len() - 5)), 0));
+    }
+
+    #[test]
+    fn framing_shadow_skips_bodies_as_hyper_frames_them() {
+        // Bodies that look like heads are data, not requests.
+        let fake = "\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let fixed = format!(
+            "POST /f HTTP/1.1\r\nContent-Length: {}\r\n\r\n{fake}",
+            fake.len()
+        );
+        let chunked = format!(
+            "POST /c HTTP/1.1\nTransfer-Encoding: chunked\n\n{:x} ;ext=1\r\n{fake}\r\n0\r\nX-Trailer: y\r\n\r\n",
+            fake.len()
+        );
+        let stream = format!("\r\n{fixed}{chunked}GET /last HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
+        assert_eq!(shadow_any_split(stream.as_bytes()), (None, 3));
+        // ...and a conflict after them is found at the right request.
+        let stream = format!(
+            "{fixed}{chunked}POST / HTTP/1.1\r\nContent-Length: 0\r\nTransfer-Encoding: chunked\r\n\r\n"
+        );
+        assert_eq!(
+            shadow_any_split(stream.as_bytes()),
+            (Some((2, stream.len())), 2)
+        );
+    }
+
+    #[test]
+    fn framing_shadow_stops_where_hyper_decides_alone() {
+        // After an upgrade or CONNECT head the response decides what follows.
+        let upgrade = b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\nPOST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
+        assert_eq!(shadow_any_split(upgrade), (None, 1));
+        let connect = b"CONNECT h:1 HTTP/1.1\r\n\r\nanything";
+        assert_eq!(shadow_any_split(connect), (None, 1));
+        // Heads hyper refuses (obs-fold, no colon, differing lengths, bad
+        // chunk sizes) end the shadow: hyper answers 400 and closes.
+        for refused in [
+            &b"GET / HTTP/1.1\r\nHost: x\r\n folded\r\n\r\nPOST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n"[..],
+            b"GET / HTTP/1.1\r\nBad Header Line\r\n\r\nPOST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nPOST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nPOST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
+        ] {
+            assert_eq!(shadow_any_split(refused), (None, 1), "{refused:?}");
+        }
+        // A head longer than hyper accepts (431) also ends it.
+        let mut f = H1Framing::new(64);
+        assert_eq!(f.feed(&[b'G'; 100]), FramingVerdict::Pass);
+        assert!(!f.following());
+    }
+
+    #[test]
+    fn chunk_sizes_that_overflow_stop_the_shadow() {
+        let mut f = H1Framing::new(8192);
+        f.feed(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n");
+        assert!(f.following());
+        f.feed(b"1ffffffffffffffff\r\n");
+        assert!(!f.following(), "hyper refuses a size beyond u64");
+    }
+
+    #[tokio::test]
+    async fn framing_guard_hands_the_parser_only_the_refused_head() {
+        let (mut client, server) = tokio::io::duplex(1024);
+        let refusal = H1Refusal::new();
+        let mut guard = FramingGuard::new(server, H1Framing::new(8192), refusal.clone());
+        let head = b"POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let mut all = b"GET / HTTP/1.1\r\n\r\n".to_vec();
+        all.extend_from_slice(head);
+        all.extend_from_slice(b"0\r\n\r\nGET /smuggled HTTP/1.1\r\n\r\n");
+        tokio::io::AsyncWriteExt::write_all(&mut client, &all)
+            .await
+            .unwrap();
+        drop(client);
+        let mut seen = Vec::new();
+        guard.read_to_end(&mut seen).await.unwrap();
+        assert_eq!(seen, all[..18 + head.len()]);
+        assert!(!refusal.next_is_refused(), "request 0 passes");
+        assert!(refusal.next_is_refused(), "request 1 is refused");
+        assert!(!refusal.next_is_refused());
     }
 
     #[tokio::test]

@@ -26,7 +26,7 @@ use tokio::sync::Semaphore;
 use crate::body::{InFlight, ProxyBody};
 use crate::config::UpstreamProtocol;
 use crate::config::store::{Active, ConfigStore};
-use crate::conn::ConnRegistry;
+use crate::conn::{ConnRegistry, H1Refusal};
 use crate::filters::{ConnMeta, FilterAction, RequestInfo, StreamFilter, fast_rand};
 use crate::lifecycle::Lifecycle;
 use crate::metrics::{Metrics, RequestLabels, RouteLabels, RouteMetrics, StatusClass};
@@ -97,6 +97,8 @@ pub struct HttpService {
     pub shared: Arc<Shared>,
     pub conn: Arc<ConnMeta>,
     pub inflight: Arc<InFlight>,
+    /// HTTP/1 only: marks the request the framing guard refused.
+    pub h1_refusal: Option<Arc<H1Refusal>>,
 }
 
 impl hyper::service::Service<Request<Incoming>> for HttpService {
@@ -105,6 +107,14 @@ impl hyper::service::Service<Request<Incoming>> for HttpService {
     type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
+        if self
+            .h1_refusal
+            .as_ref()
+            .is_some_and(|r| r.next_is_refused())
+        {
+            let resp = refuse_smuggling(&self.shared.metrics);
+            return Box::pin(std::future::ready(Ok(resp)));
+        }
         let svc = self.clone();
         Box::pin(async move { Ok(svc.handle(req).await) })
     }
@@ -129,6 +139,43 @@ fn local(
         HeaderValue::from_static(reason),
     );
     resp
+}
+
+/// The answer to a request carrying both `Content-Length` and
+/// `Transfer-Encoding` (RFC 9112 §6.3 lets a server refuse it; it must close
+/// the connection either way). Its body never reaches the parser, so nothing
+/// smuggled inside it can reach an upstream.
+fn refuse_smuggling(metrics: &Metrics) -> Response<ProxyBody> {
+    let mut resp = local(
+        StatusCode::BAD_REQUEST,
+        "request_smuggling",
+        "request has both Content-Length and Transfer-Encoding\n",
+        metrics,
+    );
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
+}
+
+/// hyper refuses a `Transfer-Encoding` whose last coding is not `chunked`
+/// (400), but accepts e.g. `gzip, chunked` and `chunked, chunked`: it removes
+/// only the chunking, and `Transfer-Encoding` is hop-by-hop, so the upstream
+/// would get a body still coded with no header saying so. Only a single
+/// `chunked` is forwarded.
+fn unsupported_transfer_coding(headers: &HeaderMap) -> Option<(StatusCode, &'static str)> {
+    let mut chunked = 0;
+    for value in headers.get_all(header::TRANSFER_ENCODING) {
+        let Ok(value) = value.to_str() else {
+            return Some((StatusCode::BAD_REQUEST, "transfer_encoding_invalid"));
+        };
+        for coding in value.split(',').map(str::trim).filter(|c| !c.is_empty()) {
+            if !coding.eq_ignore_ascii_case("chunked") {
+                return Some((StatusCode::NOT_IMPLEMENTED, "transfer_coding_unsupported"));
+            }
+            chunked += 1;
+        }
+    }
+    (chunked > 1).then_some((StatusCode::BAD_REQUEST, "transfer_encoding_invalid"))
 }
 
 /// Where a request goes.
@@ -235,6 +282,21 @@ impl HttpService {
         let guard = self.inflight.enter();
         let active = self.shared.store.load();
         let metrics = &self.shared.metrics;
+        if req.headers().contains_key(header::TRANSFER_ENCODING)
+            && let Some((status, reason)) = unsupported_transfer_coding(req.headers())
+        {
+            let mut resp = local(
+                status,
+                reason,
+                "only a single `chunked` transfer coding is accepted\n",
+                metrics,
+            );
+            // The body's framing is not one this proxy reads: do not try to
+            // find the next request after it.
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return resp;
+        }
         let Some(listener) = active.config.listener(&self.conn.listener) else {
             return local(
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -23,7 +23,10 @@ use tokio::sync::oneshot;
 
 use crate::body::InFlight;
 use crate::config::{Capture, Direction, ListenerProtocol};
-use crate::conn::{BoxIo, ConnGuard, ConnKind, ParkRequest, ParkableIo, Parked, PrefixedIo};
+use crate::conn::{
+    BoxIo, ConnGuard, ConnKind, FramingGuard, H1Framing, H1Refusal, ParkRequest, ParkableIo,
+    Parked, PrefixedIo,
+};
 use crate::detect::{Detection, MAX_DETECT_BYTES, Protocol, detect};
 use crate::filters::{ConnMeta, NetworkFilter};
 use crate::http_proxy::{HttpService, Shared};
@@ -406,11 +409,16 @@ async fn serve_tcp<I: ParkableIo>(
     }
 }
 
-fn http_service(meta: ConnMeta, shared: &Arc<Shared>) -> HttpService {
+fn http_service(
+    meta: ConnMeta,
+    shared: &Arc<Shared>,
+    h1_refusal: Option<Arc<H1Refusal>>,
+) -> HttpService {
     HttpService {
         shared: shared.clone(),
         conn: Arc::new(meta),
         inflight: Arc::new(InFlight::default()),
+        h1_refusal,
     }
 }
 
@@ -421,8 +429,11 @@ async fn serve_http1<I: ParkableIo>(
     park: oneshot::Receiver<ParkRequest>,
 ) {
     let rt = shared.store.snapshot().runtime.clone();
-    let svc = http_service(meta.clone(), &shared);
+    let refusal = H1Refusal::new();
+    let svc = http_service(meta.clone(), &shared, Some(refusal.clone()));
     let inflight = svc.inflight.clone();
+    // Request-smuggling shapes hyper only neutralises are refused (400).
+    let io = FramingGuard::new(io, H1Framing::new(rt.max_header_bytes), refusal);
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(crate::coarse_timer::CoarseTimer)
@@ -483,7 +494,7 @@ async fn serve_http2<I: ParkableIo>(
     mut park: oneshot::Receiver<ParkRequest>,
 ) {
     let rt = shared.store.snapshot().runtime.clone();
-    let svc = http_service(meta.clone(), &shared);
+    let svc = http_service(meta.clone(), &shared, None);
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())
