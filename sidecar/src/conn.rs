@@ -542,7 +542,7 @@ impl H1Framing {
             }
             // Common case: the whole head is in this read; nothing is copied.
             if let Some(end) = head_end(&data[at..]) {
-                return Some((at + end, scan_head(&data[at..at + end])));
+                return Some((at + end, self.judge(&data[at..at + end])));
             }
         }
         let already = self.partial.len();
@@ -552,7 +552,7 @@ impl H1Framing {
         match head_end(&self.partial[from..]) {
             Some(end) => {
                 let end = from + end;
-                let scan = scan_head(&self.partial[..end]);
+                let scan = self.judge(&self.partial[..end]);
                 self.partial = Vec::new();
                 Some((at + end - already, scan))
             }
@@ -563,6 +563,18 @@ impl H1Framing {
                 }
                 None
             }
+        }
+    }
+}
+
+impl H1Framing {
+    /// A head longer than hyper accepts gets 431 from hyper: stop following
+    /// (the same whether it arrived in one read or several).
+    fn judge(&self, head: &[u8]) -> HeadScan {
+        if head.len() > self.max_head {
+            HeadScan::Next(Frame::Off)
+        } else {
+            scan_head(head)
         }
     }
 }
