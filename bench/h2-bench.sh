@@ -15,8 +15,8 @@
 # Reported per target: req/s, p50/p99 (from h2load's per-request log), proxy
 # CPU µs per request (utime+stime of the proxy's process group from
 # /proc/<pid>/stat), and per repeat the ratios vs nginx; the summary gives the
-# median of the per-repeat ratios. Only ratios from one run mean anything on
-# a shared machine.
+# median of the per-repeat ratios, and each proxy's peak RSS. Only ratios
+# from one run mean anything on a shared machine.
 #
 # Everything listens on 127.0.0.1 (random ports), runs from a temp dir, and
 # only the processes this script started are stopped (by process group).
@@ -261,6 +261,24 @@ for rep in $(seq 1 "$REPEATS"); do
     done
   done
 done
+
+# Peak RSS (VmHWM) summed over each proxy's process group (nginx: master +
+# worker), after all the load above.
+{
+  echo "peak RSS after the run (VmHWM, summed over the process group):"
+  for t in "${TARGETS[@]}"; do
+    [[ $t == direct ]] && continue
+    kb=0
+    for st in /proc/[0-9]*/stat; do
+      line=$(cat "$st" 2>/dev/null) || continue
+      rest=${line##*) }; read -r _ _ pgrp _ <<<"$rest"
+      [[ $pgrp == "${PID_OF[$t]}" ]] || continue
+      hwm=$(awk '/^VmHWM/{print $2}' "${st%/stat}/status" 2>/dev/null || true)
+      kb=$((kb + ${hwm:-0}))
+    done
+    printf '  %-8s %6.1f MB\n' "$t" "$(awk -v k="$kb" 'BEGIN{print k/1024}')"
+  done
+} | tee "$OUT/rss.txt"
 
 python3 - "$RESULTS" <<'PY' | tee "$OUT/summary.txt"
 import csv, statistics, sys
