@@ -31,7 +31,7 @@ DURATION=5 REPEATS=3 OUT=""
 while getopts "d:r:o:h" o; do
   case $o in
     d) DURATION=$OPTARG ;; r) REPEATS=$OPTARG ;; o) OUT=$OPTARG ;;
-    *) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   esac
 done
 [[ $DURATION =~ ^[0-9]+$ && $REPEATS =~ ^[0-9]+$ ]] || { echo "-d and -r take integers" >&2; exit 2; }
