@@ -617,10 +617,14 @@ routes: [{{name: r, backends: [{{cluster: main}}], mirror: {{cluster: shadow, pe
         .await;
         assert_eq!((s, body.as_str()), (StatusCode::OK, "mirrored-body"));
     }
-    // A slow shadow never slows the primary.
+    // Mirrors are fire-and-forget and may arrive in any order: let the five
+    // POST copies land (bounded) before the GET, so `last` is the GET's.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while shadow.hits.load(Ordering::SeqCst) < 5 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let (s, _, body) = get(out, "/status/200").await;
     assert_eq!((s, body.as_str()), (StatusCode::OK, "main"));
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while shadow.hits.load(Ordering::SeqCst) < 6 && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -960,17 +964,29 @@ routes: [{{name: r, backends: [{{cluster: {cluster}}}]}}]\n",
         tokio::time::sleep(Duration::from_millis(60)).await;
         std::fs::write(&path, cfg(v, if v % 2 == 0 { "b" } else { "a" })).unwrap();
         if v == 7 {
-            tokio::time::sleep(Duration::from_millis(60)).await;
+            // Wait (bounded) for 7 to be serving, then for the invalid file
+            // to be seen and refused: polling intervals stretch under load.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while sc.shared.store.version() != 7 && std::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
             std::fs::write(
                 &path,
                 "version: 99\nroutes: [{name: r, backends: [{cluster: nope}]}]\n",
             )
             .unwrap();
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            let refused = "baton_sidecar_config_apply_errors_total{reason=\"invalid\"} 1";
+            while !metrics(&sc).await.contains(refused) && std::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
             invalid_refused = sc.shared.store.version() == 7;
         }
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while sc.shared.store.version() != 11 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
     stop.store(true, Ordering::Relaxed);
     let (mut ok, mut failed, mut seen_b) = (0, 0, false);
     for w in workers {
