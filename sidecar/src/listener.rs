@@ -330,15 +330,6 @@ pub async fn serve_plain<I: ParkableIo>(
     drop(guard);
 }
 
-/// Original-destination passthrough: plain TCP, 1 s connect timeout.
-async fn connect_passthrough(addr: SocketAddr) -> std::io::Result<crate::upstream::TcpUpstream> {
-    let tcp = tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(addr))
-        .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timeout"))??;
-    let _ = tcp.set_nodelay(true);
-    Ok(crate::upstream::TcpUpstream::Plain(tcp))
-}
-
 async fn serve_tcp<I: ParkableIo>(
     io: PrefixedIo<I>,
     meta: ConnMeta,
@@ -374,7 +365,10 @@ async fn serve_tcp<I: ParkableIo>(
     };
     let connected = match &ep {
         Some((_, cluster)) => cluster.connect_tcp(addr).await,
-        None => connect_passthrough(addr).await,
+        // Original-destination passthrough: plain TCP, 1 s connect timeout.
+        None => crate::upstream::connect(addr, Duration::from_secs(1))
+            .await
+            .map(crate::upstream::TcpUpstream::Plain),
     };
     let up = match connected {
         Ok(s) => {

@@ -86,12 +86,27 @@ impl UpstreamDeps {
     }
 }
 
-#[derive(Clone)]
+/// Where a cluster's mesh mTLS goes: the peer identity and the originator.
+#[derive(Debug)]
 struct MtlsTarget {
     destination: Arc<str>,
     identity: Option<Arc<str>>,
-    alpn: &'static [u8],
     slot: OriginatorSlot,
+}
+
+impl MtlsTarget {
+    /// Mesh mTLS over `tcp`, offering `alpn` (empty: none).
+    async fn originate(&self, tcp: TcpStream, alpn: &'static [u8]) -> std::io::Result<TcpUpstream> {
+        let Some(originator) = self.slot.get() else {
+            return Err(std::io::Error::other(
+                "cluster wants mesh mTLS but the sidecar has no TLS layer",
+            ));
+        };
+        let io = originator
+            .originate(tcp, self.destination.clone(), self.identity.clone(), alpn)
+            .await?;
+        Ok(TcpUpstream::Tls(io))
+    }
 }
 
 /// The cluster client's connector: TCP (timeout, nodelay), then mesh mTLS
@@ -100,12 +115,14 @@ struct MtlsTarget {
 pub struct ClusterConnector {
     http: HttpConnector,
     mtls: Option<Arc<MtlsTarget>>,
+    /// ALPN offered with mesh mTLS (the cluster's HTTP version).
+    alpn: &'static [u8],
 }
 
 impl tower_service::Service<Uri> for ClusterConnector {
-    type Response = UpstreamIo;
+    type Response = TokioIo<TcpUpstream>;
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<UpstreamIo, BoxError>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.http.poll_ready(cx).map_err(Into::into)
@@ -113,91 +130,15 @@ impl tower_service::Service<Uri> for ClusterConnector {
 
     fn call(&mut self, uri: Uri) -> Self::Future {
         let tcp = self.http.call(uri);
-        let mtls = self.mtls.clone();
+        let (mtls, alpn) = (self.mtls.clone(), self.alpn);
         Box::pin(async move {
-            let tcp = tcp.await?;
-            let Some(t) = mtls else {
-                return Ok(UpstreamIo::Plain(tcp));
+            let tcp = tcp.await?.into_inner();
+            let io = match mtls {
+                None => TcpUpstream::Plain(tcp),
+                Some(t) => t.originate(tcp, alpn).await?,
             };
-            let Some(originator) = t.slot.get() else {
-                return Err(std::io::Error::other(
-                    "cluster wants mesh mTLS but the sidecar has no TLS layer",
-                )
-                .into());
-            };
-            let io = originator
-                .originate(
-                    tcp.into_inner(),
-                    t.destination.clone(),
-                    t.identity.clone(),
-                    t.alpn,
-                )
-                .await?;
-            Ok(UpstreamIo::Tls(TokioIo::new(io)))
+            Ok(TokioIo::new(io))
         })
-    }
-}
-
-/// An upstream connection: plain TCP or originated mesh mTLS.
-pub enum UpstreamIo {
-    Plain(TokioIo<TcpStream>),
-    Tls(TokioIo<BoxIo>),
-}
-
-impl Connection for UpstreamIo {
-    fn connected(&self) -> Connected {
-        match self {
-            UpstreamIo::Plain(s) => s.connected(),
-            UpstreamIo::Tls(_) => Connected::new(),
-        }
-    }
-}
-
-macro_rules! delegate {
-    ($self:ident, $s:ident => $e:expr) => {
-        match $self.get_mut() {
-            UpstreamIo::Plain($s) => $e,
-            UpstreamIo::Tls($s) => $e,
-        }
-    };
-}
-
-impl hyper::rt::Read for UpstreamIo {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: hyper::rt::ReadBufCursor<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        delegate!(self, s => Pin::new(s).poll_read(cx, buf))
-    }
-}
-
-impl hyper::rt::Write for UpstreamIo {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        delegate!(self, s => Pin::new(s).poll_write(cx, buf))
-    }
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        delegate!(self, s => Pin::new(s).poll_write_vectored(cx, bufs))
-    }
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            UpstreamIo::Plain(s) => s.is_write_vectored(),
-            UpstreamIo::Tls(s) => s.is_write_vectored(),
-        }
-    }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        delegate!(self, s => Pin::new(s).poll_flush(cx))
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        delegate!(self, s => Pin::new(s).poll_shutdown(cx))
     }
 }
 
@@ -249,7 +190,16 @@ pub struct Cluster {
     epoch: Instant,
     pub client: Client<ClusterConnector, ProxyBody>,
     metrics: Arc<Metrics>,
-    originator: OriginatorSlot,
+    mtls: Option<Arc<MtlsTarget>>,
+}
+
+/// A TCP connection to `addr` within `timeout`, with `TCP_NODELAY`.
+pub async fn connect(addr: SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
+    let tcp = tokio::time::timeout(timeout, TcpStream::connect(addr))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timeout"))??;
+    let _ = tcp.set_nodelay(true);
+    Ok(tcp)
 }
 
 /// A raw-TCP upstream. Plain sockets move with the handoff; an originated
@@ -258,6 +208,15 @@ pub struct Cluster {
 pub enum TcpUpstream {
     Plain(TcpStream),
     Tls(BoxIo),
+}
+
+impl Connection for TcpUpstream {
+    fn connected(&self) -> Connected {
+        match self {
+            TcpUpstream::Plain(s) => s.connected(),
+            TcpUpstream::Tls(_) => Connected::new(),
+        }
+    }
 }
 
 impl tokio::io::AsyncRead for TcpUpstream {
@@ -343,13 +302,13 @@ impl Cluster {
             Arc::new(MtlsTarget {
                 destination: Arc::from(config.name.as_str()),
                 identity: m.identity.as_deref().map(Arc::from),
-                alpn,
                 slot: deps.originator.clone(),
             })
         });
         let client = builder.build(ClusterConnector {
             http: connector,
-            mtls,
+            mtls: mtls.clone(),
+            alpn,
         });
         Self {
             name: Arc::from(config.name.as_str()),
@@ -364,35 +323,18 @@ impl Cluster {
             epoch: Instant::now(),
             client,
             metrics: deps.metrics.clone(),
-            originator: deps.originator.clone(),
+            mtls,
         }
     }
 
     /// A new connection to `ep` for a raw TCP proxy: connect timeout, then
     /// mesh mTLS (ALPN none) when the cluster asks for it.
     pub async fn connect_tcp(&self, addr: SocketAddr) -> std::io::Result<TcpUpstream> {
-        let timeout = Duration::from_millis(self.config.connect_timeout_ms);
-        let tcp = tokio::time::timeout(timeout, TcpStream::connect(addr))
-            .await
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timeout"))??;
-        let _ = tcp.set_nodelay(true);
-        let Some(m) = &self.config.mtls else {
-            return Ok(TcpUpstream::Plain(tcp));
-        };
-        let Some(originator) = self.originator.get() else {
-            return Err(std::io::Error::other(
-                "cluster wants mesh mTLS but the sidecar has no TLS layer",
-            ));
-        };
-        let io = originator
-            .originate(
-                tcp,
-                self.name.clone(),
-                m.identity.as_deref().map(Arc::from),
-                b"",
-            )
-            .await?;
-        Ok(TcpUpstream::Tls(io))
+        let tcp = connect(addr, Duration::from_millis(self.config.connect_timeout_ms)).await?;
+        match &self.mtls {
+            None => Ok(TcpUpstream::Plain(tcp)),
+            Some(t) => t.originate(tcp, b"").await,
+        }
     }
 
     fn now_ms(&self) -> u64 {

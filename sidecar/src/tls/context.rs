@@ -166,6 +166,16 @@ impl TlsContext {
             return Err(super::settings::SettingsError::MissingSource(settings.mode).into());
         };
         let material = Material::from_files(cert_chain, key, trust_bundle)?;
+        TlsContext::with_selected_offload(settings, material, metrics)
+    }
+
+    /// [`TlsContext::new`] with the offload engine selected from the settings
+    /// and the process environment (the webhook's `BATON_OFFLOAD_*`).
+    pub fn with_selected_offload(
+        settings: &TlsSettings,
+        material: Material,
+        metrics: TlsMetrics,
+    ) -> Result<Arc<Self>, TlsError> {
         let offload = Arc::new(Offload::select(
             &settings.offload,
             &|k| std::env::var(k).ok(),

@@ -29,7 +29,6 @@ use super::context::PeerInfo;
 use super::identity_client::{RetryPolicy, bootstrap};
 use super::material::{FileWatcher, Material};
 use super::metrics::TlsMetrics;
-use super::offload::Offload;
 use super::settings::{CertSource, TlsMode, TlsSettings};
 use super::spiffe::SpiffeId;
 use super::{TlsContext, TlsError};
@@ -361,12 +360,7 @@ impl IdentityCarrier for MeshTls {
         {
             return Err("the carried certificate has expired".into());
         }
-        let offload = Arc::new(Offload::select(
-            &settings.offload,
-            &|k| std::env::var(k).ok(),
-            self.metrics.clone(),
-        ));
-        let ctx = TlsContext::new(settings, material, offload, self.metrics.clone())
+        let ctx = TlsContext::with_selected_offload(settings, material, self.metrics.clone())
             .map_err(|e| e.to_string())?;
         self.install_key_log(&ctx);
         self.current.store(Some(ctx));

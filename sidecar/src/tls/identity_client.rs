@@ -34,7 +34,6 @@ use super::TlsError;
 use super::context::TlsContext;
 use super::material::{Material, pem_encode};
 use super::metrics::TlsMetrics;
-use super::offload::Offload;
 use super::settings::{CertSource, KeyType, TlsSettings};
 use super::spiffe::SpiffeId;
 
@@ -453,12 +452,7 @@ pub async fn bootstrap(
         .issue_with_retries(policy)
         .await
         .map_err(|e| TlsError::Io(std::io::Error::other(e)))?;
-    let offload = Arc::new(Offload::select(
-        &settings.offload,
-        &|k| std::env::var(k).ok(),
-        metrics.clone(),
-    ));
-    let ctx = TlsContext::new(settings, material, offload, metrics)?;
+    let ctx = TlsContext::with_selected_offload(settings, material, metrics)?;
     tokio::spawn(client.run(Arc::downgrade(&ctx), stop, policy));
     Ok(ctx)
 }
