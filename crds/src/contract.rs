@@ -212,4 +212,8 @@ pub const DEFAULT_QAT_RESOURCE: &str = "qat.intel.com/cy";
 
 /// Handoff protocol version spoken by this build. Adjacent versions
 /// (N-1, N, N+1) must interoperate in both directions.
-pub const HANDOFF_PROTOCOL_VERSION: u32 = 1;
+///
+/// - 1: listeners, state, raw TCP / HTTP/1.1 connections, inbound TLS state.
+/// - 2: raw TCP connections also move with an originated (upstream) mesh
+///   mTLS session; with a version-1 peer such connections stay and drain.
+pub const HANDOFF_PROTOCOL_VERSION: u32 = 2;

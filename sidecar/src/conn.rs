@@ -194,7 +194,9 @@ pub enum Parked {
         meta: ConnMeta,
         /// `TcpStream` for plaintext, the TLS layer's stream type otherwise.
         downstream: Box<dyn Any + Send>,
-        upstream: TcpStream,
+        /// `TcpStream` for a plain upstream, the TLS layer's client stream
+        /// type for an originated mesh-mTLS one.
+        upstream: Box<dyn Any + Send>,
         /// Read from downstream, not yet written upstream.
         to_upstream: Bytes,
         /// Read from upstream, not yet written downstream.
@@ -216,6 +218,10 @@ pub enum Parked {
 #[derive(Debug)]
 pub struct ParkRequest {
     pub reply: oneshot::Sender<Parked>,
+    /// Whether the receiving process can continue an originated TLS session
+    /// to the upstream (handoff protocol 2). When it cannot, a raw TCP
+    /// connection with such an upstream answers [`Parked::Draining`].
+    pub upstream_tls: bool,
 }
 
 /// Registry entry for one live connection.
@@ -319,7 +325,7 @@ impl ConnRegistry {
     /// Ask connection `id` to park. `None` if it is gone or was already
     /// asked; otherwise the receiver resolves with the parked connection (or
     /// is dropped if the connection ended first).
-    pub fn park(&self, id: u64) -> Option<oneshot::Receiver<Parked>> {
+    pub fn park(&self, id: u64, upstream_tls: bool) -> Option<oneshot::Receiver<Parked>> {
         let entry = self.lock().get(&id).cloned()?;
         let tx = entry
             .park
@@ -327,7 +333,11 @@ impl ConnRegistry {
             .unwrap_or_else(|e| e.into_inner())
             .take()?;
         let (reply, rx) = oneshot::channel();
-        tx.send(ParkRequest { reply }).ok()?;
+        tx.send(ParkRequest {
+            reply,
+            upstream_tls,
+        })
+        .ok()?;
         Some(rx)
     }
 
@@ -925,9 +935,9 @@ mod tests {
         assert_eq!(reg.len(), 2);
         let kinds: Vec<_> = reg.list().into_iter().map(|s| (s.id, s.kind)).collect();
         assert!(kinds.contains(&(1, ConnKind::Http1)));
-        let reply = reg.park(1).expect("first park request is delivered");
+        let reply = reg.park(1, true).expect("first park request is delivered");
         assert!(
-            reg.park(1).is_none(),
+            reg.park(1, true).is_none(),
             "a connection is asked to park only once"
         );
         let req = rx1.try_recv().unwrap();

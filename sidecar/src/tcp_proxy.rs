@@ -149,11 +149,11 @@ pub async fn proxy_resumed<D: ParkableIo>(
         if park_open {
             match Pin::new(&mut park).poll(cx) {
                 Poll::Ready(Ok(req)) => {
-                    if matches!(up, TcpUpstream::Plain(_)) {
+                    if req.upstream_tls || !up.is_tls() {
                         return Poll::Ready(Err(Stop::Park(req)));
                     }
-                    // Originated TLS cannot move: finish here (the old
-                    // process drains it) and tell the handoff so.
+                    // The receiver cannot continue an originated TLS session
+                    // (protocol 1): finish here, and tell the handoff so.
                     let _ = req.reply.send(Parked::Draining);
                     park_open = false;
                 }
@@ -177,16 +177,14 @@ pub async fn proxy_resumed<D: ParkableIo>(
         Ok(()) => TcpEnd::Closed,
         Err(Stop::Err(e)) => TcpEnd::Error(e),
         Err(Stop::Park(req)) => {
-            let TcpUpstream::Plain(up) = up else {
-                unreachable!("only plain upstreams are parked (checked above)")
-            };
+            let (upstream, _) = up.into_parked();
             let (downstream, extra) = down.into_parked();
             let mut to_up = extra.to_vec();
             to_up.extend_from_slice(&c2s.pending());
             let _ = req.reply.send(Parked::Tcp {
                 meta: meta.clone(),
                 downstream,
-                upstream: up,
+                upstream,
                 to_upstream: Bytes::from(to_up),
                 to_downstream: s2c.pending(),
             });
@@ -249,12 +247,17 @@ mod tests {
         assert_eq!(&back, b"back");
 
         let (reply_tx, reply_rx) = oneshot::channel();
-        park_tx.send(ParkRequest { reply: reply_tx }).unwrap();
+        park_tx
+            .send(ParkRequest {
+                reply: reply_tx,
+                upstream_tls: true,
+            })
+            .unwrap();
         let parked = reply_rx.await.unwrap();
         assert!(matches!(task.await.unwrap(), TcpEnd::Parked));
         let Parked::Tcp {
             downstream,
-            mut upstream,
+            upstream,
             to_upstream,
             to_downstream,
             ..
@@ -267,6 +270,9 @@ mod tests {
         let mut downstream = downstream
             .downcast::<TcpStream>()
             .expect("plain tcp downstream");
+        let mut upstream = upstream
+            .downcast::<TcpStream>()
+            .expect("plain tcp upstream");
         client.write_all(b"after").await.unwrap();
         let mut after = [0u8; 5];
         downstream.read_exact(&mut after).await.unwrap();

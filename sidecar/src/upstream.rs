@@ -202,12 +202,27 @@ pub async fn connect(addr: SocketAddr, timeout: Duration) -> std::io::Result<Tcp
     Ok(tcp)
 }
 
-/// A raw-TCP upstream. Plain sockets move with the handoff; an originated
-/// TLS session does not (its client-side record state is not carried), so
-/// such a connection finishes in the old process.
+/// An upstream connection: a plain socket, or an originated mesh-mTLS
+/// session (the TLS layer's client stream, or after a handoff the record
+/// layer that continues it). Both move with a handoff (protocol 2).
 pub enum TcpUpstream {
     Plain(TcpStream),
     Tls(BoxIo),
+}
+
+impl TcpUpstream {
+    pub fn is_tls(&self) -> bool {
+        matches!(self, TcpUpstream::Tls(_))
+    }
+}
+
+impl crate::conn::ParkableIo for TcpUpstream {
+    fn into_parked(self) -> (Box<dyn std::any::Any + Send>, bytes::Bytes) {
+        match self {
+            TcpUpstream::Plain(s) => s.into_parked(),
+            TcpUpstream::Tls(s) => s.into_parked(),
+        }
+    }
 }
 
 impl Connection for TcpUpstream {

@@ -69,11 +69,12 @@ fn assert_clean(stats: &handoff_support::Stats, logs: &[String]) {
 async fn consecutive_handoffs_lose_no_request_no_byte_and_no_counter() {
     let rounds = knob("BATON_HANDOFF_ROUNDS", 50);
     let world = World::new_with_tls().await;
-    // Alternate builds: even generations speak protocol 1 only, odd ones
-    // 1..=2 (a "next version"), so upgrade and rollback both negotiate.
+    // Alternate builds: even generations are this build (protocol 1..=2),
+    // odd ones a "next version" speaking 2..=3, so upgrade and rollback both
+    // negotiate 2. (Protocol 1 peers: see the test after this one.)
     let env_for = |g: usize| -> Vec<(&'static str, &'static str)> {
         if g % 2 == 1 {
-            vec![("BATON_HANDOFF_PROTOCOL_RANGE", "1-2")]
+            vec![("BATON_HANDOFF_PROTOCOL_RANGE", "2-3")]
         } else {
             vec![]
         }
@@ -90,6 +91,7 @@ async fn consecutive_handoffs_lose_no_request_no_byte_and_no_counter() {
             tls12: 1,
             tls13: 1,
             https: 1,
+            mtls_echo: 2,
             pace: Duration::from_millis(4),
         },
     )
@@ -187,6 +189,14 @@ async fn consecutive_handoffs_lose_no_request_no_byte_and_no_counter() {
     // The last process counted at least every request this test completed.
     let m = metrics(&world).await;
     assert!(metric_sum(&m, "baton_sidecar_requests_total{") >= ok);
+    // The originated mTLS sessions moved with their record state: the last
+    // process never had to handshake with the upstream (TLS handshake
+    // counters are per process).
+    assert_eq!(
+        metric_sum(&m, "baton_sidecar_tls_handshakes_total{side=\"client\""),
+        0,
+        "originated sessions were re-established instead of moved:\n{m}"
+    );
     durations.sort_unstable();
     eprintln!(
         "{rounds} handoffs: {ok} requests ({} h2 retries after GOAWAY), {echoed} echoed bytes ({tls_bytes} over TLS 1.2/1.3), {moved_total} connections moved; handoff ms p50 {} max {}",
@@ -194,6 +204,56 @@ async fn consecutive_handoffs_lose_no_request_no_byte_and_no_counter() {
         durations[durations.len() / 2],
         durations[durations.len() - 1]
     );
+}
+
+/// A protocol-1 peer cannot continue an originated TLS session: a raw TCP
+/// connection with one stays on the old process and drains there (until it
+/// closes), while everything else moves; nothing is lost either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_protocol_1_peer_leaves_originated_tls_connections_draining_on_the_old_process() {
+    let world = World::new_with_tls().await;
+    let mut old = world.spawn(&[]);
+    world.wait_ready(Duration::from_secs(20)).await;
+    let load = Load::start(
+        &world,
+        LoadShape {
+            keepalive: 1,
+            new_conns: 0,
+            h2: 0,
+            echo: 1,
+            tls12: 0,
+            tls13: 1,
+            https: 0,
+            mtls_echo: 1,
+            pace: Duration::from_millis(4),
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let mut new = world.spawn(&[("BATON_HANDOFF_PROTOCOL_RANGE", "1-1")]);
+    let status = world
+        .wait_complete(new.pid(), Duration::from_secs(20))
+        .await;
+    assert_eq!(status["protocolVersion"], 1, "{status}");
+    // keep-alive + echo + TLS 1.3 echo + the inbound leg of the mTLS stream.
+    assert_eq!(status["connections"], 4, "{status}");
+    // The outbound leg is still the old process's, and still flowing.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        old.alive(),
+        "the old process must keep the originated session\n{}",
+        old.log_tail()
+    );
+    let stats = load.finish().await;
+    // Once its last connection closes the old process exits by itself.
+    let exit = wait_exit(&mut old, Duration::from_secs(10)).await;
+    assert!(
+        exit.is_some_and(|s| s.success()),
+        "old: {exit:?}\n{}",
+        old.log_tail()
+    );
+    assert!(new.alive());
+    assert_clean(&stats, &[old.log_tail(), new.log_tail()]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -211,6 +271,7 @@ async fn an_incompatible_protocol_version_is_refused_and_the_old_keeps_serving()
             tls12: 0,
             tls13: 0,
             https: 0,
+            mtls_echo: 0,
             pace: Duration::from_millis(4),
         },
     )
@@ -249,7 +310,9 @@ async fn interrupted_handoffs(
     stop_instead_of_kill: bool,
     cut_window_ms: std::ops::Range<u64>,
 ) {
-    let world = World::new().await;
+    // With TLS: a TLS connection whose secrets were extracted for a handoff
+    // that then failed continues on our record layer in the old process.
+    let world = World::new_with_tls().await;
     let mut old = world.spawn(&[("BATON_HANDOFF_TIMEOUT_MS", "800")]);
     world.wait_ready(Duration::from_secs(20)).await;
     for run in 0..runs {
@@ -261,10 +324,11 @@ async fn interrupted_handoffs(
                 keepalive: 3,
                 new_conns: 0,
                 h2: 0,
-                echo: 5,
-                tls12: 0,
-                tls13: 0,
+                echo: 4,
+                tls12: 1,
+                tls13: 1,
                 https: 0,
+                mtls_echo: 0,
                 pace: Duration::from_millis(3),
             },
         )
@@ -321,6 +385,7 @@ async fn interrupted_handoffs(
                 tls12: 0,
                 tls13: 0,
                 https: 0,
+                mtls_echo: 0,
                 pace: Duration::from_millis(3),
             },
         )

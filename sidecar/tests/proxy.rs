@@ -1092,7 +1092,13 @@ async fn http1_connection_parks_between_requests_with_its_pipelined_bytes() {
     let conns = sc.shared.registry.list();
     assert_eq!(conns.len(), 1);
     assert_eq!(conns[0].kind, baton_sidecar::conn::ConnKind::Http1);
-    let parked = sc.shared.registry.park(conns[0].id).unwrap().await.unwrap();
+    let parked = sc
+        .shared
+        .registry
+        .park(conns[0].id, true)
+        .unwrap()
+        .await
+        .unwrap();
     let baton_sidecar::conn::Parked::Http1 {
         downstream, unread, ..
     } = parked

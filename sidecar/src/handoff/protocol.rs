@@ -245,10 +245,25 @@ pub struct ConnectionHeader {
     /// after the two plaintext parts in the blob.
     #[serde(default)]
     pub tls_ciphertext_len: u32,
+    /// Protocol 2: record-layer state of the originated TLS session to the
+    /// upstream (raw TCP only; `server` is false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub up_tls: Option<Box<TlsWireState>>,
+    /// Protocol 2: the upstream session's received, undecrypted ciphertext,
+    /// last in the blob.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub up_tls_ciphertext_len: u32,
     /// Data-plane details needed to resume (listener name, route, peer…).
     #[serde(default)]
     pub meta: serde_json::Value,
 }
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// First protocol version whose connections may carry [`ConnectionHeader::up_tls`].
+pub const UPSTREAM_TLS_SINCE: u32 = 2;
 
 /// A decoded frame: message, blob, and the descriptors that came with it.
 #[derive(Debug)]
@@ -595,6 +610,8 @@ mod tests {
             to_upstream_len: 3,
             to_downstream_len: 2,
             tls_ciphertext_len: 0,
+            up_tls: None,
+            up_tls_ciphertext_len: 0,
             tls: Some(TlsWireState {
                 version: 0x0304,
                 aead: "aes_128_gcm".into(),
@@ -626,6 +643,8 @@ mod tests {
             to_upstream_len: 10,
             to_downstream_len: 0,
             tls_ciphertext_len: 0,
+            up_tls: None,
+            up_tls_ciphertext_len: 0,
             tls: None,
             meta: serde_json::Value::Null,
         });

@@ -25,7 +25,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -44,8 +44,9 @@ use super::counters;
 use super::protocol::TlsWireState;
 use super::protocol::{
     Channel, ConnKind as WireKind, ConnectionHeader, Frame, ListenerInfo, Message, ProtocolError,
-    Receiver, Sender, StateSnapshot, VersionRange, negotiate,
+    Receiver, Sender, StateSnapshot, UPSTREAM_TLS_SINCE, VersionRange, negotiate,
 };
+use super::tls_record::RecordAlignedIo;
 use super::tls_record::{
     AeadKind, TLS12, TLS13, TlsRecordStream, secret_capture, wire_state_from_rustls,
 };
@@ -58,7 +59,8 @@ use crate::lifecycle::Phase;
 use crate::listener::serve_plain;
 use crate::metrics::{ConnLabels, Metrics};
 use crate::server::{Running, StartError, StartOptions};
-use crate::tls::glue::MeshServerStream;
+use crate::tls::TlsStream;
+use crate::tls::glue::{MeshClientStream, MeshServerStream};
 
 /// Connections parked at once by the old process (see `hand_off_inner`).
 /// A parked connection is frozen until the new process adopts it, so the
@@ -292,51 +294,182 @@ impl MetaWire {
     }
 }
 
-/// The downstream half of a connection being resumed.
-enum Down {
-    Tcp(TcpStream),
-    /// A TLS connection still driven by rustls (the TLS layer's stream).
-    Tls(Box<MeshServerStream>),
+/// One end (downstream or upstream) of a connection being resumed.
+enum End {
+    /// A socket; with the record-layer state (and the ciphertext received
+    /// but not yet decrypted) when a TLS session continues on it.
+    Raw(TcpStream, Option<Box<(TlsWireState, Vec<u8>)>>),
+    /// An inbound TLS connection still driven by rustls.
+    Server(Box<MeshServerStream>),
+    /// An originated (outbound) mesh-mTLS session still driven by rustls.
+    Client(Box<MeshClientStream>),
     /// A TLS connection already continued by our record layer (it moved
     /// here in an earlier handoff).
     Record(Box<TlsRecordStream<TcpStream>>),
 }
 
+impl End {
+    /// The concrete stream behind a parked end.
+    fn from_parked(b: Box<dyn std::any::Any + Send>) -> Option<Self> {
+        let b = match b.downcast::<TcpStream>() {
+            Ok(t) => return Some(End::Raw(*t, None)),
+            Err(b) => b,
+        };
+        let b = match b.downcast::<MeshServerStream>() {
+            Ok(t) => return Some(End::Server(t)),
+            Err(b) => b,
+        };
+        let b = match b.downcast::<MeshClientStream>() {
+            Ok(t) => return Some(End::Client(t)),
+            Err(b) => b,
+        };
+        match b.downcast::<TlsRecordStream<TcpStream>>() {
+            Ok(t) => Some(End::Record(t)),
+            Err(_) => {
+                tracing::error!("parked connection of an unknown stream type; closed");
+                None
+            }
+        }
+    }
+
+    /// Stops a TLS session at a record boundary and turns it into a socket
+    /// plus record state; also returns the plaintext decrypted but not yet
+    /// read. `Err` gives the end back unchanged when it is not at a record
+    /// boundary; `Ok(None)` means the session turned out to be broken.
+    async fn extract(self, conn: u64) -> Result<Option<(Self, Vec<u8>)>, Self> {
+        match self {
+            End::Raw(..) => Ok(Some((self, Vec::new()))),
+            End::Server(s) => match extract_rustls(s, conn, true).await {
+                Err(s) => Err(End::Server(s)),
+                Ok(None) => Ok(None),
+                Ok(Some((prefixed, pending, state, plain))) => {
+                    let (prefix, tcp) = prefixed.into_parts();
+                    let mut ciphertext = prefix.to_vec();
+                    ciphertext.extend_from_slice(&pending);
+                    Ok(Some((
+                        End::Raw(tcp, Some(Box::new((state, ciphertext)))),
+                        plain,
+                    )))
+                }
+            },
+            End::Client(s) => match extract_rustls(s, conn, false).await {
+                Err(s) => Err(End::Client(s)),
+                Ok(None) => Ok(None),
+                Ok(Some((tcp, pending, state, plain))) => Ok(Some((
+                    End::Raw(tcp, Some(Box::new((state, pending)))),
+                    plain,
+                ))),
+            },
+            End::Record(mut s) => {
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(1),
+                    tokio::io::AsyncWriteExt::flush(&mut *s),
+                )
+                .await;
+                match s.export() {
+                    Ok((tcp, state, ciphertext, plain)) => Ok(Some((
+                        End::Raw(tcp, Some(Box::new((state, ciphertext)))),
+                        plain,
+                    ))),
+                    Err(s) => Err(End::Record(Box::new(s))),
+                }
+            }
+        }
+    }
+
+    /// The stream to serve this end with in this process: a socket with TLS
+    /// state continues on our record layer.
+    fn into_io(self, conn: u64) -> Option<Either> {
+        Some(match self {
+            End::Raw(tcp, None) => Either::Tcp(tcp),
+            End::Raw(tcp, Some(sealed)) => {
+                let (state, ciphertext) = *sealed;
+                match TlsRecordStream::new(tcp, &state, ciphertext, Vec::new()) {
+                    Ok(s) => Either::Boxed(Box::new(s)),
+                    Err(e) => {
+                        tracing::error!(conn, error = %e, "cannot resume the TLS record layer; connection closed");
+                        return None;
+                    }
+                }
+            }
+            End::Server(s) => Either::Boxed(s),
+            End::Client(s) => Either::Boxed(s),
+            End::Record(s) => Either::Boxed(s),
+        })
+    }
+}
+
+/// The rustls half of [`End::extract`], for either role: flush what rustls
+/// still has to send (a session ticket), check the record alignment, process
+/// what rustls holds, take the decrypted-but-unread plaintext and the
+/// record-layer secrets. Returns the transport under the record-aligned
+/// reader, the partial record it kept, the state and the plaintext.
+#[allow(clippy::type_complexity)]
+async fn extract_rustls<IO, C, S>(
+    mut s: Box<TlsStream<RecordAlignedIo<IO>, C>>,
+    conn: u64,
+    server: bool,
+) -> Result<Option<(IO, Vec<u8>, TlsWireState, Vec<u8>)>, Box<TlsStream<RecordAlignedIo<IO>, C>>>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    C: std::ops::DerefMut<Target = rustls::ConnectionCommon<S>> + Into<rustls::Connection> + Unpin,
+    S: rustls::SideData,
+{
+    let _ = tokio::time::timeout(
+        Duration::from_secs(1),
+        tokio::io::AsyncWriteExt::flush(&mut *s),
+    )
+    .await;
+    if !s.get_ref().0.is_aligned() || s.get_ref().1.wants_write() {
+        return Err(s);
+    }
+    let (aligned, conn_state) = s.into_parts();
+    let mut tls: rustls::Connection = conn_state.into();
+    if tls.process_new_packets().is_err() {
+        return Ok(None);
+    }
+    let mut plain = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        match std::io::Read::read(&mut tls.reader(), &mut chunk) {
+            Ok(0) => break,
+            Ok(n) => plain.extend_from_slice(&chunk[..n]),
+            Err(_) => break, // WouldBlock: nothing more buffered
+        }
+    }
+    let Some(version) = tls.protocol_version() else {
+        return Ok(None);
+    };
+    let secrets = match tls.dangerous_extract_secrets() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(conn, error = %e, "cannot extract TLS secrets; connection closed");
+            return Ok(None);
+        }
+    };
+    let Ok(mut state) = wire_state_from_rustls(version, secrets, Some(&secret_capture())) else {
+        return Ok(None);
+    };
+    state.server = server;
+    let (io, pending) = aligned.into_parts();
+    Ok(Some((io, pending, state, plain)))
+}
+
 /// A connection stopped at a safe point, ready to be resumed (here or, once
-/// `down` is a plain socket, in the next process).
+/// both ends are raw sockets, in the next process).
 struct Resumable {
     meta: ConnMeta,
     kind: WireKind,
-    down: Down,
-    up: Option<TcpStream>,
+    down: End,
+    up: Option<End>,
     /// Plaintext read from downstream, not yet consumed (for HTTP/1: the
     /// pipelined bytes hyper read ahead).
     to_upstream: Bytes,
     to_downstream: Bytes,
-    /// For a TLS downstream whose secrets were extracted: the record state
-    /// and the ciphertext received but not yet decrypted.
-    tls: Option<(TlsWireState, Vec<u8>)>,
 }
 
 impl Resumable {
     fn from_parked(p: Parked) -> Option<Self> {
-        let down = |d: Box<dyn std::any::Any + Send>| {
-            let d = match d.downcast::<TcpStream>() {
-                Ok(t) => return Some(Down::Tcp(*t)),
-                Err(d) => d,
-            };
-            let d = match d.downcast::<MeshServerStream>() {
-                Ok(t) => return Some(Down::Tls(t)),
-                Err(d) => d,
-            };
-            match d.downcast::<TlsRecordStream<TcpStream>>() {
-                Ok(t) => Some(Down::Record(t)),
-                Err(_) => {
-                    tracing::error!("parked connection of an unknown stream type; closed");
-                    None
-                }
-            }
-        };
         match p {
             Parked::Tcp {
                 meta,
@@ -347,11 +480,10 @@ impl Resumable {
             } => Some(Self {
                 meta,
                 kind: WireKind::Tcp,
-                down: down(downstream)?,
-                up: Some(upstream),
+                down: End::from_parked(downstream)?,
+                up: Some(End::from_parked(upstream)?),
                 to_upstream,
                 to_downstream,
-                tls: None,
             }),
             Parked::Http1 {
                 meta,
@@ -360,92 +492,47 @@ impl Resumable {
             } => Some(Self {
                 meta,
                 kind: WireKind::Http1,
-                down: down(downstream)?,
+                down: End::from_parked(downstream)?,
                 up: None,
                 to_upstream: unread,
                 to_downstream: Bytes::new(),
-                tls: None,
             }),
             Parked::Draining => None,
         }
     }
 
-    /// Turns a TLS downstream into a plain socket plus record state, so it
-    /// can be sent. `Err` gives the connection back unchanged when it is not
-    /// at a record boundary (it then finishes in this process); `Ok(None)`
+    /// Turns both ends into raw sockets plus record state, so the
+    /// connection can be sent. `Err` gives the connection back when an end
+    /// is not at a record boundary (it then finishes in this process; an
+    /// end already extracted continues on our record layer); `Ok(None)`
     /// means the connection turned out to be broken.
     async fn extract_tls(mut self) -> Result<Option<Self>, Self> {
-        let mut plain = Vec::new();
-        match self.down {
-            Down::Tcp(_) => return Ok(Some(self)),
-            Down::Tls(mut s) => {
-                // Anything rustls still has to send (a session ticket) goes first.
-                let _ = tokio::time::timeout(
-                    Duration::from_secs(1),
-                    tokio::io::AsyncWriteExt::flush(&mut *s),
-                )
-                .await;
-                if !s.get_ref().0.is_aligned() || s.get_ref().1.wants_write() {
-                    self.down = Down::Tls(s);
+        let id = self.meta.id;
+        let down = match self.down.extract(id).await {
+            Ok(Some((end, plain))) => {
+                // rustls decrypted these after everything the data plane holds.
+                append(&mut self.to_upstream, &plain);
+                end
+            }
+            Ok(None) => return Ok(None),
+            Err(end) => {
+                self.down = end;
+                return Err(self);
+            }
+        };
+        self.down = down;
+        if let Some(up) = self.up.take() {
+            match up.extract(id).await {
+                Ok(Some((end, plain))) => {
+                    append(&mut self.to_downstream, &plain);
+                    self.up = Some(end);
+                }
+                Ok(None) => return Ok(None),
+                Err(end) => {
+                    self.up = Some(end);
                     return Err(self);
                 }
-                let (aligned, mut conn) = s.into_parts();
-                if conn.process_new_packets().is_err() {
-                    return Ok(None);
-                }
-                let mut chunk = [0u8; 16 * 1024];
-                loop {
-                    match std::io::Read::read(&mut conn.reader(), &mut chunk) {
-                        Ok(0) => break,
-                        Ok(n) => plain.extend_from_slice(&chunk[..n]),
-                        Err(_) => break, // WouldBlock: nothing more buffered
-                    }
-                }
-                let Some(version) = conn.protocol_version() else {
-                    return Ok(None);
-                };
-                let secrets = match conn.dangerous_extract_secrets() {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::warn!(conn = self.meta.id, error = %e, "cannot extract TLS secrets; connection closed");
-                        return Ok(None);
-                    }
-                };
-                let Ok(state) = wire_state_from_rustls(version, secrets, Some(&secret_capture()))
-                else {
-                    return Ok(None);
-                };
-                let (prefixed, pending) = aligned.into_parts();
-                let (prefix, tcp) = prefixed.into_parts();
-                let mut ciphertext = prefix.to_vec();
-                ciphertext.extend_from_slice(&pending);
-                self.down = Down::Tcp(tcp);
-                self.tls = Some((state, ciphertext));
             }
-            Down::Record(mut s) => {
-                let _ = tokio::time::timeout(
-                    Duration::from_secs(1),
-                    tokio::io::AsyncWriteExt::flush(&mut *s),
-                )
-                .await;
-                match s.export() {
-                    Ok((tcp, state, ciphertext, p)) => {
-                        plain = p;
-                        self.down = Down::Tcp(tcp);
-                        self.tls = Some((state, ciphertext));
-                    }
-                    Err(s) => {
-                        self.down = Down::Record(Box::new(s));
-                        return Err(self);
-                    }
-                }
-            }
-        }
-        if !plain.is_empty() {
-            // rustls decrypted these after everything the data plane holds.
-            let mut all = self.to_upstream.to_vec();
-            all.extend_from_slice(&plain);
-            self.to_upstream = Bytes::from(all);
         }
         Ok(Some(self))
     }
@@ -468,12 +555,27 @@ impl Resumable {
                 fds.len()
             ));
         }
-        if let Some(t) = &h.tls {
+        for t in h.tls.iter().chain(h.up_tls.as_deref()) {
             // Check the state now so a bad one is declined, not adopted.
             AeadKind::from_name(&t.aead).map_err(|e| e.to_string())?;
             if t.version != TLS12 && t.version != TLS13 {
                 return Err(format!("unsupported TLS version 0x{:04x}", t.version));
             }
+        }
+        if h.up_tls.is_some() && h.kind != WireKind::Tcp {
+            return Err("upstream TLS state on a connection without an upstream".into());
+        }
+        let lens = [
+            h.to_upstream_len,
+            h.to_downstream_len,
+            h.tls_ciphertext_len,
+            h.up_tls_ciphertext_len,
+        ];
+        if lens.iter().map(|&l| l as usize).sum::<usize>() != blob.len() {
+            return Err(format!(
+                "blob of {} bytes does not match its parts {lens:?}",
+                blob.len()
+            ));
         }
         let meta: MetaWire =
             serde_json::from_value(h.meta.clone()).map_err(|e| format!("bad meta: {e}"))?;
@@ -489,37 +591,42 @@ impl Resumable {
             None => None,
         };
         let mut blob = Bytes::from(blob);
-        let ciphertext = blob.split_off(h.to_upstream_len as usize + h.to_downstream_len as usize);
-        let to_downstream = blob.split_off(h.to_upstream_len as usize);
+        let mut take = |n: u32| blob.split_to(n as usize);
+        let to_upstream = take(h.to_upstream_len);
+        let to_downstream = take(h.to_downstream_len);
+        let down_ct = take(h.tls_ciphertext_len);
+        let up_ct = take(h.up_tls_ciphertext_len);
         Ok(Self {
             meta: meta.into_meta(id),
             kind: h.kind,
-            down: Down::Tcp(down),
-            up,
-            to_upstream: blob,
+            down: End::Raw(down, h.tls.clone().map(|t| Box::new((t, down_ct.to_vec())))),
+            up: up.map(|u| End::Raw(u, h.up_tls.clone().map(|t| Box::new((*t, up_ct.to_vec()))))),
+            to_upstream,
             to_downstream,
-            tls: h.tls.clone().map(|t| (t, ciphertext.to_vec())),
         })
     }
 }
 
+fn append(to: &mut Bytes, more: &[u8]) {
+    if !more.is_empty() {
+        let mut all = to.to_vec();
+        all.extend_from_slice(more);
+        *to = Bytes::from(all);
+    }
+}
+
 /// Serve a resumed connection in this process, registered (so it can move
-/// again at the next handoff) and counted like any other. A TLS connection
+/// again at the next handoff) and counted like any other. A TLS session
 /// whose secrets were extracted continues on our record layer.
 fn spawn_resumed(shared: &Arc<Shared>, r: Resumable) {
-    let down = match (r.down, r.tls) {
-        (Down::Tcp(tcp), Some((state, ciphertext))) => {
-            match TlsRecordStream::new(tcp, &state, ciphertext, Vec::new()) {
-                Ok(s) => Either::Boxed(Box::new(s)),
-                Err(e) => {
-                    tracing::error!(conn = r.meta.id, error = %e, "cannot resume the TLS record layer; connection closed");
-                    return;
-                }
-            }
-        }
-        (Down::Tcp(t), None) => Either::Tcp(t),
-        (Down::Tls(s), _) => Either::Boxed(s),
-        (Down::Record(s), _) => Either::Boxed(s),
+    let Some(down) = r.down.into_io(r.meta.id) else {
+        return;
+    };
+    let up = match r.up.map(|u| u.into_io(r.meta.id)) {
+        None => None,
+        Some(None) => return,
+        Some(Some(Either::Tcp(t))) => Some(crate::upstream::TcpUpstream::Plain(t)),
+        Some(Some(Either::Boxed(b))) => Some(crate::upstream::TcpUpstream::Tls(b)),
     };
     let shared = shared.clone();
     let meta = ConnMeta {
@@ -530,7 +637,7 @@ fn spawn_resumed(shared: &Arc<Shared>, r: Resumable) {
     if meta.tls {
         guard.set_tls();
     }
-    match (r.kind, r.up) {
+    match (r.kind, up) {
         (WireKind::Tcp, Some(up)) => {
             guard.set_kind(ConnKind::Tcp);
             let labels = ConnLabels {
@@ -546,7 +653,6 @@ fn spawn_resumed(shared: &Arc<Shared>, r: Resumable) {
             tokio::spawn(async move {
                 let (rx, tx) = (&shared.bytes_rx, &shared.bytes_tx);
                 let (a, b) = (&r.to_upstream[..], &r.to_downstream[..]);
-                let up = crate::upstream::TcpUpstream::Plain(up);
                 let end = match down {
                     Either::Tcp(d) => {
                         crate::tcp_proxy::proxy_resumed(d, up, a, b, &meta, park, rx, tx).await
@@ -916,7 +1022,7 @@ pub async fn hand_off(
     lifecycle.set(Phase::HandingOff);
     tracing::info!(peer = %sidecar_version, protocol_version = version, "handing off");
 
-    match hand_off_inner(tx, rx, running, cfg, hm).await {
+    match hand_off_inner(tx, rx, running, cfg, hm, version).await {
         Ok(()) => {
             hm.handoff("old", "complete");
             hm.last_duration_ms
@@ -946,8 +1052,12 @@ async fn hand_off_inner(
     running: &Running,
     cfg: &HandoffConfig,
     hm: &HandoffMetrics,
+    version: u32,
 ) -> Result<(), HandoffError> {
     let shared = running.shared.clone();
+    // A version-1 peer cannot continue an originated TLS session: such
+    // connections answer "draining" and finish here.
+    let upstream_tls = version >= UPSTREAM_TLS_SINCE;
 
     // Frames from the new process are read by their own task, so sending
     // (which may block on a full socket) never stops us reading acks.
@@ -1016,7 +1126,7 @@ async fn hand_off_inner(
             }
             while parks.len() < PARK_WINDOW {
                 let Some(id) = queue.pop_front() else { break };
-                if let Some(rx) = shared.registry.park(id) {
+                if let Some(rx) = shared.registry.park(id, upstream_tls) {
                     parks.spawn(async move { (id, rx.await.ok()) });
                 }
             }
@@ -1081,10 +1191,17 @@ async fn hand_off_inner(
             }
         }
         // HTTP/2 connections got GOAWAY and finish their streams here; wait
-        // (bounded) so what they count is in the final counters.
-        let drain_deadline = tokio::time::Instant::now() + cfg.park_timeout;
+        // (bounded) so what they count is in the final counters. Bounded
+        // well inside the new process's step timeout (it waits for `Done`),
+        // and not for raw TCP that stays here: it ends when its peers close.
+        let drain_deadline =
+            tokio::time::Instant::now() + cfg.park_timeout.min(cfg.step_timeout / 2);
         while tokio::time::Instant::now() < drain_deadline
-            && shared.registry.list().iter().any(|c| draining.contains(&c.id))
+            && shared
+                .registry
+                .list()
+                .iter()
+                .any(|c| draining.contains(&c.id) && c.kind != ConnKind::Tcp)
         {
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(5)) => {}
@@ -1199,29 +1316,38 @@ fn handle_ack(
 }
 
 async fn send_connection(tx: &Sender, id: u64, r: &Resumable) -> Result<(), ProtocolError> {
-    let Down::Tcp(down) = &r.down else {
-        unreachable!("only plain sockets are sent")
+    let raw = |e: &End| -> (RawFd, Option<TlsWireState>, Vec<u8>) {
+        let End::Raw(tcp, tls) = e else {
+            unreachable!("only raw sockets are sent (extract_tls ran)")
+        };
+        match tls.as_deref() {
+            Some((state, ct)) => (tcp.as_raw_fd(), Some(state.clone()), ct.clone()),
+            None => (tcp.as_raw_fd(), None, Vec::new()),
+        }
     };
-    let mut fds = vec![down.as_raw_fd()];
-    if let Some(up) = &r.up {
-        fds.push(up.as_raw_fd());
+    let (down_fd, tls, down_ct) = raw(&r.down);
+    let mut fds = vec![down_fd];
+    let (up_tls, up_ct) = match r.up.as_ref().map(raw) {
+        Some((fd, state, ct)) => {
+            fds.push(fd);
+            (state, ct)
+        }
+        None => (None, Vec::new()),
+    };
+    let parts: [&[u8]; 4] = [&r.to_upstream, &r.to_downstream, &down_ct, &up_ct];
+    let mut blob = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for p in parts {
+        blob.extend_from_slice(p);
     }
-    let (tls, ciphertext) = match &r.tls {
-        Some((state, ct)) => (Some(state.clone()), &ct[..]),
-        None => (None, &[][..]),
-    };
-    let mut blob =
-        Vec::with_capacity(r.to_upstream.len() + r.to_downstream.len() + ciphertext.len());
-    blob.extend_from_slice(&r.to_upstream);
-    blob.extend_from_slice(&r.to_downstream);
-    blob.extend_from_slice(ciphertext);
     let header = ConnectionHeader {
         id,
         kind: r.kind,
         to_upstream_len: r.to_upstream.len() as u32,
         to_downstream_len: r.to_downstream.len() as u32,
-        tls_ciphertext_len: ciphertext.len() as u32,
+        tls_ciphertext_len: down_ct.len() as u32,
         tls,
+        up_tls_ciphertext_len: up_ct.len() as u32,
+        up_tls: up_tls.map(Box::new),
         meta: serde_json::to_value(MetaWire::from_meta(&r.meta)).unwrap_or_default(),
     };
     tx.send(&Message::Connection(header), &blob, &fds).await
@@ -1333,6 +1459,8 @@ mod tests {
             to_upstream_len: 2,
             to_downstream_len: 1,
             tls_ciphertext_len: 0,
+            up_tls: None,
+            up_tls_ciphertext_len: 0,
             tls,
             meta: serde_json::to_value(MetaWire {
                 listener: "outbound".into(),
@@ -1412,7 +1540,74 @@ mod tests {
             (&r.to_upstream[..], &r.to_downstream[..]),
             (&b"up"[..], &b"d"[..])
         );
-        assert!(r.up.is_some() && r.tls.is_none());
+        assert!(matches!(r.down, End::Raw(_, None)));
+        assert!(matches!(r.up, Some(End::Raw(_, None))));
+    }
+
+    fn secrets() -> TlsWireState {
+        let d = crate::handoff::protocol::DirectionSecrets {
+            seq: 3,
+            key: vec![1; 16],
+            iv: vec![2; 12],
+            traffic_secret: None,
+        };
+        TlsWireState {
+            version: TLS13,
+            aead: "aes_128_gcm".into(),
+            tx: d.clone(),
+            rx: d,
+            server: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_upstream_tls_session_gets_its_state_and_the_last_part_of_the_blob() {
+        let mut h = header(
+            WireKind::Tcp,
+            Some(TlsWireState {
+                server: true,
+                ..secrets()
+            }),
+        );
+        h.tls_ciphertext_len = 2;
+        h.up_tls = Some(Box::new(secrets()));
+        h.up_tls_ciphertext_len = 3;
+        let r = Resumable::from_frame(&h, b"updDDuuu".to_vec(), fds(2), 9)
+            .ok()
+            .unwrap();
+        assert_eq!(
+            (&r.to_upstream[..], &r.to_downstream[..]),
+            (&b"up"[..], &b"d"[..])
+        );
+        let End::Raw(_, Some(sealed)) = &r.down else {
+            panic!("downstream TLS state")
+        };
+        let (down, down_ct) = &**sealed;
+        assert!(down.server && down_ct == b"DD");
+        let Some(End::Raw(_, Some(sealed))) = &r.up else {
+            panic!("upstream TLS state")
+        };
+        let (up, up_ct) = &**sealed;
+        assert!(!up.server && up_ct == b"uuu");
+    }
+
+    #[tokio::test]
+    async fn inconsistent_upstream_tls_frames_are_declined() {
+        // Upstream state on an HTTP/1 connection (it has no upstream socket).
+        let mut h = header(WireKind::Http1, None);
+        h.up_tls = Some(Box::new(secrets()));
+        let err = Resumable::from_frame(&h, b"upd".to_vec(), fds(1), 1)
+            .err()
+            .unwrap();
+        assert!(err.contains("without an upstream"), "{err}");
+        // A blob that does not match the lengths its header announces.
+        let mut h = header(WireKind::Tcp, None);
+        h.up_tls = Some(Box::new(secrets()));
+        h.up_tls_ciphertext_len = 10;
+        let err = Resumable::from_frame(&h, b"upd".to_vec(), fds(2), 1)
+            .err()
+            .unwrap();
+        assert!(err.contains("does not match"), "{err}");
     }
 
     #[test]

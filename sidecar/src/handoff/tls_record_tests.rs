@@ -196,6 +196,8 @@ async fn established_then_moved_after_updates(
         to_upstream_len: partial.len() as u32,
         to_downstream_len: unread.len() as u32,
         tls_ciphertext_len: 0,
+        up_tls: None,
+        up_tls_ciphertext_len: 0,
         tls: Some(state),
         meta: serde_json::Value::Null,
     });
@@ -470,4 +472,99 @@ async fn a_continued_connection_exports_its_state_and_continues_again() {
     let mut six = [0u8; 6];
     client.read_exact(&mut six).await.unwrap();
     assert_eq!(&six, b"second");
+}
+
+/// The client role (an originated mesh-mTLS session to an upstream): the
+/// client side moves mid-stream and follows the server's KeyUpdate.
+async fn a_moved_client_session_continues(suite: SupportedCipherSuite) {
+    let capture = Arc::new(SecretCapture::new(64));
+    let (scfg, ccfg) = configs(suite, None);
+    let mut ccfg = (*ccfg).clone();
+    ccfg.enable_secret_extraction = true;
+    ccfg.key_log = capture.clone();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accept = async {
+        let (tcp, _) = listener.accept().await.unwrap();
+        TlsAcceptor::from(scfg).accept(tcp).await.unwrap()
+    };
+    let connect = async {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        TlsConnector::from(Arc::new(ccfg))
+            .connect(
+                ServerName::try_from("localhost").unwrap(),
+                RecordAlignedIo::new(tcp),
+            )
+            .await
+            .unwrap()
+    };
+    let (mut server, mut client) = tokio::join!(accept, connect);
+    client.write_all(b"hello").await.unwrap();
+    client.flush().await.unwrap();
+    let mut five = [0u8; 5];
+    server.read_exact(&mut five).await.unwrap();
+    // In flight towards the client while it moves.
+    let early = pattern(6, 40_000);
+    server.write_all(&early).await.unwrap();
+    server.flush().await.unwrap();
+
+    let (aligned, mut conn) = client.into_inner();
+    conn.process_new_packets().unwrap();
+    let mut unread = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while let Ok(n) = conn.reader().read(&mut chunk) {
+        if n == 0 {
+            break;
+        }
+        unread.extend_from_slice(&chunk[..n]);
+    }
+    assert!(aligned.is_aligned());
+    let version = conn.protocol_version().unwrap();
+    let secrets = conn.dangerous_extract_secrets().unwrap();
+    let mut state = wire_state_from_rustls(version, secrets, Some(&capture)).unwrap();
+    state.server = false;
+    let (tcp, partial) = aligned.into_parts();
+    let mut moved = TlsRecordStream::new(tcp, &state, partial, unread).unwrap();
+
+    let mut got = vec![0u8; early.len()];
+    moved.read_exact(&mut got).await.unwrap();
+    assert!(
+        got == early,
+        "bytes sent before the move arrive exactly once"
+    );
+    let rounds = if state.version == TLS13 { 2u8 } else { 1 };
+    for round in 0..rounds {
+        if state.version == TLS13 {
+            // The server asks for an update; we follow and answer it.
+            server.get_mut().1.refresh_traffic_keys().unwrap();
+        }
+        let down = pattern(30 + round, 25_000);
+        server.write_all(&down).await.unwrap();
+        server.flush().await.unwrap();
+        let mut got = vec![0u8; down.len()];
+        moved.read_exact(&mut got).await.unwrap();
+        assert!(got == down);
+        let up = pattern(40 + round, 35_000);
+        moved.write_all(&up).await.unwrap();
+        moved.flush().await.unwrap();
+        let mut got = vec![0u8; up.len()];
+        server.read_exact(&mut got).await.unwrap();
+        assert!(got == up, "the server decrypts what the moved client sends");
+    }
+    let expected_updates = if state.version == TLS13 { 4 } else { 0 };
+    assert_eq!(moved.key_updates(), expected_updates);
+    moved.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    server.read_to_end(&mut rest).await.unwrap();
+    assert!(rest.is_empty(), "close_notify is a clean EOF at the server");
+}
+
+#[tokio::test]
+async fn a_moved_tls13_client_session_follows_the_servers_key_update() {
+    a_moved_client_session_continues(cs::TLS13_AES_256_GCM_SHA384).await;
+}
+
+#[tokio::test]
+async fn a_moved_tls12_client_session_continues() {
+    a_moved_client_session_continues(cs::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256).await;
 }

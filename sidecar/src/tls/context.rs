@@ -231,12 +231,18 @@ impl TlsContext {
         Ok(generation)
     }
 
-    /// Installs a key log on the server config (the handoff's
+    /// Installs a key log on the server and client configs (the handoff's
     /// `SecretCapture`); applies to handshakes from now on.
     pub fn set_key_log(&self, key_log: Arc<dyn rustls::KeyLog>) -> Result<(), TlsError> {
         *self.key_log.lock().unwrap_or_else(|p| p.into_inner()) = Some(key_log.clone());
         let server = build_server_config(&self.policy, &self.store, &self.sessions, Some(key_log))?;
         self.server.store(Arc::new(server));
+        // Client configs are built on demand with the current key log.
+        self.clients
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .configs
+            .clear();
         Ok(())
     }
 
@@ -305,7 +311,18 @@ impl TlsContext {
         cfg.alpn_protocols = p.alpn.clone();
         // Peers are addressed by identity, not name: no SNI to leak.
         cfg.enable_sni = false;
+        // The handoff moves raw TCP connections with their originated TLS
+        // session (ClientConnection::dangerous_extract_secrets), and the key
+        // log lets the next process follow a TLS 1.3 KeyUpdate.
         cfg.enable_secret_extraction = true;
+        if let Some(k) = self
+            .key_log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            cfg.key_log = k;
+        }
         if !p.session_resumption {
             cfg.resumption = Resumption::disabled();
         }

@@ -295,7 +295,12 @@ impl MeshTls {
             })?
             .parse()
             .map_err(|e| TlsError::Io(std::io::Error::other(format!("{e}"))))?;
-        let (stream, peer) = ctx.connector().connect(tcp, &expected, alpn).await?;
+        // Record-aligned reads, as inbound: the handoff can stop the session
+        // at a record boundary and move it with its secrets.
+        let (stream, peer) = ctx
+            .connector()
+            .connect(RecordAlignedIo::new(tcp), &expected, alpn)
+            .await?;
         Ok((Box::new(stream), peer))
     }
 
@@ -402,6 +407,10 @@ impl Originator for Outbound {
 /// inbound TLS connection: what the handoff downcasts to before calling
 /// `into_parts()` and `dangerous_extract_secrets()`.
 pub type MeshServerStream = super::context::ServerTlsStream<RecordAlignedIo<PrefixedIo<TcpStream>>>;
+
+/// The concrete type behind the `BoxIo` of an originated (outbound) mesh
+/// mTLS session, which the handoff downcasts to in the same way.
+pub type MeshClientStream = super::context::ClientTlsStream<RecordAlignedIo<TcpStream>>;
 
 impl TlsTerminator for MeshTls {
     fn accept(

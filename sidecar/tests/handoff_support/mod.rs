@@ -90,9 +90,17 @@ pub struct World {
     /// Mesh-TLS listener (auto-detect; TLS is terminated, the decrypted
     /// stream goes to the echo server), when the world has TLS.
     pub tls: Option<(SocketAddr, rustls_pki_types::CertificateDer<'static>)>,
+    /// Raw TCP listener whose cluster originates mesh mTLS to the sidecar's
+    /// own mesh-TLS listener (then to the echo server), when the world has
+    /// TLS: such a connection has TLS on its upstream side, and a second one
+    /// (the inbound leg) on its downstream side, in the same process.
+    pub mtls_out: Option<SocketAddr>,
     pub upstream: Upstream,
     generation: AtomicU64,
 }
+
+/// The identity in the world's certificate.
+pub const SIDECAR_ID: &str = "spiffe://cluster.local/ns/test/sa/sidecar";
 
 /// A CA and a server certificate (DNS `localhost` + a SPIFFE URI) as PEM
 /// files in `dir`; returns the CA certificate.
@@ -102,11 +110,8 @@ fn write_pki(dir: &Path) -> rustls_pki_types::CertificateDer<'static> {
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
     let mut leaf = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-    leaf.subject_alt_names.push(SanType::URI(
-        "spiffe://cluster.local/ns/test/sa/sidecar"
-            .try_into()
-            .unwrap(),
-    ));
+    leaf.subject_alt_names
+        .push(SanType::URI(SIDECAR_ID.try_into().unwrap()));
     let key = KeyPair::generate().unwrap();
     let cert = leaf.signed_by(&key, &ca).unwrap();
     std::fs::write(dir.join("cert.pem"), cert.pem()).unwrap();
@@ -140,12 +145,14 @@ impl World {
         let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let tcp: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let config = dir.path().join("sidecar.yaml");
-        let (tls, tls_listener, tls_section) = if with_tls {
+        let (tls, mtls_out, tls_listener, tls_section) = if with_tls {
             let ca = write_pki(dir.path());
             let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+            let out: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
             let d = dir.path().display();
             let listener = format!(
-                "  - name: tls\n    address: {addr}\n    direction: inbound\n    tcp_cluster: echo\n"
+                "  - name: tls\n    address: {addr}\n    direction: inbound\n    tcp_cluster: echo\n  \
+                 - name: mtls-out\n    address: {out}\n    protocol: tcp\n    tcp_cluster: echo-mtls\n"
             );
             let section = format!(
                 "tls:
@@ -155,9 +162,13 @@ impl World {
   source: {{ files: {{ cert_chain: '{d}/cert.pem', key: '{d}/key.pem', trust_bundle: '{d}/ca.pem' }} }}
 "
             );
-            (Some((addr, ca)), listener, section)
+            // The sidecar dials itself, so the identity is its own.
+            let cluster = format!(
+                "  - {{ name: echo-mtls, endpoints: [{addr}], mtls: {{ identity: '{SIDECAR_ID}' }} }}\n"
+            );
+            (Some((addr, ca)), Some(out), listener, cluster + &section)
         } else {
-            (None, String::new(), String::new())
+            (None, None, String::new(), String::new())
         };
         let (up_http, up_echo) = (upstream.http, upstream.echo);
         std::fs::write(
@@ -196,6 +207,7 @@ clusters:
             http,
             tcp,
             tls,
+            mtls_out,
             upstream,
             generation: AtomicU64::new(0),
         }
@@ -445,6 +457,9 @@ pub struct LoadShape {
     pub tls13: usize,
     /// HTTP/1.1 keep-alive over TLS 1.3 (ALPN http/1.1) through the TLS listener.
     pub https: usize,
+    /// Echo streams through the `mtls-out` listener (plaintext in, mesh
+    /// mTLS originated to the upstream).
+    pub mtls_echo: usize,
     /// Pause between operations of one client (bounds the load).
     pub pace: Duration,
 }
@@ -496,6 +511,17 @@ impl Load {
                 stats.clone(),
                 stop_rx.clone(),
             )));
+        }
+        if let Some(out) = world.mtls_out {
+            for c in 0..shape.mtls_echo {
+                tasks.push(tokio::spawn(echo_client(
+                    out,
+                    200 + c as u64,
+                    shape.pace,
+                    stats.clone(),
+                    stop_rx.clone(),
+                )));
+            }
         }
         if let Some((addr, ca)) = &world.tls {
             for c in 0..shape.https {
