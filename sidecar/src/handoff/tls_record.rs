@@ -2,9 +2,11 @@
 //!
 //! rustls established the connection in the old process. At the handoff the
 //! old process extracts the record-layer secrets
-//! ([`rustls::ServerConnection::dangerous_extract_secrets`], which needs
-//! `ServerConfig::enable_secret_extraction`) — AEAD key, IV and sequence
-//! number per direction — and passes them with the socket. The kernel TLS ULP
+//! ([`rustls::Connection::dangerous_extract_secrets`], which needs
+//! `enable_secret_extraction` in the config) — AEAD key, IV and sequence
+//! number per direction — and passes them with the socket. Both roles move:
+//! inbound (server) sessions and originated (client) sessions to upstreams;
+//! the record layer is the same for both. The kernel TLS ULP
 //! (what rustls' `kernel` module targets) is not available on our nodes, so
 //! [`TlsRecordStream`] implements the record layer itself on ring's AEADs, the
 //! same primitives rustls uses:
