@@ -12,6 +12,8 @@
 #
 # Usage: bench/cpu-split.sh [-d SECONDS] [-r REPEATS] [-o OUTDIR]
 # Env:   BATON_SIDECAR_BIN (default target/release/baton-sidecar)
+#        BATON_SIDECAR_BIN_B: a second build, measured in the same runs
+#        (rows sidecarB-*), to compare two builds against the same nginx
 set -euo pipefail
 
 DURATION=4 REPEATS=3 OUT=""
@@ -34,6 +36,9 @@ trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 UP=$(free_port) NGX=$(free_port) NGXS=$(free_port) SC=$(free_port) SCS=$(free_port)
+BIN_B=${BATON_SIDECAR_BIN_B:-}
+[[ -z $BIN_B || -x $BIN_B ]] || { echo "BATON_SIDECAR_BIN_B=$BIN_B is not executable" >&2; exit 2; }
+SCB=$(free_port) SCBS=$(free_port)
 
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$W/key.pem" \
   -out "$W/cert.pem" -days 2 -subj "/CN=localhost" 2>/dev/null
@@ -74,11 +79,18 @@ tls:
   source: {files: {cert_chain: $W/cert.pem, key: $W/key.pem, trust_bundle: $W/cert.pem}}
   offload: {mode: Preferred, workers: 1}
 EOF
+sed -e "s/127.0.0.1:$SC\"/127.0.0.1:$SCB\"/" -e "s/127.0.0.1:$SCS\"/127.0.0.1:$SCBS\"/" \
+  "$W/sidecar.yaml" >"$W/sidecar-b.yaml"
 
 taskset -c 0 nginx -p "$W" -c "$W/upstream.conf" >/dev/null 2>&1 & PIDS+=($!)
 taskset -c 0 nginx -p "$W" -c "$W/proxy.conf" >/dev/null 2>&1 & PIDS+=($!); NGX_MASTER=$!
 BATON_HANDOFF_SOCKET=$W/handoff.sock BATON_HANDOFF_STATUS_FILE=$W/handoff.json \
   taskset -c 0 "$BIN" run --config "$W/sidecar.yaml" >"$W/sidecar.log" 2>&1 & PIDS+=($!); SC_PID=$!
+if [[ -n $BIN_B ]]; then
+  BATON_HANDOFF_SOCKET=$W/handoff-b.sock BATON_HANDOFF_STATUS_FILE=$W/handoff-b.json \
+    taskset -c 0 "$BIN_B" run --config "$W/sidecar-b.yaml" >"$W/sidecar-b.log" 2>&1 & PIDS+=($!); SCB_PID=$!
+  for i in $(seq 1 50); do curl -sfk "https://127.0.0.1:$SCBS/" >/dev/null && break; sleep 0.1; done
+fi
 for i in $(seq 1 50); do
   curl -sf "http://127.0.0.1:$SC/" >/dev/null && curl -sfk "https://127.0.0.1:$SCS/" >/dev/null \
     && curl -sf "http://127.0.0.1:$NGX/" >/dev/null && break
@@ -100,6 +112,10 @@ for r in $(seq 1 "$REPEATS"); do
   run nginx-http "$NGX_WORKER" "http://127.0.0.1:$NGX/"
   run nginx-https "$NGX_WORKER" "https://127.0.0.1:$NGXS/"
   run sidecar-https "$SC_PID" "https://127.0.0.1:$SCS/"
+  if [[ -n $BIN_B ]]; then
+    run sidecarB-http "$SCB_PID" "http://127.0.0.1:$SCB/"
+    run sidecarB-https "$SCB_PID" "https://127.0.0.1:$SCBS/"
+  fi
 done
 python3 - "$OUT/raw.txt" "$DURATION" "$(getconf CLK_TCK)" <<'EOF' | tee -a "$OUT/summary.txt"
 import sys, statistics as st
@@ -111,12 +127,17 @@ for line in open(raw):
     rows.setdefault(name, []).append((float(rps), int(u) * 1e6 / hz / n, int(s) * 1e6 / hz / n))
 med = {k: tuple(st.median(x[i] for x in v) for i in range(3)) for k, v in rows.items()}
 print(f"{'target':14} {'req/s':>8} {'user us/req':>12} {'kernel us/req':>14} {'total':>7}")
-for k in ("sidecar-http", "nginx-http", "sidecar-https", "nginx-https"):
+for k in ("sidecar-http", "sidecarB-http", "nginx-http", "sidecar-https", "sidecarB-https", "nginx-https"):
+    if k not in med:
+        continue
     r, u, s = med[k]
     print(f"{k:14} {r:8.0f} {u:12.2f} {s:14.2f} {u + s:7.2f}")
 for proto in ("http", "https"):
-    a, b = med[f"sidecar-{proto}"], med[f"nginx-{proto}"]
-    print(f"{proto}: sidecar/nginx throughput x{a[0] / b[0]:.2f}, user x{a[1] / b[1]:.2f}, "
-          f"kernel x{a[2] / b[2]:.2f}, cpu/req x{(a[1] + a[2]) / (b[1] + b[2]):.2f}")
+    for sc in ("sidecar", "sidecarB"):
+        if f"{sc}-{proto}" not in med:
+            continue
+        a, b = med[f"{sc}-{proto}"], med[f"nginx-{proto}"]
+        print(f"{proto}: {sc}/nginx throughput x{a[0] / b[0]:.2f}, user x{a[1] / b[1]:.2f}, "
+              f"kernel x{a[2] / b[2]:.2f}, cpu/req x{(a[1] + a[2]) / (b[1] + b[2]):.2f}")
 EOF
 echo "raw: $OUT"

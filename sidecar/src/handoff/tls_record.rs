@@ -45,6 +45,7 @@ use std::task::{Context, Poll, ready};
 use ring::{aead, hkdf};
 use rustls::{ConnectionTrafficSecrets, ExtractedSecrets, ProtocolVersion};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_util::io::poll_read_buf;
 
 use super::protocol::{DirectionSecrets, TlsWireState};
 
@@ -65,6 +66,8 @@ const TAG_LEN: usize = 16;
 const GCM_EXPLICIT_LEN: usize = 8;
 /// Stop accepting writes while this much ciphertext is still unsent.
 const WRITE_HIGH_WATER: usize = 64 * 1024;
+/// Room made for one socket read.
+const READ_CHUNK: usize = 16 * 1024;
 pub const TLS12: u16 = 0x0303;
 pub const TLS13: u16 = 0x0304;
 
@@ -793,11 +796,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsRecordStream<S> {
             if (this.rbuf.len(), this.plain.len(), this.plain_pos) != before {
                 continue; // consumed control records; look again
             }
-            // Need more ciphertext.
-            let mut chunk = [0u8; 16 * 1024];
-            let mut rb = ReadBuf::new(&mut chunk);
-            ready!(Pin::new(&mut this.io).poll_read(cx, &mut rb))?;
-            if rb.filled().is_empty() {
+            // Need more ciphertext: read into rbuf's spare capacity (no
+            // zeroed scratch buffer per read).
+            this.rbuf.reserve(READ_CHUNK);
+            if ready!(poll_read_buf(Pin::new(&mut this.io), cx, &mut this.rbuf))? == 0 {
                 return Poll::Ready(if this.rbuf.is_empty() {
                     // TCP EOF without close_notify: report EOF, as a
                     // truncation is the proxy's to judge (rustls does too).
@@ -809,7 +811,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsRecordStream<S> {
                     ))
                 });
             }
-            this.rbuf.extend_from_slice(rb.filled());
         }
     }
 }
@@ -928,6 +929,25 @@ impl<T: AsyncRead + Unpin> AsyncRead for RecordAlignedIo<T> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if this.pending.is_empty() && this.owed == 0 {
+            // Fast path: read straight into the caller's buffer and keep
+            // back only a trailing partial record, if any. With small
+            // exchanges every read ends on a record boundary, so nothing is
+            // copied.
+            let start = buf.filled().len();
+            ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
+            let got = &buf.filled()[start..];
+            let whole = whole_records_in(got);
+            if whole == got.len() {
+                return Poll::Ready(Ok(())); // aligned, or EOF
+            }
+            this.pending.extend_from_slice(&got[whole..]);
+            buf.set_filled(start + whole);
+            if whole > 0 {
+                return Poll::Ready(Ok(()));
+            }
+            // Not one whole record yet: the loop below waits for the rest.
+        }
         loop {
             let ready_len = if this.owed > 0 {
                 this.owed.min(this.pending.len())
@@ -941,19 +961,29 @@ impl<T: AsyncRead + Unpin> AsyncRead for RecordAlignedIo<T> {
                 this.pending.drain(..n);
                 return Poll::Ready(Ok(()));
             }
-            let mut chunk = [0u8; 16 * 1024];
-            let mut rb = ReadBuf::new(&mut chunk);
-            ready!(Pin::new(&mut this.io).poll_read(cx, &mut rb))?;
-            if rb.filled().is_empty() {
+            this.pending.reserve(READ_CHUNK);
+            if ready!(poll_read_buf(Pin::new(&mut this.io), cx, &mut this.pending))? == 0 {
                 // EOF: hand over whatever is left so rustls sees the truncation.
                 let n = this.pending.len().min(buf.remaining());
                 buf.put_slice(&this.pending[..n]);
                 this.pending.drain(..n);
                 return Poll::Ready(Ok(()));
             }
-            this.pending.extend_from_slice(rb.filled());
         }
     }
+}
+
+/// Length of the longest prefix of `data` made of whole records.
+fn whole_records_in(data: &[u8]) -> usize {
+    let mut off = 0;
+    while data.len() - off >= HEADER_LEN {
+        let len = u16::from_be_bytes([data[off + 3], data[off + 4]]) as usize;
+        if data.len() - off < HEADER_LEN + len {
+            break;
+        }
+        off += HEADER_LEN + len;
+    }
+    off
 }
 
 /// Bytes of a record still owed after handing out `pending[..n]`, when

@@ -568,3 +568,36 @@ async fn a_moved_tls13_client_session_follows_the_servers_key_update() {
 async fn a_moved_tls12_client_session_continues() {
     a_moved_client_session_continues(cs::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256).await;
 }
+
+#[tokio::test]
+async fn record_aligned_io_reads_whole_records_straight_into_a_large_buffer() {
+    let (mut tx, rx) = duplex(1 << 20);
+    let mut aligned = RecordAlignedIo::new(rx);
+    let rec = |len: usize, fill: u8| {
+        let mut r = vec![23u8, 3, 3];
+        r.extend_from_slice(&(len as u16).to_be_bytes());
+        r.extend(std::iter::repeat_n(fill, len));
+        r
+    };
+    let (r1, r2, r3) = (rec(10, 1), rec(20, 2), rec(30, 3));
+    tx.write_all(&[r1.clone(), r2.clone()].concat())
+        .await
+        .unwrap();
+    let mut big = [0u8; 4096];
+    let n = aligned.read(&mut big).await.unwrap();
+    assert_eq!(&big[..n], &[r1, r2].concat()[..]);
+    assert!(aligned.is_aligned());
+    // A record header split across reads is kept back, then completed.
+    tx.write_all(&r3[..3]).await.unwrap();
+    tx.flush().await.unwrap();
+    let rest = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        tx.write_all(&r3[3..]).await.unwrap();
+        (tx, r3)
+    });
+    let n = aligned.read(&mut big).await.unwrap();
+    let (_tx, r3) = rest.await.unwrap();
+    assert_eq!(&big[..n], &r3[..]);
+    assert!(aligned.is_aligned());
+    assert!(aligned.into_parts().1.is_empty());
+}
