@@ -92,7 +92,7 @@ async fn consecutive_handoffs_lose_no_request_no_byte_and_no_counter() {
             tls13: 1,
             https: 1,
             mtls_echo: 2,
-            pace: Duration::from_millis(4),
+            ..LoadShape::default()
         },
     )
     .await;
@@ -218,14 +218,10 @@ async fn a_protocol_1_peer_leaves_originated_tls_connections_draining_on_the_old
         &world,
         LoadShape {
             keepalive: 1,
-            new_conns: 0,
-            h2: 0,
             echo: 1,
-            tls12: 0,
             tls13: 1,
-            https: 0,
             mtls_echo: 1,
-            pace: Duration::from_millis(4),
+            ..LoadShape::default()
         },
     )
     .await;
@@ -268,11 +264,7 @@ async fn an_incompatible_protocol_version_is_refused_and_the_old_keeps_serving()
             new_conns: 1,
             h2: 1,
             echo: 2,
-            tls12: 0,
-            tls13: 0,
-            https: 0,
-            mtls_echo: 0,
-            pace: Duration::from_millis(4),
+            ..LoadShape::default()
         },
     )
     .await;
@@ -322,14 +314,11 @@ async fn interrupted_handoffs(
             &world,
             LoadShape {
                 keepalive: 3,
-                new_conns: 0,
-                h2: 0,
                 echo: 4,
                 tls12: 1,
                 tls13: 1,
-                https: 0,
-                mtls_echo: 0,
                 pace: Duration::from_millis(3),
+                ..LoadShape::default()
             },
         )
         .await;
@@ -382,11 +371,8 @@ async fn interrupted_handoffs(
                 new_conns: 1,
                 h2: 1,
                 echo: 1,
-                tls12: 0,
-                tls13: 0,
-                https: 0,
-                mtls_echo: 0,
                 pace: Duration::from_millis(3),
+                ..LoadShape::default()
             },
         )
         .await;

@@ -84,6 +84,15 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 
 type ClientStream = tokio_rustls::client::TlsStream<TcpStream>;
 
+/// An application-data record header followed by `len` bytes of `fill`
+/// (the contents do not matter to the record-aligned reader).
+fn rec(len: usize, fill: u8) -> Vec<u8> {
+    let mut r = vec![23u8, 3, 3];
+    r.extend_from_slice(&(len as u16).to_be_bytes());
+    r.extend(std::iter::repeat_n(fill, len));
+    r
+}
+
 /// Handshake, exchange some data, leave unread data in every layer (rustls'
 /// plaintext buffer, whole and partial records, the kernel queue), then move
 /// the server side to a [`TlsRecordStream`] the way two processes would.
@@ -392,12 +401,6 @@ async fn a_tampered_record_fails_authentication() {
 async fn record_aligned_io_hands_out_whole_records_and_keeps_the_partial_one() {
     let (mut tx, rx) = duplex(1 << 20);
     let mut aligned = RecordAlignedIo::new(rx);
-    let rec = |len: usize, fill: u8| {
-        let mut r = vec![23u8, 3, 3];
-        r.extend_from_slice(&(len as u16).to_be_bytes());
-        r.extend(std::iter::repeat_n(fill, len));
-        r
-    };
     let r1 = rec(100, 1);
     let r2 = rec(300, 2);
     let r3 = rec(50, 3);
@@ -573,12 +576,6 @@ async fn a_moved_tls12_client_session_continues() {
 async fn record_aligned_io_reads_whole_records_straight_into_a_large_buffer() {
     let (mut tx, rx) = duplex(1 << 20);
     let mut aligned = RecordAlignedIo::new(rx);
-    let rec = |len: usize, fill: u8| {
-        let mut r = vec![23u8, 3, 3];
-        r.extend_from_slice(&(len as u16).to_be_bytes());
-        r.extend(std::iter::repeat_n(fill, len));
-        r
-    };
     let (r1, r2, r3) = (rec(10, 1), rec(20, 2), rec(30, 3));
     tx.write_all(&[r1.clone(), r2.clone()].concat())
         .await

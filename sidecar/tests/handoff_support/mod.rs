@@ -464,6 +464,23 @@ pub struct LoadShape {
     pub pace: Duration,
 }
 
+impl Default for LoadShape {
+    /// No clients; a 4 ms pace.
+    fn default() -> Self {
+        Self {
+            keepalive: 0,
+            new_conns: 0,
+            h2: 0,
+            echo: 0,
+            tls12: 0,
+            tls13: 0,
+            https: 0,
+            mtls_echo: 0,
+            pace: Duration::from_millis(4),
+        }
+    }
+}
+
 /// A running load client; [`Load::finish`] stops it and checks the tails.
 pub struct Load {
     pub stats: Arc<Stats>,
