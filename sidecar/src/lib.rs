@@ -14,7 +14,7 @@
 //! * [`detect`], [`listener`], [`conn`] — accepting and classifying
 //!   connections, the live-connection registry used by the handoff;
 //! * [`http_proxy`], [`tcp_proxy`], [`upstream`], [`body`] — proxying;
-//! * [`admin`], [`metrics`], [`lifecycle`] — operating it;
+//! * [`admin`], [`metrics`], [`loop_lag`], [`lifecycle`] — operating it;
 //! * [`init`], [`orig_dst`] — transparent capture;
 //! * [`server`], [`cli`] — assembling a process.
 
@@ -31,6 +31,7 @@ pub mod http_proxy;
 pub mod init;
 pub mod lifecycle;
 pub mod listener;
+pub mod loop_lag;
 pub mod metrics;
 pub mod orig_dst;
 pub mod routing;

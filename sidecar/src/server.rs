@@ -216,6 +216,17 @@ pub async fn start(snapshot: Snapshot, mut opts: StartOptions) -> Result<Running
     // Admin is tasks[0] (see `stop_admin`).
     tasks.push(tokio::spawn(admin.clone().serve(admin_listener)));
 
+    // The event-loop lag probe runs on the runtime that serves traffic;
+    // without it the sidecar still serves, it just cannot say how responsive
+    // it is.
+    match crate::loop_lag::spawn(
+        shared.metrics.event_loop_lag.clone(),
+        crate::loop_lag::INTERVAL,
+    ) {
+        Ok(task) => tasks.push(task),
+        Err(e) => tracing::warn!(error = %e, "cannot start the event-loop lag probe"),
+    }
+
     let mut running = HashMap::new();
     reconcile_listeners(
         &snapshot,

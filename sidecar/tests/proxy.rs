@@ -1079,6 +1079,34 @@ async fn admin_endpoints_report_state_redact_secrets_and_shutdown_drains() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_loop_lag_probe_samples_the_serving_runtime() {
+    let a = upstream("a").await;
+    let sc = sidecar(
+        &format!("{ONE_LISTENER}clusters: [{{name: a, endpoints: ['{{A}}']}}]\nroutes: [{{name: r, backends: [{{cluster: a}}]}}]"),
+        &[("A", a.addr)],
+    )
+    .await;
+    let samples = |m: &str| -> u64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix("baton_sidecar_event_loop_lag_seconds_count "))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    // Bounded wait: the probe samples every ~10 ms.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut m = metrics(&sc).await;
+    while samples(&m) < 3 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        m = metrics(&sc).await;
+    }
+    assert!(samples(&m) >= 3, "{m}");
+    assert!(
+        m.contains("baton_sidecar_event_loop_lag_seconds_bucket{le=\"0.00001\"}"),
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http1_connection_parks_between_requests_with_its_pipelined_bytes() {
     let a = upstream("a").await;
     let sc = sidecar(&format!("{ONE_LISTENER}clusters: [{{name: a, endpoints: ['{{A}}']}}]\nroutes: [{{name: r, backends: [{{cluster: a}}]}}]"), &[("A", a.addr)]).await;
