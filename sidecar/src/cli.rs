@@ -252,18 +252,22 @@ fn run_proxy(args: RunArgs) -> Result<(), CliError> {
     crate::config::compile(&snapshot)?;
     // One worker: a current-thread runtime (no work-stealing machinery, no
     // cross-thread wakeups); more: the multi-thread scheduler.
-    let runtime = if snapshot.runtime.worker_threads == 1 {
+    let rt = &snapshot.runtime;
+    let mut builder = if rt.worker_threads == 1 {
         tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
     } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(snapshot.runtime.worker_threads)
-            .thread_name("baton-worker")
-            .enable_all()
-            .build()
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(rt.worker_threads)
+            .thread_name("baton-worker");
+        b
+    };
+    if let Some(n) = rt.event_interval {
+        builder.event_interval(n);
     }
-    .map_err(CliError::Runtime)?;
+    if let Some(n) = rt.global_queue_interval {
+        builder.global_queue_interval(n);
+    }
+    let runtime = builder.enable_all().build().map_err(CliError::Runtime)?;
     // Mesh TLS from the snapshot's `tls` section (inside the runtime: the
     // certificate file watcher is a task).
     let tls = runtime

@@ -99,6 +99,14 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
     if !(1024..=1 << 20).contains(&rt.max_header_bytes) {
         p.push("runtime.max_header_bytes", "must be 1024..=1048576");
     }
+    for (name, v) in [
+        ("runtime.event_interval", rt.event_interval),
+        ("runtime.global_queue_interval", rt.global_queue_interval),
+    ] {
+        if v.is_some_and(|v| !(1..=1024).contains(&v)) {
+            p.push(name, "must be 1..=1024");
+        }
+    }
     if rt.max_headers == 0 || rt.max_headers > 1000 {
         p.push("runtime.max_headers", "must be 1..=1000");
     }
@@ -723,6 +731,11 @@ mod tests {
             "base_ejection_ms",
         );
         assert_refused("runtime: {worker_threads: 0}", "worker_threads");
+        assert_refused("runtime: {event_interval: 0}", "runtime.event_interval");
+        assert_refused(
+            "runtime: {global_queue_interval: 5000}",
+            "runtime.global_queue_interval",
+        );
         assert_refused(
             "clusters: [{name: a, endpoints: ['127.0.0.1:1', '127.0.0.1:1']}]",
             "duplicate endpoint",

@@ -103,6 +103,17 @@ pub struct RuntimeConfig {
     /// Mirrored requests in flight at once (excess copies are dropped).
     #[serde(default = "default_mirror_inflight")]
     pub max_mirror_inflight: usize,
+    /// Scheduler ticks (task polls) between two polls of the I/O driver
+    /// (tokio's `event_interval`; default 61). Lower: socket events are
+    /// seen sooner while many tasks are runnable, at more `epoll_wait`s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_interval: Option<u32>,
+    /// Scheduler ticks between two looks at wake-ups from other threads —
+    /// offloaded signatures, the lag probe (tokio's `global_queue_interval`;
+    /// default 31 with one worker, self-tuning with more). Lower: those
+    /// tasks wait less behind a busy local queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_queue_interval: Option<u32>,
 }
 
 impl Default for RuntimeConfig {
@@ -116,6 +127,8 @@ impl Default for RuntimeConfig {
             drain_timeout_ms: default_drain_timeout_ms(),
             h2_max_concurrent_streams: default_h2_streams(),
             max_mirror_inflight: default_mirror_inflight(),
+            event_interval: None,
+            global_queue_interval: None,
         }
     }
 }
