@@ -30,20 +30,23 @@
 # Env:   BATON_SIDECAR_BIN (default target/release/baton-sidecar),
 #        KEY_KIND rsa|ecdsa (default rsa), FLOOD_CONNS (16),
 #        SIDECAR_RUNTIME: extra runtime keys for every sidecar, e.g.
-#        "global_queue_interval: 4" (default: none, tokio's defaults).
+#        "global_queue_interval: 4" (default: none, tokio's defaults),
+#        CRYPTO_CPUS: pin the sidecars' crypto workers there (default: with
+#        the rest of the sidecar on the server cpus).
 set -euo pipefail
 
 DURATION=5 REPEATS=2 OUT=""
 while getopts "d:r:o:h" o; do
   case $o in
     d) DURATION=$OPTARG ;; r) REPEATS=$OPTARG ;; o) OUT=$OPTARG ;;
-    *) sed -n '2,34p' "$0"; exit 0 ;;
+    *) sed -n '2,36p' "$0"; exit 0 ;;
   esac
 done
 BIN=${BATON_SIDECAR_BIN:-target/release/baton-sidecar}
 KEY_KIND=${KEY_KIND:-rsa}
 FLOOD_CONNS=${FLOOD_CONNS:-16}
 SIDECAR_RUNTIME=${SIDECAR_RUNTIME:-}
+CRYPTO_CPUS=${CRYPTO_CPUS:-}
 (( DURATION <= 60 && REPEATS <= 10 )) || { echo "refusing: DURATION<=60, REPEATS<=10" >&2; exit 2; }
 [[ -x $BIN ]] || { echo "no sidecar binary at $BIN (cargo build --release -p baton-sidecar)" >&2; exit 2; }
 for t in wrk nginx openssl taskset ss; do command -v $t >/dev/null || { echo "missing $t" >&2; exit 2; }; done
@@ -128,6 +131,16 @@ YAML
     setsid taskset -c "$SRV_CPUS" "$BIN" run --config "$WORK/sc-$tag.yaml" >"$WORK/sc-$tag.log" 2>&1 &
   SC_PID=$!; PIDS+=($SC_PID); SC_PORT=$port SC_ADMIN=$admin
   wait_port "$port" "$SC_PID" || { echo "sidecar ($tag) did not start; see $WORK/sc-$tag.log" >&2; exit 1; }
+  if [[ -n $CRYPTO_CPUS ]]; then
+    # The crypto workers (comm "baton-crypto-…") on their own cores, as a pod
+    # with more than one core (or a QAT device) runs them.
+    local t
+    for t in /proc/"$SC_PID"/task/*; do
+      if [[ $(cat "$t/comm" 2>/dev/null) == baton-crypto* ]]; then
+        taskset -p -c "$CRYPTO_CPUS" "${t##*/}" >/dev/null
+      fi
+    done
+  fi
 }
 
 # The event-loop lag histogram's cumulative buckets (le count), from /metrics.
@@ -202,7 +215,7 @@ run_case() {   # run_case NAME MODE FLOOD(0|1|2) REP   (2: flood a second sideca
 printf 'case\trep\tprobe_p50_ms\tprobe_p99_ms\thandshakes_per_s\tlag_p50_ms\tlag_p99_ms\tlag_samples\tloop_cpu_pct\tloop_rq_wait_us\n' > "$OUT/results.tsv"
 {
   echo "date: $(date -u)"; echo "host: $(uname -r), $NCPU cpus, load: $(cut -d' ' -f1-3 /proc/loadavg)"
-  echo "sidecar: $BIN ($KEY_KIND key, TLS 1.2, 1 worker, 1 crypto worker), runtime extra: ${SIDECAR_RUNTIME:-none}, server cpus $SRV_CPUS, client cpus $CLI_CPUS"
+  echo "sidecar: $BIN ($KEY_KIND key, TLS 1.2, 1 worker, 1 crypto worker), runtime extra: ${SIDECAR_RUNTIME:-none}, crypto cpus ${CRYPTO_CPUS:-server cpus}, server cpus $SRV_CPUS, client cpus $CLI_CPUS"
   echo "duration ${DURATION}s x $REPEATS repeats, flood: wrk -c$FLOOD_CONNS Connection: close over https, probe client: ${PROBE_NICE:-default priority}"
 } > "$OUT/header.txt"
 for ((rep = 1; rep <= REPEATS; rep++)); do

@@ -9,36 +9,37 @@
 //! loop runs it". This probe measures exactly that, in-process.
 //!
 //! How: a plain OS thread — not a runtime worker, so a busy or blocked
-//! runtime cannot delay the *sending* side — wakes up every ~10 ms, takes an
-//! [`Instant`] and sends it over a channel to a task on the runtime. The
-//! task records `received - sent` in
-//! `baton_sidecar_event_loop_lag_seconds`. The wake-up is the same kind a
-//! socket or a crypto worker's completion causes (a task woken from outside
-//! the runtime), so the lag is what such work waits for.
+//! runtime cannot delay the *sending* side — wakes up every ~10 ms and
+//! writes the time into a socket (a Unix datagram pair) that a task on the
+//! runtime reads. The task records `received - sent` in
+//! `baton_sidecar_event_loop_lag_seconds`. The wake-up travels the path a
+//! client's request does — the kernel marks a socket readable, the runtime's
+//! I/O driver sees it at its next poll, the task waits its turn in the run
+//! queue — so the lag is what a request on an idle connection waits before
+//! the event loop reads it. (A tokio channel would measure a different
+//! queue: wake-ups from other threads, which the scheduler checks on its
+//! own interval.)
 //!
 //! * The interval is jittered (0.5–1.5 × nominal) so the probe cannot
 //!   phase-lock with periodic work (timer slots, scrapes) and sample only
 //!   its quiet or only its busy moments.
 //! * Overhead is one thread wake-up and one task poll per ~10 ms.
-//! * While the runtime is stuck, up to [`QUEUE`] samples wait in the
-//!   channel and each records its own lag once the runtime runs again; a
-//!   stall longer than that keeps the oldest samples (the largest lags) and
-//!   drops newer ones, so a long stall is undercounted, never understated.
+//! * While the runtime is stuck, samples wait in the socket's queue and
+//!   each records its own lag once the runtime runs again; a stall longer
+//!   than the kernel queues (hundreds of samples) keeps the oldest samples
+//!   (the largest lags) and drops newer ones, so a long stall is
+//!   undercounted, never understated.
 //! * The thread ends at its next tick after the task is gone (the runtime
-//!   stopped or the task was aborted).
+//!   stopped or the task was aborted: the socket's other end is closed).
 
+use std::io::ErrorKind;
 use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::histogram::Histogram;
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 /// Nominal sampling interval.
 pub const INTERVAL: Duration = Duration::from_millis(10);
-
-/// Samples that may wait for a stalled runtime (`QUEUE` × [`INTERVAL`]
-/// ≈ 0.6 s of stall is sampled in full).
-pub const QUEUE: usize = 64;
 
 /// Upper bounds, seconds: 1-2-5 steps from 10 µs (a parked runtime's
 /// wake-up) to 100 ms (a runtime that misses whole scheduler slices).
@@ -70,21 +71,32 @@ pub fn record(lag: &Histogram, sent: Instant, received: Instant) {
 /// runtime (returned, so its owner can abort it) and the sampling thread.
 /// Must be called inside a tokio runtime.
 pub fn spawn(lag: Histogram, interval: Duration) -> std::io::Result<JoinHandle<()>> {
-    let (tx, mut rx) = mpsc::channel::<Instant>(QUEUE);
+    let (tx, rx) = std::os::unix::net::UnixDatagram::pair()?;
+    // A full queue (a stalled runtime) drops the sample instead of blocking.
+    tx.set_nonblocking(true)?;
+    rx.set_nonblocking(true)?;
+    let rx = tokio::net::UnixDatagram::from_std(rx)?;
+    // Times travel as nanoseconds since a shared base.
+    let base = Instant::now();
     std::thread::Builder::new()
         .name("baton-loop-lag".into())
         .spawn(move || {
             loop {
                 std::thread::sleep(jittered(interval, rand::random::<f64>()));
-                match tx.try_send(Instant::now()) {
-                    Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => {}
-                    Err(mpsc::error::TrySendError::Closed(_)) => return,
+                let sent = base.elapsed().as_nanos() as u64;
+                match tx.send(&sent.to_le_bytes()) {
+                    Err(e) if e.kind() != ErrorKind::WouldBlock => return, // reader gone
+                    _ => {}
                 }
             }
         })?;
     Ok(tokio::spawn(async move {
-        while let Some(sent) = rx.recv().await {
-            record(&lag, sent, Instant::now());
+        let mut buf = [0u8; 8];
+        while let Ok(n) = rx.recv(&mut buf).await {
+            if n == buf.len() {
+                let sent = base + Duration::from_nanos(u64::from_le_bytes(buf));
+                record(&lag, sent, Instant::now());
+            }
         }
     }))
 }
