@@ -55,6 +55,18 @@ fn hwm_kb(pid: u32) -> Option<u64> {
         .ok()
 }
 
+/// CPU time (user + system) a process has used so far, in milliseconds.
+fn cpu_ms(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name; utime and stime are
+    // fields 14 and 15 of the whole line.
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // /proc counts in USER_HZ, which is 100 on Linux whatever the kernel's HZ.
+    Some(ticks * 10)
+}
+
 fn pct(v: &mut [f64], p: f64) -> f64 {
     if v.is_empty() {
         return f64::NAN;
@@ -132,8 +144,13 @@ async fn bench(n: usize) {
     let new = world.spawn(&[]);
     let (old_pid, new_pid) = (old.pid(), new.pid());
     let mut old_hwm = hwm_kb(old_pid).unwrap_or(0);
+    // CPU the old process spends from the spawn until it exits (last read
+    // before it is gone), the new one until it completes.
+    let old_cpu_before = cpu_ms(old_pid).unwrap_or(0);
+    let mut old_cpu = old_cpu_before;
     let status = loop {
         old_hwm = old_hwm.max(hwm_kb(old_pid).unwrap_or(0));
+        old_cpu = cpu_ms(old_pid).unwrap_or(old_cpu);
         if let Some(s) = world.status()
             && s["pid"] == new_pid
         {
@@ -146,9 +163,11 @@ async fn bench(n: usize) {
         tokio::time::sleep(Duration::from_millis(2)).await;
     };
     let wall_ms = t0.elapsed().as_millis();
+    let new_cpu = cpu_ms(new_pid).unwrap_or(0);
     // Keep measuring until the old process has exited.
     while old.alive() && t0.elapsed() < Duration::from_secs(60) {
         old_hwm = old_hwm.max(hwm_kb(old_pid).unwrap_or(0));
+        old_cpu = cpu_ms(old_pid).unwrap_or(old_cpu);
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -187,9 +206,10 @@ async fn bench(n: usize) {
     let (s50, s99) = (pct(&mut steady, 0.5), pct(&mut steady, 0.99));
     let (h50, h99) = (pct(&mut handoff, 0.5), pct(&mut handoff, 0.99));
     println!(
-        "| {n} | {} | {wall_ms} | {} | {s50:.3} / {s99:.3} | {h50:.3} / {h99:.3} ({} samples) | {:.2} | {:.1} / {:.1} | {broken} | {failed} |",
+        "| {n} | {} | {wall_ms} | {} | {} / {new_cpu} | {s50:.3} / {s99:.3} | {h50:.3} / {h99:.3} ({} samples) | {:.2} | {:.1} / {:.1} | {broken} | {failed} |",
         status["durationMs"],
         status["connections"],
+        old_cpu - old_cpu_before,
         handoff.len(),
         h99 / s99,
         old_hwm as f64 / 1024.0,
@@ -210,9 +230,9 @@ async fn handoff_bench() {
         .filter_map(|s| s.trim().parse().ok())
         .collect();
     println!(
-        "| idle conns | handoff ms (new) | wall ms (spawn→complete) | moved | probe p50/p99 ms steady | p50/p99 ms during | p99 ratio | peak RSS MiB old/new | broken | probe failures |"
+        "| idle conns | handoff ms (new) | wall ms (spawn→complete) | moved | CPU ms old (spawn→exit) / new (start→complete) | probe p50/p99 ms steady | p50/p99 ms during | p99 ratio | peak RSS MiB old/new | broken | probe failures |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for n in counts {
         bench(n).await;
     }

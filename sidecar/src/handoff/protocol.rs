@@ -477,6 +477,25 @@ impl Sender {
         Ok(())
     }
 
+    /// Sends the frames of `batch` in order, in one write when the socket
+    /// takes it; an empty batch sends nothing.
+    pub async fn send_batch(&self, batch: &Batch) -> Result<(), ProtocolError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        if batch.fds.len() > MAX_FDS_PER_FRAME {
+            return Err(ProtocolError::TooManyFds(batch.fds.len()));
+        }
+        self.stream.send(&batch.bytes, &batch.fds).await?;
+        tracing::trace!(
+            frames = batch.frames,
+            bytes = batch.bytes.len(),
+            fds = batch.fds.len(),
+            "handoff frames sent"
+        );
+        Ok(())
+    }
+
     /// Shuts the socket down both ways. After this returns the peer can no
     /// longer send (its writes fail with EPIPE), while frames it sent before
     /// stay readable: the old process relies on that to know exactly which
@@ -504,26 +523,8 @@ impl Receiver {
     /// between frames, [`ProtocolError::Truncated`] in the middle of one.
     pub async fn recv(&mut self) -> Result<Frame, ProtocolError> {
         loop {
-            if let Some(raw) = self.decoder.next_frame()? {
-                // The frame's descriptors rode on its first bytes, which we
-                // have read, so they are all in the queue by now.
-                if self.fds.len() < raw.fd_count {
-                    return Err(ProtocolError::MissingFds {
-                        expected: raw.fd_count,
-                        got: self.fds.len(),
-                    });
-                }
-                let fds = self.fds.drain(..raw.fd_count).collect();
-                tracing::trace!(
-                    frame = raw.msg.kind(),
-                    fds = raw.fd_count,
-                    "handoff frame received"
-                );
-                return Ok(Frame {
-                    msg: raw.msg,
-                    blob: raw.blob,
-                    fds,
-                });
+            if let Some(frame) = self.try_recv()? {
+                return Ok(frame);
             }
             let n = self.stream.recv(&mut self.read_buf, &mut self.fds).await?;
             tracing::trace!(bytes = n, fds = self.fds.len(), "handoff socket read");
@@ -536,6 +537,71 @@ impl Receiver {
             }
             self.decoder.feed(&self.read_buf[..n]);
         }
+    }
+
+    /// The next frame if a read already brought all of it, without touching
+    /// the socket (one read often brings several frames).
+    pub fn try_recv(&mut self) -> Result<Option<Frame>, ProtocolError> {
+        let Some(raw) = self.decoder.next_frame()? else {
+            return Ok(None);
+        };
+        // The frame's descriptors rode on its first bytes (or earlier
+        // ones, in a batch), which we have read, so they are all queued.
+        if self.fds.len() < raw.fd_count {
+            return Err(ProtocolError::MissingFds {
+                expected: raw.fd_count,
+                got: self.fds.len(),
+            });
+        }
+        let fds = self.fds.drain(..raw.fd_count).collect();
+        tracing::trace!(
+            frame = raw.msg.kind(),
+            fds = raw.fd_count,
+            "handoff frame received"
+        );
+        Ok(Some(Frame {
+            msg: raw.msg,
+            blob: raw.blob,
+            fds,
+        }))
+    }
+}
+
+/// Several frames written with one `sendmsg` (fewer system calls and
+/// wake-ups on both sides when many connections move). On the wire it is
+/// exactly the frames one after the other, so any peer reads it; the
+/// descriptors of all of them ride on the first bytes, i.e. never after the
+/// frame they belong to, which is all a receiver needs.
+#[derive(Debug, Default)]
+pub struct Batch {
+    bytes: Vec<u8>,
+    fds: Vec<RawFd>,
+    frames: usize,
+}
+
+impl Batch {
+    /// Appends one frame. The descriptors must stay open until the batch is
+    /// sent.
+    pub fn push(&mut self, msg: &Message, blob: &[u8], fds: &[RawFd]) -> Result<(), ProtocolError> {
+        self.bytes.extend_from_slice(&encode(msg, blob, fds.len())?);
+        self.fds.extend_from_slice(fds);
+        self.frames += 1;
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.frames
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.frames == 0
+    }
+
+    /// Empties the batch, keeping its buffers for the next one.
+    pub fn clear(&mut self) {
+        self.bytes.clear();
+        self.fds.clear();
+        self.frames = 0;
     }
 }
 
@@ -753,6 +819,64 @@ mod tests {
         };
         let dbg = format!("{s:?}");
         assert!(!dbg.contains("171") && !dbg.contains("AB"), "{dbg}");
+    }
+
+    #[tokio::test]
+    async fn a_batch_is_the_frames_back_to_back_and_each_keeps_its_descriptors() {
+        use std::os::fd::AsRawFd;
+        let (a, b) = tokio::net::UnixStream::pair().unwrap();
+        let (tx, _) = Channel::new(a).split();
+        let (_, mut rx) = Channel::new(b).split();
+        let (r1, w1) = nix::unistd::pipe().unwrap();
+        let (r3, w3) = nix::unistd::pipe().unwrap();
+        let mut batch = Batch::default();
+        batch
+            .push(
+                &Message::Ack { id: 1 },
+                b"",
+                &[w1.as_raw_fd(), w1.as_raw_fd()],
+            )
+            .unwrap();
+        batch.push(&Message::Ack { id: 2 }, b"xyz", &[]).unwrap();
+        batch
+            .push(&Message::Ack { id: 3 }, b"", &[w3.as_raw_fd()])
+            .unwrap();
+        // On the wire exactly what three separate sends would write, so a
+        // peer that does not batch reads it unchanged.
+        let separate = [
+            encode(&Message::Ack { id: 1 }, b"", 2).unwrap(),
+            encode(&Message::Ack { id: 2 }, b"xyz", 0).unwrap(),
+            encode(&Message::Ack { id: 3 }, b"", 1).unwrap(),
+        ]
+        .concat();
+        assert_eq!(batch.bytes, separate);
+        assert_eq!(batch.len(), 3);
+        tx.send_batch(&batch).await.unwrap();
+
+        let f1 = rx.recv().await.unwrap();
+        assert_eq!((f1.msg, f1.fds.len()), (Message::Ack { id: 1 }, 2));
+        // The rest came with the same read: no socket wait.
+        let f2 = rx.try_recv().unwrap().unwrap();
+        assert_eq!(
+            (f2.msg, f2.blob, f2.fds.len()),
+            (Message::Ack { id: 2 }, b"xyz".to_vec(), 0)
+        );
+        let f3 = rx.try_recv().unwrap().unwrap();
+        assert_eq!((f3.msg, f3.fds.len()), (Message::Ack { id: 3 }, 1));
+        assert!(rx.try_recv().unwrap().is_none());
+        // Each frame got its own descriptors: write through them, read back.
+        for (fd, r, tag) in [(&f1.fds[1], &r1, b'1'), (&f3.fds[0], &r3, b'3')] {
+            nix::unistd::write(fd, &[tag]).unwrap();
+            let mut back = [0u8; 1];
+            nix::unistd::read(r, &mut back).unwrap();
+            assert_eq!(back[0], tag);
+        }
+
+        batch.clear();
+        assert!(batch.is_empty());
+        tx.send_batch(&batch).await.unwrap();
+        drop(tx);
+        assert!(matches!(rx.recv().await, Err(ProtocolError::Closed)));
     }
 
     #[tokio::test]

@@ -43,8 +43,8 @@ use tokio::task::JoinSet;
 use super::counters;
 use super::protocol::TlsWireState;
 use super::protocol::{
-    Channel, ConnKind as WireKind, ConnectionHeader, Frame, ListenerInfo, Message, ProtocolError,
-    Receiver, Sender, StateSnapshot, UPSTREAM_TLS_SINCE, VersionRange, negotiate,
+    Batch, Channel, ConnKind as WireKind, ConnectionHeader, Frame, ListenerInfo, Message,
+    ProtocolError, Receiver, Sender, StateSnapshot, UPSTREAM_TLS_SINCE, VersionRange, negotiate,
 };
 use super::tls_record::RecordAlignedIo;
 use super::tls_record::{
@@ -67,6 +67,13 @@ use crate::tls::glue::{MeshClientStream, MeshServerStream};
 /// window bounds each connection's pause; the work is CPU-bound, so a small
 /// window costs no throughput (measured: 8 beat 128 on both counts).
 const PARK_WINDOW: usize = 8;
+
+/// Connections the new process acknowledges in one write at most (fewer
+/// when fewer frames arrived together): bounds how long the first of them
+/// waits before it is served, and keeps a batch of acknowledgements (~1 KiB)
+/// one kernel buffer, so the old process receives all of it or none of it
+/// and a failed write never leaves it believing in an ack we gave up on.
+const ACK_BATCH: usize = 32;
 
 /// How long a handed-off process keeps serving admin requests it already
 /// accepted before it exits.
@@ -892,29 +899,33 @@ pub async fn adopt(
         tx.send(&Message::Accepting, b"", &[]).await?;
 
         let mut next = 0u64;
+        // Connections taken from frames already read, acknowledged together
+        // (one write; the old process reads them in one go too).
+        let mut acks = Batch::default();
+        let mut adopted = Vec::new();
         loop {
-            let f = recv_within(&mut rx, cfg.step_timeout).await?;
+            let f = match rx.try_recv()? {
+                Some(f) => f,
+                None => {
+                    moved += acknowledge(&tx, &mut acks, &mut adopted, &shared).await?;
+                    recv_within(&mut rx, cfg.step_timeout).await?
+                }
+            };
+            if acks.len() >= ACK_BATCH || !matches!(f.msg, Message::Connection(_)) {
+                moved += acknowledge(&tx, &mut acks, &mut adopted, &shared).await?;
+            }
             match f.msg {
                 Message::Connection(h) => {
                     next += 1;
                     match Resumable::from_frame(&h, f.blob, f.fds, next) {
                         Ok(r) => {
                             step_delay(cfg).await;
-                            // Acknowledge before touching the sockets: once the
-                            // ack is written the old process has let go.
-                            tx.send(&Message::Ack { id: h.id }, b"", &[]).await?;
-                            spawn_resumed(&shared, r);
-                            moved += 1;
-                            // Frames usually arrive faster than one socket
-                            // op yields: let the connections already adopted
-                            // (and the request that just moved) run between
-                            // adoptions instead of after a whole burst.
-                            tokio::task::yield_now().await;
+                            acks.push(&Message::Ack { id: h.id }, b"", &[])?;
+                            adopted.push(r);
                         }
                         Err(reason) => {
                             tracing::warn!(id = h.id, %reason, "handoff: connection refused; the old process keeps it");
-                            tx.send(&Message::Nack { id: h.id, reason }, b"", &[])
-                                .await?;
+                            acks.push(&Message::Nack { id: h.id, reason }, b"", &[])?;
                         }
                     }
                 }
@@ -922,6 +933,7 @@ pub async fn adopt(
                     connections,
                     counters: delta,
                 } => {
+                    // Every connection before `Done` is acknowledged above.
                     let skipped = counters::import(metrics, &extra, &delta);
                     if !skipped.is_empty() {
                         tracing::warn!(series = ?skipped, "handoff: counters this build does not know were not carried over");
@@ -979,6 +991,31 @@ pub async fn adopt(
         "handoff complete"
     );
     Ok(running)
+}
+
+/// New process: acknowledges what `acks` holds, then serves the connections
+/// adopted with it; returns how many. Acknowledging before touching the
+/// sockets is what makes a connection belong to exactly one process: once
+/// the acks are written the old process has let go.
+async fn acknowledge(
+    tx: &Sender,
+    acks: &mut Batch,
+    adopted: &mut Vec<Resumable>,
+    shared: &Arc<Shared>,
+) -> Result<u64, ProtocolError> {
+    if acks.is_empty() {
+        return Ok(0);
+    }
+    tx.send_batch(&std::mem::take(acks)).await?;
+    let n = adopted.len() as u64;
+    for r in adopted.drain(..) {
+        spawn_resumed(shared, r);
+    }
+    // Frames usually arrive faster than one socket op yields: let the
+    // connections already adopted (and the request that just moved) run
+    // between batches instead of after the whole handoff.
+    tokio::task::yield_now().await;
+    Ok(n)
 }
 
 /// Old process: serve one handoff request. `Ok(true)`: everything was handed
@@ -1061,7 +1098,8 @@ async fn hand_off_inner(
 
     // Frames from the new process are read by their own task, so sending
     // (which may block on a full socket) never stops us reading acks.
-    let (ev_tx, mut events) = mpsc::unbounded_channel::<Result<Frame, ProtocolError>>();
+    let (ev_tx, events) = mpsc::unbounded_channel();
+    let mut events = Events(events);
     let reader = tokio::spawn(read_frames(rx, ev_tx));
 
     // Whatever happens next, this guard resumes what was not handed over.
@@ -1133,6 +1171,8 @@ async fn hand_off_inner(
         };
         ask_all(&mut parks, &mut asked, &mut queue, true);
         let park_deadline = tokio::time::Instant::now() + cfg.park_timeout;
+        // One buffer for every batch (see below).
+        let mut batch = Batch::default();
         let mut sent = 0u64;
         let mut progress = tokio::time::Instant::now();
         let mut completed = false;
@@ -1150,32 +1190,41 @@ async fn hand_off_inner(
                 joined = parks.join_next() => {
                     let Some(joined) = joined else { continue };
                     progress = tokio::time::Instant::now();
-                    ask_all(&mut parks, &mut asked, &mut queue, false);
-                    let Ok((id, Some(parked))) = joined else { continue }; // ended on its own
-                    match Resumable::from_parked(parked) {
-                        None => {
-                            hm.conn("drained");
-                            draining.insert(id);
+                    // Every connection parked by now goes in one write.
+                    // (Taken one at a time, not collected: in this process's
+                    // heap, fragmented by the connections already let go,
+                    // any allocation above the small cached sizes is slow.)
+                    batch.clear();
+                    let mut next = Some(joined);
+                    while let Some(joined) = next.take().or_else(|| parks.try_join_next()) {
+                        let Ok((id, Some(parked))) = joined else { continue }; // ended on its own
+                        match Resumable::from_parked(parked) {
+                            None => {
+                                hm.conn("drained");
+                                draining.insert(id);
+                            }
+                            Some(r) => match r.extract_tls().await {
+                                Ok(Some(r)) => {
+                                    sent += 1;
+                                    // Pending before sending: if the send fails,
+                                    // the failure path below resumes it here.
+                                    pending.insert(sent, InFlight { resumable: r });
+                                    push_connection(&mut batch, sent, &pending[&sent].resumable)?;
+                                }
+                                Ok(None) => hm.conn("lost"),
+                                Err(r) => {
+                                    // Not at a record boundary: it finishes here.
+                                    hm.conn("kept");
+                                    spawn_resumed(&shared, r);
+                                }
+                            },
                         }
-                        Some(r) => match r.extract_tls().await {
-                            Ok(Some(r)) => {
-                                sent += 1;
-                                // Pending before sending: if the send fails, the
-                                // failure path below resumes it here.
-                                pending.insert(sent, InFlight { resumable: r });
-                                send_connection(&tx, sent, &pending[&sent].resumable).await?;
-                                // Serve the connections not yet moved between
-                                // sends (see the adopting side).
-                                tokio::task::yield_now().await;
-                            }
-                            Ok(None) => hm.conn("lost"),
-                            Err(r) => {
-                                // Not at a record boundary: it finishes here.
-                                hm.conn("kept");
-                                spawn_resumed(&shared, r);
-                            }
-                        },
                     }
+                    ask_all(&mut parks, &mut asked, &mut queue, false);
+                    tx.send_batch(&batch).await?;
+                    // Serve the connections not yet moved between sends
+                    // (see the adopting side).
+                    tokio::task::yield_now().await;
                 }
                 ev = events.recv() => {
                     progress = tokio::time::Instant::now();
@@ -1263,20 +1312,34 @@ async fn hand_off_inner(
     result
 }
 
-async fn read_frames(mut rx: Receiver, out: mpsc::UnboundedSender<Result<Frame, ProtocolError>>) {
+/// Frames from the new process, as the reader task received them.
+///
+/// Boxed on the channel: it stores items in blocks of 32, and a block of
+/// unboxed frames is an allocation of several KiB, which the heap of an old
+/// process that has just let go of thousands of connections serves slowly
+/// (a tenth of its CPU at 10,000 connections); a box is a cached small size.
+struct Events(mpsc::UnboundedReceiver<Box<Result<Frame, ProtocolError>>>);
+
+impl Events {
+    async fn recv(&mut self) -> Option<Result<Frame, ProtocolError>> {
+        self.0.recv().await.map(|b| *b)
+    }
+}
+
+async fn read_frames(
+    mut rx: Receiver,
+    out: mpsc::UnboundedSender<Box<Result<Frame, ProtocolError>>>,
+) {
     loop {
         let r = rx.recv().await;
         let end = r.is_err();
-        if out.send(r).is_err() || end {
+        if out.send(Box::new(r)).is_err() || end {
             return;
         }
     }
 }
 
-async fn next_event(
-    events: &mut mpsc::UnboundedReceiver<Result<Frame, ProtocolError>>,
-    t: Duration,
-) -> Result<Frame, HandoffError> {
+async fn next_event(events: &mut Events, t: Duration) -> Result<Frame, HandoffError> {
     match tokio::time::timeout(t, events.recv()).await {
         Err(_) => Err(ProtocolError::Timeout.into()),
         Ok(None) => Err(ProtocolError::Closed.into()),
@@ -1315,7 +1378,9 @@ fn handle_ack(
     Ok(())
 }
 
-async fn send_connection(tx: &Sender, id: u64, r: &Resumable) -> Result<(), ProtocolError> {
+/// Appends connection `id`'s frame to `batch`; its sockets stay open (in
+/// `pending`) until the batch is sent and acknowledged.
+fn push_connection(batch: &mut Batch, id: u64, r: &Resumable) -> Result<(), ProtocolError> {
     let raw = |e: &End| -> (RawFd, Option<TlsWireState>, Vec<u8>) {
         let End::Raw(tcp, tls) = e else {
             unreachable!("only raw sockets are sent (extract_tls ran)")
@@ -1350,7 +1415,7 @@ async fn send_connection(tx: &Sender, id: u64, r: &Resumable) -> Result<(), Prot
         up_tls: up_tls.map(Box::new),
         meta: serde_json::to_value(MetaWire::from_meta(&r.meta)).unwrap_or_default(),
     };
-    tx.send(&Message::Connection(header), &blob, &fds).await
+    batch.push(&Message::Connection(header), &blob, &fds)
 }
 
 /// Errors that end [`run`].
