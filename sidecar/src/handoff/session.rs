@@ -454,10 +454,10 @@ where
             return Ok(None);
         }
     };
-    let Ok(mut state) = wire_state_from_rustls(version, secrets, Some(&secret_capture())) else {
+    let Ok(state) = wire_state_from_rustls(version, secrets, Some(&secret_capture()), server)
+    else {
         return Ok(None);
     };
-    state.server = server;
     let (io, pending) = aligned.into_parts();
     Ok(Some((io, pending, state, plain)))
 }

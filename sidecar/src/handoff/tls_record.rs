@@ -271,12 +271,14 @@ impl rustls::KeyLog for SecretCapture {
     }
 }
 
-/// Builds the wire state from what rustls extracted, attaching the traffic
-/// secrets from `capture` when it holds them.
+/// Builds the wire state of a `server`- or client-role session from what
+/// rustls extracted, attaching the traffic secrets from `capture` when it
+/// holds them.
 pub fn wire_state_from_rustls(
     version: ProtocolVersion,
     secrets: ExtractedSecrets,
     capture: Option<&SecretCapture>,
+    server: bool,
 ) -> Result<TlsWireState, TlsStateError> {
     let version = match version {
         ProtocolVersion::TLSv1_2 => TLS12,
@@ -307,7 +309,7 @@ pub fn wire_state_from_rustls(
         aead: kind.name().to_string(),
         tx,
         rx,
-        server: true,
+        server,
     })
 }
 
@@ -902,24 +904,6 @@ impl<T> RecordAlignedIo<T> {
     pub fn into_parts(self) -> (T, Vec<u8>) {
         (self.io, self.pending)
     }
-
-    /// Length of the longest prefix of `pending` made of whole records that
-    /// fits in `room`; if not even one record fits, the first whole record
-    /// (which the caller then splits, losing alignment until it completes).
-    fn whole_records(&self, room: usize) -> usize {
-        let mut off = 0;
-        while self.pending.len() - off >= HEADER_LEN {
-            let len = u16::from_be_bytes([self.pending[off + 3], self.pending[off + 4]]) as usize;
-            if self.pending.len() - off < HEADER_LEN + len {
-                break;
-            }
-            if off + HEADER_LEN + len > room && off > 0 {
-                break;
-            }
-            off += HEADER_LEN + len;
-        }
-        off
-    }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for RecordAlignedIo<T> {
@@ -937,7 +921,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for RecordAlignedIo<T> {
             let start = buf.filled().len();
             ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
             let got = &buf.filled()[start..];
-            let whole = whole_records_in(got);
+            let whole = whole_records(got, usize::MAX);
             if whole == got.len() {
                 return Poll::Ready(Ok(())); // aligned, or EOF
             }
@@ -952,7 +936,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for RecordAlignedIo<T> {
             let ready_len = if this.owed > 0 {
                 this.owed.min(this.pending.len())
             } else {
-                this.whole_records(buf.remaining())
+                whole_records(&this.pending, buf.remaining())
             };
             if ready_len > 0 {
                 let n = ready_len.min(buf.remaining());
@@ -973,12 +957,17 @@ impl<T: AsyncRead + Unpin> AsyncRead for RecordAlignedIo<T> {
     }
 }
 
-/// Length of the longest prefix of `data` made of whole records.
-fn whole_records_in(data: &[u8]) -> usize {
+/// Length of the longest prefix of `data` made of whole records that fits
+/// in `room`; if not even one record fits, the first whole record (which the
+/// caller then splits, losing alignment until it completes).
+fn whole_records(data: &[u8], room: usize) -> usize {
     let mut off = 0;
     while data.len() - off >= HEADER_LEN {
         let len = u16::from_be_bytes([data[off + 3], data[off + 4]]) as usize;
         if data.len() - off < HEADER_LEN + len {
+            break;
+        }
+        if off + HEADER_LEN + len > room && off > 0 {
             break;
         }
         off += HEADER_LEN + len;

@@ -190,7 +190,7 @@ async fn established_then_moved_after_updates(
     );
     let version = conn.protocol_version().unwrap();
     let secrets = conn.dangerous_extract_secrets().unwrap();
-    let state = wire_state_from_rustls(version, secrets, capture.as_deref()).unwrap();
+    let state = wire_state_from_rustls(version, secrets, capture.as_deref(), true).unwrap();
     let (tcp, partial) = aligned.into_parts();
 
     // Through the handoff wire: socket by SCM_RIGHTS, state and buffered
@@ -524,8 +524,7 @@ async fn a_moved_client_session_continues(suite: SupportedCipherSuite) {
     assert!(aligned.is_aligned());
     let version = conn.protocol_version().unwrap();
     let secrets = conn.dangerous_extract_secrets().unwrap();
-    let mut state = wire_state_from_rustls(version, secrets, Some(&capture)).unwrap();
-    state.server = false;
+    let state = wire_state_from_rustls(version, secrets, Some(&capture), false).unwrap();
     let (tcp, partial) = aligned.into_parts();
     let mut moved = TlsRecordStream::new(tcp, &state, partial, unread).unwrap();
 
