@@ -5,6 +5,8 @@
 #
 #   bench/handoff-bench.sh                  # 100,1000,10000
 #   BATON_BENCH_CONNS=100,1000 bench/handoff-bench.sh
+#   BATON_BENCH_SLOWEST=8 ...     # when the 8 slowest requests of the window started
+#   BATON_BENCH_RUNTIME='event_interval: 8' ...   # extra `runtime` keys for both sidecars
 #
 # Prints a Markdown table (the format of docs/performance.md's handoff section).
 set -euo pipefail

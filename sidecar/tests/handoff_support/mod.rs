@@ -171,12 +171,16 @@ impl World {
             (None, None, String::new(), String::new())
         };
         let (up_http, up_echo) = (upstream.http, upstream.echo);
+        // Extra `runtime` keys for benchmarks (e.g. `event_interval: 8`).
+        let runtime_extra = std::env::var("BATON_BENCH_RUNTIME")
+            .map(|v| format!(", {v}"))
+            .unwrap_or_default();
         std::fs::write(
             &config,
             format!(
                 "version: 1
 admin: {{ address: {admin} }}
-runtime: {{ worker_threads: 1, drain_timeout_ms: 5000, header_read_timeout_ms: 300000 }}
+runtime: {{ worker_threads: 1, drain_timeout_ms: 5000, header_read_timeout_ms: 300000{runtime_extra} }}
 listeners:
   - name: http
     address: {http}
