@@ -85,10 +85,14 @@ pub trait EngineKey: Send + Sync + fmt::Debug {
     fn sign(&self, scheme: SignatureScheme, message: &[u8]) -> Result<Vec<u8>, OffloadError>;
 }
 
-const ALL_SCHEMES: &[SignatureScheme] = &[
+/// Every scheme a key may offer, in preference order: these, then RSA's.
+const NON_RSA_SCHEMES: &[SignatureScheme] = &[
     SignatureScheme::ECDSA_NISTP384_SHA384,
     SignatureScheme::ECDSA_NISTP256_SHA256,
     SignatureScheme::ED25519,
+];
+
+const RSA_SCHEMES: &[SignatureScheme] = &[
     SignatureScheme::RSA_PSS_SHA512,
     SignatureScheme::RSA_PSS_SHA384,
     SignatureScheme::RSA_PSS_SHA256,
@@ -143,8 +147,9 @@ impl Engine for SoftwareEngine {
                 reason: e.to_string(),
             })?;
         let algorithm = ring_key.algorithm();
-        let schemes: Vec<SignatureScheme> = ALL_SCHEMES
+        let schemes: Vec<SignatureScheme> = NON_RSA_SCHEMES
             .iter()
+            .chain(RSA_SCHEMES)
             .copied()
             .filter(|s| ring_key.choose_scheme(&[*s]).is_some())
             .collect();
@@ -317,17 +322,7 @@ fn openssl_key(engine: &'static str, key: &PrivateKeyDer<'_>) -> Result<OpensslK
     }
     .map_err(|e| err(e.to_string()))?;
     let (algorithm, schemes) = match pkey.id() {
-        Id::RSA => (
-            SignatureAlgorithm::RSA,
-            vec![
-                SignatureScheme::RSA_PSS_SHA512,
-                SignatureScheme::RSA_PSS_SHA384,
-                SignatureScheme::RSA_PSS_SHA256,
-                SignatureScheme::RSA_PKCS1_SHA512,
-                SignatureScheme::RSA_PKCS1_SHA384,
-                SignatureScheme::RSA_PKCS1_SHA256,
-            ],
-        ),
+        Id::RSA => (SignatureAlgorithm::RSA, RSA_SCHEMES.to_vec()),
         Id::EC => {
             let ec = pkey.ec_key().map_err(|e| err(e.to_string()))?;
             match ec.group().curve_name() {
