@@ -7,6 +7,7 @@
 #   BATON_BENCH_CONNS=100,1000 bench/handoff-bench.sh
 #   BATON_BENCH_SLOWEST=8 ...     # when the 8 slowest requests of the window started
 #   BATON_BENCH_RUNTIME='event_interval: 8' ...   # extra `runtime` keys for both sidecars
+#   BATON_BENCH_UP_EXTRA='pool_max_idle_per_endpoint: 2' ...   # extra keys of the upstream cluster
 #
 # Prints a Markdown table (the format of docs/performance.md's handoff section).
 set -euo pipefail

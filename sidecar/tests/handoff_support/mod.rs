@@ -172,6 +172,9 @@ impl World {
         };
         let (up_http, up_echo) = (upstream.http, upstream.echo);
         // Extra `runtime` keys for benchmarks (e.g. `event_interval: 8`).
+        let up_extra = std::env::var("BATON_BENCH_UP_EXTRA")
+            .map(|v| format!(", {v}"))
+            .unwrap_or_default();
         let runtime_extra = std::env::var("BATON_BENCH_RUNTIME")
             .map(|v| format!(", {v}"))
             .unwrap_or_default();
@@ -194,7 +197,7 @@ listeners:
     match: {{ path: {{ prefix: / }} }}
     backends: [{{ cluster: up }}]
 clusters:
-  - {{ name: up, endpoints: [{up_http}] }}
+  - {{ name: up, endpoints: [{up_http}]{up_extra} }}
   - {{ name: echo, endpoints: [{up_echo}] }}
 {tls_section}"
             ),
