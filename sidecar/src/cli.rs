@@ -231,6 +231,10 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
 }
 
 fn run_proxy(args: RunArgs) -> Result<(), CliError> {
+    // First, while this is the only thread (see the function's docs).
+    if let Err(e) = crate::sched::presize_fd_table(crate::sched::FD_TABLE_SLOTS) {
+        eprintln!("cannot reserve descriptor slots: {e}");
+    }
     let log_level = init_tracing();
     let (mut snapshot, watch) = match (&args.config, args.listen, args.upstream) {
         (Some(path), _, _) => (

@@ -28,6 +28,22 @@ pub struct Sidecar {
     pub log: PathBuf,
 }
 
+/// A forked launcher waiting to exec `baton-sidecar` (see [`World::prepare`]).
+pub struct Prepared {
+    sidecar: Sidecar,
+    go: std::process::ChildStdin,
+}
+
+impl Prepared {
+    /// Execs the sidecar now; the process keeps the launcher's PID.
+    pub fn start(self) -> Sidecar {
+        use std::io::Write;
+        let mut go = self.go;
+        go.write_all(b"go\n").expect("start the prepared sidecar");
+        self.sidecar
+    }
+}
+
 impl Sidecar {
     pub fn pid(&self) -> u32 {
         self.child.id()
@@ -222,10 +238,41 @@ clusters:
 
     /// Starts a sidecar process; `env` adds or overrides variables.
     pub fn spawn(&self, env: &[(&str, &str)]) -> Sidecar {
+        let (mut cmd, log) = self.command(Command::new(BIN), env);
+        Sidecar {
+            child: cmd.spawn().expect("spawn baton-sidecar"),
+            log,
+        }
+    }
+
+    /// A sidecar forked now, as a shell waiting on its stdin, and exec'd by
+    /// [`Prepared::start`]. Benchmarks prepare the next process before they
+    /// open thousands of connections: a process forked from the load
+    /// generator later would inherit its large descriptor table (and the
+    /// exec would close thousands of descriptors), which a sidecar a
+    /// container runtime starts does not have.
+    pub fn prepare(&self, env: &[(&str, &str)]) -> Prepared {
+        let mut sh = Command::new("/bin/sh");
+        sh.args(["-c", "read go && exec \"$0\" \"$@\"", BIN]);
+        let (mut cmd, log) = self.command(sh, env);
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("fork the launcher");
+        let go = child.stdin.take().expect("the launcher's stdin");
+        Prepared {
+            sidecar: Sidecar { child, log },
+            go,
+        }
+    }
+
+    /// `baton-sidecar run` with this world's config, socket, status file and
+    /// log (through `launcher`, which runs the binary given as its argument).
+    fn command(&self, mut launcher: Command, env: &[(&str, &str)]) -> (Command, PathBuf) {
         let g = self.generation.fetch_add(1, Ordering::Relaxed);
         let log = self.dir.path().join(format!("sidecar-{g}.log"));
         let file = std::fs::File::create(&log).unwrap();
-        let mut cmd = Command::new(BIN);
+        let cmd = &mut launcher;
         cmd.args(["run", "--config"])
             .arg(&self.config)
             .env("BATON_HANDOFF_SOCKET", &self.socket)
@@ -237,10 +284,7 @@ clusters:
         for (k, v) in env {
             cmd.env(k, v);
         }
-        Sidecar {
-            child: cmd.spawn().expect("spawn baton-sidecar"),
-            log,
-        }
+        (launcher, log)
     }
 
     /// Waits until `/ready` answers 200.
