@@ -231,7 +231,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
 }
 
 fn run_proxy(args: RunArgs) -> Result<(), CliError> {
-    // First, while this is the only thread (see the function's docs).
+    // First, while this is the only thread (see `sched::presize_fd_table`).
     if let Err(e) = crate::sched::presize_fd_table(crate::sched::FD_TABLE_SLOTS) {
         eprintln!("cannot reserve descriptor slots: {e}");
     }

@@ -51,8 +51,8 @@ pub const FD_TABLE_SLOTS: u64 = 16_384;
 /// period (`expand_fdtable` → `synchronize_rcu`), blocking the thread that
 /// asked for the descriptor — here the event loop, in `accept` or in the
 /// `recvmsg` that receives a connection during a handoff. A sidecar started
-/// with a small table that adopts 1,000 connections grew it five times and
-/// took 70 ms instead of 24 (`bench/handoff-bench.sh`, docs/performance.md).
+/// with a small table took 54–68 ms instead of 20–29 to adopt 1,000
+/// connections (`bench/handoff-bench.sh`, docs/performance.md).
 /// Growing it once now, before any thread exists, costs no grace period and
 /// ~8 bytes of kernel memory per slot; the table never shrinks.
 pub fn presize_fd_table(slots: u64) -> std::io::Result<u64> {

@@ -118,7 +118,6 @@ enum SoftwareSigner {
 struct SoftwareKey {
     signer: SoftwareSigner,
     ring: Arc<dyn SigningKey>,
-    algorithm: SignatureAlgorithm,
     schemes: Vec<SignatureScheme>,
 }
 
@@ -129,7 +128,7 @@ impl fmt::Debug for SoftwareKey {
             SoftwareSigner::Libcrypto(_) => "libcrypto",
         };
         f.debug_struct("SoftwareKey")
-            .field("algorithm", &self.algorithm)
+            .field("algorithm", &self.ring.algorithm())
             .field("library", &library)
             .finish()
     }
@@ -146,14 +145,13 @@ impl Engine for SoftwareEngine {
                 engine: "software",
                 reason: e.to_string(),
             })?;
-        let algorithm = ring_key.algorithm();
         let schemes: Vec<SignatureScheme> = NON_RSA_SCHEMES
             .iter()
             .chain(RSA_SCHEMES)
             .copied()
             .filter(|s| ring_key.choose_scheme(&[*s]).is_some())
             .collect();
-        let signer = if algorithm == SignatureAlgorithm::RSA {
+        let signer = if ring_key.algorithm() == SignatureAlgorithm::RSA {
             match libcrypto_rsa(key, &schemes) {
                 Ok(k) => SoftwareSigner::Libcrypto(k),
                 Err(e) => {
@@ -167,7 +165,6 @@ impl Engine for SoftwareEngine {
         Ok(Arc::new(SoftwareKey {
             signer,
             ring: ring_key,
-            algorithm,
             schemes,
         }))
     }
@@ -212,7 +209,7 @@ fn libcrypto_rsa(
 
 impl EngineKey for SoftwareKey {
     fn algorithm(&self) -> SignatureAlgorithm {
-        self.algorithm
+        self.ring.algorithm()
     }
 
     fn schemes(&self) -> &[SignatureScheme] {

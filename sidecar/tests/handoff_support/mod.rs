@@ -187,7 +187,9 @@ impl World {
             (None, None, String::new(), String::new())
         };
         let (up_http, up_echo) = (upstream.http, upstream.echo);
-        // Extra `runtime` keys for benchmarks (e.g. `event_interval: 8`).
+        // Extra keys for benchmarks: of the upstream cluster (e.g.
+        // `pool_max_idle_per_endpoint: 2`) and of `runtime` (e.g.
+        // `event_interval: 8`).
         let up_extra = std::env::var("BATON_BENCH_UP_EXTRA")
             .map(|v| format!(", {v}"))
             .unwrap_or_default();
@@ -267,12 +269,11 @@ clusters:
     }
 
     /// `baton-sidecar run` with this world's config, socket, status file and
-    /// log (through `launcher`, which runs the binary given as its argument).
-    fn command(&self, mut launcher: Command, env: &[(&str, &str)]) -> (Command, PathBuf) {
+    /// log, run through `cmd` (the binary itself, or a launcher that execs it).
+    fn command(&self, mut cmd: Command, env: &[(&str, &str)]) -> (Command, PathBuf) {
         let g = self.generation.fetch_add(1, Ordering::Relaxed);
         let log = self.dir.path().join(format!("sidecar-{g}.log"));
         let file = std::fs::File::create(&log).unwrap();
-        let cmd = &mut launcher;
         cmd.args(["run", "--config"])
             .arg(&self.config)
             .env("BATON_HANDOFF_SOCKET", &self.socket)
@@ -284,7 +285,7 @@ clusters:
         for (k, v) in env {
             cmd.env(k, v);
         }
-        (launcher, log)
+        (cmd, log)
     }
 
     /// Waits until `/ready` answers 200.
