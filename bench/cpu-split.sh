@@ -14,6 +14,9 @@
 # Env:   BATON_SIDECAR_BIN (default target/release/baton-sidecar)
 #        BATON_SIDECAR_BIN_B: a second build, measured in the same runs
 #        (rows sidecarB-*), to compare two builds against the same nginx
+#        SIDECAR_B_RUNTIME: extra runtime keys for sidecar B only (e.g.
+#        "h1_fast_path: true"; without BATON_SIDECAR_BIN_B, B runs the same
+#        build), to compare two settings
 set -euo pipefail
 
 DURATION=4 REPEATS=3 OUT=""
@@ -37,6 +40,8 @@ trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 UP=$(free_port) NGX=$(free_port) NGXS=$(free_port) SC=$(free_port) SCS=$(free_port)
 BIN_B=${BATON_SIDECAR_BIN_B:-}
+B_RUNTIME=${SIDECAR_B_RUNTIME:-}
+[[ -z $B_RUNTIME || -n $BIN_B ]] || BIN_B=$BIN
 [[ -z $BIN_B || -x $BIN_B ]] || { echo "BATON_SIDECAR_BIN_B=$BIN_B is not executable" >&2; exit 2; }
 SCB=$(free_port) SCBS=$(free_port)
 
@@ -80,6 +85,7 @@ tls:
   offload: {mode: Preferred, workers: 1}
 EOF
 sed -e "s/127.0.0.1:$SC\"/127.0.0.1:$SCB\"/" -e "s/127.0.0.1:$SCS\"/127.0.0.1:$SCBS\"/" \
+  -e "s/^runtime: {worker_threads: 1}/runtime: {worker_threads: 1${B_RUNTIME:+, $B_RUNTIME}}/" \
   "$W/sidecar.yaml" >"$W/sidecar-b.yaml"
 
 taskset -c 0 nginx -p "$W" -c "$W/upstream.conf" >/dev/null 2>&1 & PIDS+=($!)

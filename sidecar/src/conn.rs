@@ -670,7 +670,8 @@ fn scan_head(head: &[u8]) -> HeadScan {
 
 /// A `Content-Length` value as hyper reads it: digits only, around optional
 /// whitespace.
-fn parse_length(value: &[u8]) -> Option<u64> {
+/// A `Content-Length` value: digits only (RFC 9110 §8.6), no sign, no list.
+pub(crate) fn parse_length(value: &[u8]) -> Option<u64> {
     let v = value.trim_ascii();
     if v.is_empty() {
         return None;
@@ -680,6 +681,48 @@ fn parse_length(value: &[u8]) -> Option<u64> {
             .then(|| n.checked_mul(10)?.checked_add(u64::from(b - b'0')))
             .flatten()
     })
+}
+
+/// Finds where a chunked body ends, in hyper's decoder states (strict
+/// CRLF), without decoding it: the HTTP/1 fast path forwards response
+/// bodies as they are.
+#[derive(Debug)]
+pub(crate) struct ChunkedEnd(ChunkState);
+
+impl Default for ChunkedEnd {
+    fn default() -> Self {
+        Self(ChunkState::Start)
+    }
+}
+
+impl ChunkedEnd {
+    /// Consume `data`: `Ok(Some(n))` when the body ends after its first `n`
+    /// bytes (the scan then starts over), `Err` for a malformed body.
+    pub(crate) fn feed(&mut self, data: &[u8]) -> Result<Option<usize>, ()> {
+        let mut at = 0;
+        while at < data.len() {
+            if let ChunkState::Data(left) = self.0 {
+                let n = left.min((data.len() - at) as u64);
+                at += n as usize;
+                self.0 = if n == left {
+                    ChunkState::DataCr
+                } else {
+                    ChunkState::Data(left - n)
+                };
+                continue;
+            }
+            match chunk_step(self.0, data[at]) {
+                Frame::Chunk(next) => self.0 = next,
+                Frame::Head => {
+                    self.0 = ChunkState::Start;
+                    return Ok(Some(at + 1));
+                }
+                Frame::Fixed(_) | Frame::Off => return Err(()),
+            }
+            at += 1;
+        }
+        Ok(None)
+    }
 }
 
 /// One byte of chunked framing outside chunk data, as hyper's decoder reads

@@ -120,6 +120,36 @@ impl hyper::service::Service<Request<Incoming>> for HttpService {
     }
 }
 
+/// Count a finished request and its time to response head.
+pub(crate) fn record_request(
+    m: &Metrics,
+    compiled: Option<&CompiledRoute>,
+    route: &Arc<str>,
+    status: StatusCode,
+    started: Instant,
+) {
+    let elapsed = started.elapsed().as_secs_f64();
+    match compiled {
+        Some(r) => r
+            .metrics
+            .get_or_init(|| RouteMetrics::resolve(m, route))
+            .record(status.as_u16(), elapsed),
+        None => {
+            m.requests
+                .get_or_create(&RequestLabels {
+                    route: route.clone(),
+                    status_class: StatusClass::of(status.as_u16()),
+                })
+                .inc();
+            m.request_duration
+                .get_or_create(&RouteLabels {
+                    route: route.clone(),
+                })
+                .observe(elapsed);
+        }
+    }
+}
+
 /// Why the sidecar answered itself (also the metric label).
 fn local(
     status: StatusCode,
@@ -229,7 +259,7 @@ fn wants_upgrade(req: &Request<Incoming>) -> bool {
 }
 
 /// Idempotent per RFC 9110 §9.2.2: safe to send twice.
-fn idempotent(m: &Method) -> bool {
+pub(crate) fn idempotent(m: &Method) -> bool {
     matches!(
         *m,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
@@ -562,27 +592,7 @@ impl HttpService {
         started: Instant,
         access_log: bool,
     ) {
-        let m = &self.shared.metrics;
-        let elapsed = started.elapsed().as_secs_f64();
-        match compiled {
-            Some(r) => r
-                .metrics
-                .get_or_init(|| RouteMetrics::resolve(m, route))
-                .record(status.as_u16(), elapsed),
-            None => {
-                m.requests
-                    .get_or_create(&RequestLabels {
-                        route: route.clone(),
-                        status_class: StatusClass::of(status.as_u16()),
-                    })
-                    .inc();
-                m.request_duration
-                    .get_or_create(&RouteLabels {
-                        route: route.clone(),
-                    })
-                    .observe(elapsed);
-            }
-        }
+        record_request(&self.shared.metrics, compiled, route, status, started);
         if access_log {
             tracing::info!(target: "access", conn = self.conn.id, peer = %self.conn.peer, route = %route, status = status.as_u16(), micros = started.elapsed().as_micros() as u64, "request");
         }

@@ -26,6 +26,7 @@ pub mod config;
 pub mod conn;
 pub mod detect;
 pub mod filters;
+pub mod h1fast;
 pub mod handoff;
 pub mod http_proxy;
 pub mod init;

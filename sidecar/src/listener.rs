@@ -322,6 +322,9 @@ pub async fn serve_plain<I: ParkableIo>(
         .clone();
     active_gauge.inc();
     match protocol {
+        Protocol::Http1 if shared.store.snapshot().runtime.h1_fast_path => {
+            crate::h1fast::serve(io, meta, shared, park).await
+        }
         Protocol::Http1 => serve_http1(io, meta, shared, park).await,
         Protocol::Http2 => serve_http2(io, meta, shared, park).await,
         _ => serve_tcp(io, meta, shared, park).await,
@@ -416,7 +419,7 @@ fn http_service(
     }
 }
 
-async fn serve_http1<I: ParkableIo>(
+pub(crate) async fn serve_http1<I: ParkableIo>(
     io: PrefixedIo<I>,
     meta: ConnMeta,
     shared: Arc<Shared>,

@@ -136,6 +136,10 @@ pub struct Metrics {
     pub config_apply_errors: Family<Labels, Counter>,
     pub phase: Family<Labels, Gauge>,
     pub local_responses: Family<Labels, Counter>,
+    /// Requests served on the HTTP/1 fast path.
+    pub h1_fast_path_requests: Counter,
+    /// HTTP/1 connections the fast path handed to hyper, by reason.
+    pub h1_fast_path_fallbacks: Family<Labels, Counter>,
     /// Fed by [`crate::loop_lag`].
     pub event_loop_lag: Histogram,
 }
@@ -165,6 +169,8 @@ impl Metrics {
             config_apply_errors: Family::default(),
             phase: Family::default(),
             local_responses: Family::default(),
+            h1_fast_path_requests: Counter::default(),
+            h1_fast_path_fallbacks: Family::default(),
             event_loop_lag: crate::loop_lag::histogram(),
         };
         r.register(
@@ -234,6 +240,16 @@ impl Metrics {
             m.local_responses.clone(),
         );
         r.register(
+            "h1_fast_path_requests",
+            "HTTP/1 requests served on the fast path (without hyper)",
+            m.h1_fast_path_requests.clone(),
+        );
+        r.register(
+            "h1_fast_path_fallbacks",
+            "HTTP/1 connections the fast path handed to the general (hyper) path, by the reason of the first request it did not take",
+            m.h1_fast_path_fallbacks.clone(),
+        );
+        r.register(
             "event_loop_lag_seconds",
             "Time a task woken from outside the data-plane runtime waits until the runtime polls it (sampled every ~10 ms)",
             m.event_loop_lag.clone(),
@@ -258,6 +274,12 @@ impl Metrics {
     pub fn upstream_error(&self, class: &'static str) {
         self.upstream_errors
             .get_or_create(&vec![("class", class)])
+            .inc();
+    }
+
+    pub fn h1_fast_path_fallback(&self, why: crate::h1fast::Fallback) {
+        self.h1_fast_path_fallbacks
+            .get_or_create(&vec![("reason", why.label())])
             .inc();
     }
 

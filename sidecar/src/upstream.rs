@@ -283,6 +283,10 @@ impl ActiveGuard {
     pub fn endpoint(&self) -> &Endpoint {
         &self.cluster.endpoints[self.idx]
     }
+    /// The endpoint's index in its cluster.
+    pub fn index(&self) -> usize {
+        self.idx
+    }
     pub fn report(&self, outcome: Outcome) {
         self.cluster.report(self.idx, outcome);
     }
@@ -345,10 +349,20 @@ impl Cluster {
     /// A new connection to `ep` for a raw TCP proxy: connect timeout, then
     /// mesh mTLS (ALPN none) when the cluster asks for it.
     pub async fn connect_tcp(&self, addr: SocketAddr) -> std::io::Result<TcpUpstream> {
+        self.connect_upstream(addr, b"").await
+    }
+
+    /// A new connection to `addr`: connect timeout, then mesh mTLS
+    /// offering `alpn` (empty: none) when the cluster asks for it.
+    pub async fn connect_upstream(
+        &self,
+        addr: SocketAddr,
+        alpn: &'static [u8],
+    ) -> std::io::Result<TcpUpstream> {
         let tcp = connect(addr, Duration::from_millis(self.config.connect_timeout_ms)).await?;
         match &self.mtls {
             None => Ok(TcpUpstream::Plain(tcp)),
-            Some(t) => t.originate(tcp, b"").await,
+            Some(t) => t.originate(tcp, alpn).await,
         }
     }
 

@@ -1150,3 +1150,248 @@ async fn http1_connection_parks_between_requests_with_its_pipelined_bytes() {
     );
     sc.stop().await;
 }
+
+/// A raw HTTP/1.1 upstream with canned responses by path, for framings a
+/// hyper server does not produce on demand. Records every request head and
+/// body it receives and counts its connections.
+struct Canned {
+    addr: SocketAddr,
+    conns: Arc<AtomicUsize>,
+    seen: Arc<std::sync::Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Canned {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn canned_upstream() -> Canned {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let conns = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (c, sn) = (conns.clone(), seen.clone());
+    let task = tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            c.fetch_add(1, Ordering::SeqCst);
+            let sn = sn.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        let mut chunk = [0u8; 4096];
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end + 4]).into_owned();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse().unwrap())
+                        })
+                        .unwrap_or(0);
+                    while buf.len() < end + 4 + len {
+                        let mut chunk = [0u8; 4096];
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let body = String::from_utf8_lossy(&buf[end + 4..end + 4 + len]).into_owned();
+                    buf.drain(..end + 4 + len);
+                    sn.lock().unwrap().push(format!("{head}{body}"));
+                    let path = head.split(' ').nth(1).unwrap_or("/").to_owned();
+                    let resp: String = match path.as_str() {
+                        "/chunked" => "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nx-u: 1\r\n\r\n4\r\nWiki\r\n5;e=1\r\npedia\r\n0\r\nx-t: 1\r\n\r\n".into(),
+                        "/close" => "HTTP/1.1 200 OK\r\nx-u: 1\r\n\r\nuntil-close".into(),
+                        "/nocontent" => "HTTP/1.1 204 No Content\r\nx-u: 1\r\n\r\n".into(),
+                        "/interim" => "HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".into(),
+                        "/hop" => "HTTP/1.1 200 OK\r\nconnection: x-secret\r\nx-secret: 1\r\nkeep-alive: timeout=5\r\ncontent-length: 2\r\n\r\nok".into(),
+                        "/length" => "HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n0123456789".into(),
+                        _ => format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len()),
+                    };
+                    // HEAD: the head only (its content-length describes GET).
+                    let resp = if head.starts_with("HEAD ") {
+                        resp.split_once("\r\n\r\n")
+                            .map(|(h, _)| format!("{h}\r\n\r\n"))
+                            .unwrap()
+                    } else {
+                        resp
+                    };
+                    if s.write_all(resp.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    // `/close` is close-delimited; `/drop` answers, then
+                    // closes a connection it said it would keep.
+                    if path == "/close" || path == "/drop" {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Canned {
+        addr,
+        conns,
+        seen,
+        task,
+    }
+}
+
+/// Read one response from a keep-alive connection: the head, then a body by
+/// `content-length` or up to the end of a chunked body.
+async fn read_response(s: &mut TcpStream, head_only: bool) -> String {
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = String::from_utf8_lossy(&out).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let lower = head.to_ascii_lowercase();
+            let done = if head_only || head.starts_with("HTTP/1.1 204") {
+                true
+            } else if let Some(l) = lower
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+            {
+                body.len() >= l.trim().parse::<usize>().unwrap()
+            } else if lower.contains("transfer-encoding: chunked") {
+                body.ends_with("\r\n\r\n") && body.contains("\r\n0\r\n")
+            } else {
+                false
+            };
+            if done {
+                return text;
+            }
+        }
+        let mut chunk = [0u8; 4096];
+        match tokio::time::timeout_at(deadline, s.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 => out.extend_from_slice(&chunk[..n]),
+            _ => return String::from_utf8_lossy(&out).into_owned(),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http1_fast_path_copies_every_framing_strips_hop_by_hop_headers_and_hands_the_rest_to_hyper()
+ {
+    let up = canned_upstream().await;
+    let sc = sidecar(&format!("{ONE_LISTENER}clusters: [{{name: a, endpoints: ['{{A}}']}}]\nroutes: [{{name: r, backends: [{{cluster: a}}]}}]"), &[("A", up.addr)]).await;
+    let addr = sc.addr("out").unwrap();
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut ask = async |req: &str, head_only: bool| {
+        s.write_all(req.as_bytes()).await.unwrap();
+        read_response(&mut s, head_only).await
+    };
+
+    // Chunked response: copied as it is, extensions and trailers included.
+    let r = ask("GET /chunked HTTP/1.1\r\nHost: x\r\n\r\n", false).await;
+    assert!(r.starts_with("HTTP/1.1 200 OK\r\n"), "{r}");
+    assert!(
+        r.ends_with("\r\n\r\n4\r\nWiki\r\n5;e=1\r\npedia\r\n0\r\nx-t: 1\r\n\r\n"),
+        "{r}"
+    );
+    // Hop-by-hop response headers and the ones `connection` names go.
+    let r = ask("GET /hop HTTP/1.1\r\nHost: x\r\n\r\n", false).await;
+    assert!(
+        r.ends_with("\r\n\r\nok") && !r.contains("x-secret") && !r.contains("keep-alive"),
+        "{r}"
+    );
+    // HEAD: a content-length with no body; the next response still parses.
+    let r = ask("HEAD /length HTTP/1.1\r\nHost: x\r\n\r\n", true).await;
+    assert!(
+        r.contains("content-length: 10\r\n") && r.ends_with("\r\n\r\n"),
+        "{r}"
+    );
+    let r = ask("GET /nocontent HTTP/1.1\r\nHost: x\r\n\r\n", false).await;
+    assert!(r.starts_with("HTTP/1.1 204"), "{r}");
+    // Interim 1xx responses are not forwarded.
+    let r = ask("GET /interim HTTP/1.1\r\nHost: x\r\n\r\n", false).await;
+    assert!(
+        r.starts_with("HTTP/1.1 200 OK\r\n") && r.ends_with("ok"),
+        "{r}"
+    );
+    // A request body, and hop-by-hop request headers dropped.
+    let r = ask("POST /echo?q=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: keep-alive, x-drop\r\nX-Drop: 1\r\nTE: trailers\r\nX-Keep: 2\r\n\r\nhello", false).await;
+    assert!(r.ends_with("\r\n\r\nhello"), "{r}");
+    let last = up.seen.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(
+        last,
+        "POST /echo?q=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nX-Keep: 2\r\n\r\nhello"
+    );
+    // All of that on one upstream connection, bound to this client's.
+    assert_eq!(up.conns.load(Ordering::SeqCst), 1);
+
+    // The upstream closes a kept-alive connection while it is idle (its
+    // keep-alive timeout): even a POST, which is never sent twice, goes on
+    // a fresh connection instead of failing on the closed one.
+    let r = ask("GET /drop HTTP/1.1\r\nHost: x\r\n\r\n", false).await;
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let r = ask(
+        "POST /after-drop HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi",
+        false,
+    )
+    .await;
+    assert!(
+        r.starts_with("HTTP/1.1 200") && r.ends_with("\r\n\r\nhi"),
+        "{r}"
+    );
+    assert_eq!(up.conns.load(Ordering::SeqCst), 2);
+
+    // A close-delimited response ends the client's connection too.
+    s.write_all(b"GET /close HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap();
+    let r = String::from_utf8_lossy(&rest);
+    assert!(
+        r.contains("connection: close\r\n") && r.ends_with("\r\n\r\nuntil-close"),
+        "{r}"
+    );
+
+    // `Expect` is not the fast path's: hyper serves the request (and the
+    // rest of that connection), with every byte read so far.
+    let r = raw(addr, b"POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc").await;
+    assert!(
+        r.contains("HTTP/1.1 200 OK\r\n") && r.ends_with("\r\n\r\nabc"),
+        "{r}"
+    );
+    let m = metrics(&sc).await;
+    let fast: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("baton_sidecar_h1_fast_path_requests_total "))
+        .expect("fast path counter")
+        .parse()
+        .unwrap();
+    assert_eq!(fast, 9, "{m}");
+    assert!(
+        m.contains("baton_sidecar_h1_fast_path_fallbacks_total{reason=\"framing\"} 1"),
+        "{m}"
+    );
+    sc.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_http1_fast_path_off_hyper_serves_every_request() {
+    let a = upstream("a").await;
+    let sc = sidecar(&format!("runtime: {{h1_fast_path: false}}\n{ONE_LISTENER}clusters: [{{name: a, endpoints: ['{{A}}']}}]\nroutes: [{{name: r, backends: [{{cluster: a}}]}}]"), &[("A", a.addr)]).await;
+    let (status, _, body) = get(sc.addr("out").unwrap(), "/").await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "a"));
+    let m = metrics(&sc).await;
+    assert!(
+        m.contains("baton_sidecar_h1_fast_path_requests_total 0"),
+        "{m}"
+    );
+    sc.stop().await;
+}

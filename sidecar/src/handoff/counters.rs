@@ -144,7 +144,7 @@ pub fn import(
     counters: &BTreeMap<String, u64>,
 ) -> Vec<String> {
     let mut skipped = Vec::new();
-    let labelled: [(&str, &Family<StaticLabels, Counter>); 6] = [
+    let labelled: [(&str, &Family<StaticLabels, Counter>); 7] = [
         ("baton_sidecar_bytes_total", &metrics.bytes),
         (
             "baton_sidecar_upstream_errors_total",
@@ -159,6 +159,10 @@ pub fn import(
         (
             "baton_sidecar_local_responses_total",
             &metrics.local_responses,
+        ),
+        (
+            "baton_sidecar_h1_fast_path_fallbacks_total",
+            &metrics.h1_fast_path_fallbacks,
         ),
     ];
     for (series, &v) in counters {
@@ -202,6 +206,10 @@ pub fn import(
             }
             "baton_sidecar_config_applies_total" => {
                 metrics.config_applies.inc_by(v);
+                Some(())
+            }
+            "baton_sidecar_h1_fast_path_requests_total" => {
+                metrics.h1_fast_path_requests.inc_by(v);
                 Some(())
             }
             other => labelled
@@ -262,6 +270,8 @@ mod tests {
             .inc_by(1000);
         old.local_response("connection_limit");
         old.config_applies.inc_by(3);
+        old.h1_fast_path_requests.inc_by(11);
+        old.h1_fast_path_fallback(crate::h1fast::Fallback::Framing);
         // Gauges are state, not history: never exported.
         old.config_version.set(9);
         let exported = export(&old);

@@ -1,0 +1,869 @@
+//! The HTTP/1.1 fast path: plain request/response exchanges proxied by
+//! rewriting the heads and copying the bodies, without hyper.
+//!
+//! Why: with TLS terminated by rustls and the bytes copied as raw TCP, the
+//! sidecar spends ~2.5 µs of user CPU per keep-alive request; through hyper
+//! (server connection, client pool, `http` types) it spends ~10 µs, twice
+//! nginx's HTTP layer (docs/performance.md, "HTTP/1 fast path"). Most mesh
+//! traffic is the simple case: a request without a body or with a small one,
+//! a route without retries, mirrors, faults or header rewrites, one
+//! upstream endpoint answering with a `Content-Length` or chunked body.
+//!
+//! How: the request head is parsed with `httparse` (what hyper uses), checked
+//! for eligibility, and written to an upstream connection bound to this
+//! downstream connection (the connection-affine design: no pool lookup, no
+//! task hand-over). The response head is parsed, its hop-by-hop headers are
+//! dropped, and the body is copied by its framing (length, chunked, or until
+//! close).
+//!
+//! Anything else — a `Transfer-Encoding` request body, `Expect`, an
+//! upgrade, HTTP/1.0, a body larger than [`MAX_BODY`], a route with
+//! filters or rewrites, RBAC on the listener, a malformed head — is handed,
+//! with every byte read so far, to the hyper path for the rest of the
+//! connection, which applies all of its checks (including the smuggling
+//! guard). A handoff parks the connection between two requests, like the
+//! hyper path; the bound upstream connection is not moved.
+//!
+//! Opt-in (`runtime.h1_fast_path`) until it has carried as much traffic in
+//! the test suites as the hyper path.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{Method, StatusCode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::oneshot;
+
+use crate::config::UpstreamProtocol;
+use crate::conn::{ChunkedEnd, ParkRequest, ParkableIo, Parked, PrefixedIo, parse_length};
+use crate::filters::ConnMeta;
+use crate::http_proxy::{Shared, idempotent, record_request};
+use crate::routing::{CompiledRoute, RequestView, match_route, split_host_port};
+use crate::upstream::{Cluster, Outcome, TcpUpstream};
+
+/// Largest request body the fast path carries (it must be read whole before
+/// the request is sent); larger bodies go through hyper, which streams.
+pub const MAX_BODY: usize = 64 * 1024;
+/// Header lines parsed on the fast path; more go to hyper (which applies
+/// `runtime.max_headers`).
+const MAX_HEADERS: usize = 64;
+/// Header lines accepted in a response head (hyper's client takes 100).
+const MAX_RESPONSE_HEADERS: usize = 128;
+
+/// Headers never forwarded (RFC 9110 §7.6.1); `transfer-encoding` is kept on
+/// responses because a chunked body is forwarded as it is.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+    "proxy-authorization",
+];
+
+/// Why the fast path let hyper take over (for tests and debug logs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fallback {
+    Head,
+    Framing,
+    Route,
+    Upstream,
+}
+
+impl Fallback {
+    pub fn label(self) -> &'static str {
+        match self {
+            Fallback::Head => "head",
+            Fallback::Framing => "framing",
+            Fallback::Route => "route",
+            Fallback::Upstream => "upstream",
+        }
+    }
+}
+
+/// Serve an HTTP/1 connection on the fast path, handing it to hyper at the
+/// first request it does not take.
+pub async fn serve<I: ParkableIo>(
+    io: PrefixedIo<I>,
+    meta: ConnMeta,
+    shared: Arc<Shared>,
+    mut park: oneshot::Receiver<ParkRequest>,
+) {
+    let (prefix, mut down) = io.into_parts();
+    let mut buf = BytesMut::with_capacity(8 * 1024);
+    buf.extend_from_slice(&prefix);
+    let mut up: Option<Bound> = None;
+    let mut rbuf = BytesMut::with_capacity(8 * 1024);
+    let mut drain = shared.lifecycle.drain_signal();
+    let rt = shared.store.snapshot().runtime.clone();
+    let head_timeout = Duration::from_millis(rt.header_read_timeout_ms);
+    loop {
+        // Between requests: the safe point for a handoff. The client has
+        // `header_read_timeout_ms` for the whole head, idle time included
+        // (as with hyper).
+        let deadline = tokio::time::Instant::now() + head_timeout;
+        let head_len = loop {
+            if !buf.is_empty() {
+                match head_length(&buf, rt.max_header_bytes) {
+                    Ok(Some(n)) => break n,
+                    Ok(None) => {}
+                    Err(()) => {
+                        return fall_back(down, buf, meta, shared, park, Fallback::Head).await;
+                    }
+                }
+            }
+            if *drain.borrow() && buf.is_empty() {
+                return;
+            }
+            tokio::select! {
+                biased;
+                req = &mut park => {
+                    if let Ok(req) = req {
+                        let (downstream, pre) = down.into_parked();
+                        let mut unread = pre.to_vec();
+                        unread.extend_from_slice(&buf);
+                        let _ = req.reply.send(Parked::Http1 { meta, downstream, unread: Bytes::from(unread) });
+                        return;
+                    }
+                    // The registry went away: keep serving, never park.
+                    park = oneshot::channel().1;
+                }
+                _ = crate::lifecycle::wait_until(&mut drain, |d| *d), if buf.is_empty() => {}
+                r = tokio::time::timeout_at(deadline, read_more(&mut down, &mut buf)) => match r {
+                    Ok(Ok(n)) if n > 0 => {}
+                    _ => return,
+                },
+            }
+        };
+        let started = Instant::now();
+        let plan = match plan(&buf[..head_len], &meta, &shared) {
+            Ok(p) => p,
+            Err(why) => return fall_back(down, buf, meta, shared, park, why).await,
+        };
+        // The whole body, before anything is sent.
+        let deadline = tokio::time::Instant::now() + head_timeout;
+        while buf.len() < head_len + plan.body_len {
+            match tokio::time::timeout_at(deadline, read_more(&mut down, &mut buf)).await {
+                Ok(Ok(n)) if n > 0 => {}
+                _ => return,
+            }
+        }
+        let request = buf.split_to(head_len + plan.body_len).freeze();
+        let close = plan.close || *drain.borrow();
+        let ex = Exchange {
+            plan: &plan,
+            shared: &shared,
+            started,
+            close,
+        };
+        match ex
+            .run(&request, head_len, &mut up, &mut rbuf, &mut down)
+            .await
+        {
+            Ok(keep) => {
+                shared.metrics.h1_fast_path_requests.inc();
+                if !keep || close {
+                    let _ = down.shutdown().await;
+                    return;
+                }
+            }
+            Err(()) => return,
+        }
+    }
+}
+
+/// Read more into `buf`, with room for a whole typical head.
+async fn read_more<R: tokio::io::AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut BytesMut,
+) -> std::io::Result<usize> {
+    if buf.capacity() - buf.len() < 2048 {
+        buf.reserve(8 * 1024);
+    }
+    r.read_buf(buf).await
+}
+
+/// Give the connection to the hyper path, with everything read so far.
+async fn fall_back<I: ParkableIo>(
+    down: I,
+    buf: BytesMut,
+    meta: ConnMeta,
+    shared: Arc<Shared>,
+    park: oneshot::Receiver<ParkRequest>,
+    why: Fallback,
+) {
+    tracing::trace!(conn = meta.id, ?why, "h1 fast path: hyper takes over");
+    shared.metrics.h1_fast_path_fallback(why);
+    let io = PrefixedIo::new(buf.freeze(), down);
+    Box::pin(crate::listener::serve_http1(io, meta, shared, park)).await
+}
+
+/// Length of the request head in `buf`, `None` while incomplete, `Err` for
+/// a head the fast path does not parse (hyper answers it).
+fn head_length(buf: &[u8], max: usize) -> Result<Option<usize>, ()> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) if n <= max => Ok(Some(n)),
+        Ok(httparse::Status::Partial) if buf.len() < max => Ok(None),
+        _ => Err(()),
+    }
+}
+
+/// What to do with one request.
+struct Plan {
+    method: Method,
+    body_len: usize,
+    /// The client asked to close after this exchange.
+    close: bool,
+    route: Option<Arc<CompiledRoute>>,
+    route_name: Arc<str>,
+    cluster: Arc<Cluster>,
+    endpoint: crate::upstream::ActiveGuard,
+    timeout: Option<Duration>,
+}
+
+/// Whether the fast path takes this request, and where it goes.
+fn plan(head: &[u8], meta: &ConnMeta, shared: &Shared) -> Result<Plan, Fallback> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    if !matches!(req.parse(head), Ok(httparse::Status::Complete(_))) || req.version != Some(1) {
+        return Err(Fallback::Head);
+    }
+    let method =
+        Method::from_bytes(req.method.unwrap_or("").as_bytes()).map_err(|_| Fallback::Head)?;
+    if method == Method::CONNECT {
+        return Err(Fallback::Head);
+    }
+    let path_and_query = req.path.unwrap_or("");
+    if !path_and_query.starts_with('/') {
+        return Err(Fallback::Head);
+    }
+    let mut host = None;
+    let mut length: Option<usize> = None;
+    let mut close = false;
+    for h in req.headers.iter() {
+        let name = h.name;
+        if name.eq_ignore_ascii_case("host") {
+            if host.is_some() {
+                return Err(Fallback::Head);
+            }
+            host = Some(std::str::from_utf8(h.value).map_err(|_| Fallback::Head)?);
+        } else if name.eq_ignore_ascii_case("content-length") {
+            let n = parse_length(h.value)
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or(Fallback::Framing)?;
+            if length.is_some_and(|l| l != n) {
+                return Err(Fallback::Framing);
+            }
+            length = Some(n);
+        } else if name.eq_ignore_ascii_case("transfer-encoding")
+            || name.eq_ignore_ascii_case("expect")
+            || name.eq_ignore_ascii_case("upgrade")
+        {
+            return Err(Fallback::Framing);
+        } else if name.eq_ignore_ascii_case("connection") {
+            close |= has_token(h.value, "close");
+        }
+    }
+    let body_len = length.unwrap_or(0);
+    if body_len > MAX_BODY {
+        return Err(Fallback::Framing);
+    }
+    let host = host.ok_or(Fallback::Head)?;
+
+    let active = shared.store.load();
+    let listener = active
+        .config
+        .listener(&meta.listener)
+        .ok_or(Fallback::Route)?;
+    if listener.rbac.is_some()
+        || listener.config.access_log
+        || listener.routes.iter().any(|r| !r.headers.is_empty())
+    {
+        return Err(Fallback::Route);
+    }
+    let (hostname, host_port) = split_host_port(host);
+    let (path, query) = match path_and_query.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (path_and_query, None),
+    };
+    let view = RequestView {
+        host: hostname,
+        path,
+        query,
+        method: &method,
+        headers: empty_headers(),
+    };
+    let (route, cluster) = match match_route(&listener.routes, &view) {
+        Some(r) => {
+            if r.retry.is_some()
+                || r.fault.is_some()
+                || r.mirror.is_some()
+                || !r.request_headers.is_empty()
+                || !r.response_headers.is_empty()
+            {
+                return Err(Fallback::Route);
+            }
+            (Some(r.clone()), r.pick_backend(crate::filters::fast_rand()))
+        }
+        None => {
+            let port = host_port.unwrap_or(meta.dst_port());
+            (None, *listener.port_map.get(&port).ok_or(Fallback::Route)?)
+        }
+    };
+    let cluster = active.upstreams.clusters[cluster].clone();
+    if cluster.config.protocol != UpstreamProtocol::Http1 {
+        return Err(Fallback::Route);
+    }
+    let endpoint = cluster.pick().ok_or(Fallback::Upstream)?;
+    let route_name = match &route {
+        Some(r) => r.name.clone(),
+        None => cluster.name.clone(),
+    };
+    Ok(Plan {
+        method,
+        body_len,
+        close,
+        timeout: route.as_ref().and_then(|r| r.timeout),
+        route,
+        route_name,
+        cluster,
+        endpoint,
+    })
+}
+
+fn empty_headers() -> &'static http::HeaderMap {
+    static EMPTY: std::sync::OnceLock<http::HeaderMap> = std::sync::OnceLock::new();
+    EMPTY.get_or_init(http::HeaderMap::new)
+}
+
+/// Whether a comma-separated header value lists `token`.
+fn has_token(v: &[u8], token: &str) -> bool {
+    v.split(|&b| b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+}
+
+/// The upstream connection bound to this downstream connection.
+struct Bound {
+    cluster: std::sync::Weak<Cluster>,
+    endpoint: usize,
+    io: TcpUpstream,
+}
+
+/// Whether an idle upstream connection can take a request: not closed by
+/// the upstream (its keep-alive timeout may be shorter than our client's
+/// pauses) and with nothing unsolicited to read. One non-blocking read
+/// attempt, as hyper's pool learns it from its connection task; without it
+/// a POST after a pause would meet a closed connection and fail.
+fn still_open(io: &mut TcpUpstream) -> bool {
+    let mut byte = [0u8; 1];
+    let mut buf = tokio::io::ReadBuf::new(&mut byte);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    matches!(
+        tokio::io::AsyncRead::poll_read(std::pin::Pin::new(io), &mut cx, &mut buf),
+        std::task::Poll::Pending
+    )
+}
+
+/// One request/response exchange.
+struct Exchange<'a> {
+    plan: &'a Plan,
+    shared: &'a Shared,
+    started: Instant,
+    /// This is the connection's last exchange.
+    close: bool,
+}
+
+impl Exchange<'_> {
+    /// Send the request and copy its response: `Ok(keep)`, whether the
+    /// connection can carry another exchange; `Err` when it must close without
+    /// another response.
+    async fn run<D: ParkableIo>(
+        &self,
+        request: &[u8],
+        head_len: usize,
+        up: &mut Option<Bound>,
+        rbuf: &mut BytesMut,
+        down: &mut D,
+    ) -> Result<bool, ()> {
+        let (plan, shared, close) = (self.plan, self.shared, self.close);
+        let out = rewrite_request(&request[..head_len], &request[head_len..]);
+        let idx = plan.endpoint.index();
+        let addr = plan.endpoint.endpoint().addr;
+        let idempotent = idempotent(&plan.method);
+        let mut attempt = 0;
+        let head = loop {
+            attempt += 1;
+            let reusable = up.as_mut().is_some_and(|b| {
+                b.endpoint == idx
+                    && std::ptr::eq(b.cluster.as_ptr(), Arc::as_ptr(&plan.cluster))
+                    && still_open(&mut b.io)
+            });
+            let reused = match reusable {
+                true => true,
+                false => {
+                    *up = None;
+                    match plan.cluster.connect_upstream(addr, b"http/1.1").await {
+                        Ok(io) => {
+                            *up = Some(Bound {
+                                cluster: Arc::downgrade(&plan.cluster),
+                                endpoint: idx,
+                                io,
+                            });
+                            false
+                        }
+                        Err(e) => {
+                            plan.endpoint.report(Outcome::Failure);
+                            let text = format!(
+                                "upstream unavailable: route {}: {} {addr}: client error (Connect): {e}\n",
+                                plan.route_name, plan.cluster.name
+                            );
+                            shared.metrics.upstream_error("connect");
+                            return self
+                                .local(
+                                    down,
+                                    StatusCode::SERVICE_UNAVAILABLE,
+                                    "upstream_unavailable",
+                                    &text,
+                                )
+                                .await;
+                        }
+                    }
+                }
+            };
+            let io = &mut up.as_mut().expect("bound above").io;
+            rbuf.clear();
+            let sent = io.write_all(&out).await;
+            let got = match sent {
+                Ok(()) => {
+                    read_response_head(io, rbuf, plan.timeout, plan.method == Method::HEAD).await
+                }
+                Err(e) => Err(HeadError::Io(e)),
+            };
+            match got {
+                Ok(h) => break h,
+                // A kept-alive connection the upstream closed while idle: one
+                // more try on a fresh one, where that is safe.
+                Err(HeadError::Io(_))
+                    if reused && rbuf.is_empty() && idempotent && attempt == 1 =>
+                {
+                    *up = None;
+                    continue;
+                }
+                Err(e) => {
+                    *up = None;
+                    plan.endpoint.report(Outcome::Failure);
+                    let (status, reason, label, what) = match e {
+                        HeadError::Timeout => (
+                            StatusCode::GATEWAY_TIMEOUT,
+                            "upstream_timeout",
+                            "timeout",
+                            "upstream request timeout",
+                        ),
+                        _ => (
+                            StatusCode::BAD_GATEWAY,
+                            "upstream_reset",
+                            "reset",
+                            "upstream reset before response",
+                        ),
+                    };
+                    shared.metrics.upstream_error(label);
+                    let text = format!(
+                        "{what}: route {}: {} {addr}: {e}\n",
+                        plan.route_name, plan.cluster.name
+                    );
+                    return self.local(down, status, reason, &text).await;
+                }
+            }
+        };
+        plan.endpoint.report(if head.status.as_u16() >= 500 {
+            Outcome::Failure
+        } else {
+            Outcome::Success
+        });
+        self.record(head.status);
+        let framing = head.framing;
+        let close_down = close || matches!(framing, Framing::Close);
+        let mut out = rewrite_response(&rbuf[..head.len], close_down);
+        rbuf.advance(head.len);
+        let io = &mut up.as_mut().expect("bound above").io;
+        let copied = copy_body(framing, io, rbuf, down, &mut out).await;
+        let keep_up = copied.is_ok() && head.upstream_keep && rbuf.is_empty();
+        if !keep_up {
+            *up = None;
+        }
+        copied.map(|()| !close_down)
+    }
+
+    /// Count the request and its time to response head, as the hyper path does.
+    fn record(&self, status: StatusCode) {
+        let p = self.plan;
+        record_request(
+            &self.shared.metrics,
+            p.route.as_deref(),
+            &p.route_name,
+            status,
+            self.started,
+        );
+    }
+
+    /// A local answer (the hyper path's `local`), same headers and body.
+    async fn local<D: ParkableIo>(
+        &self,
+        down: &mut D,
+        status: StatusCode,
+        reason: &'static str,
+        body: &str,
+    ) -> Result<bool, ()> {
+        let close = self.close;
+        self.shared.metrics.local_response(reason);
+        self.record(status);
+        let head = format!(
+            "HTTP/1.1 {} {}\r\ncontent-type: text/plain; charset=utf-8\r\nx-baton-local-reason: {reason}\r\ncontent-length: {}\r\n{}\r\n",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or(""),
+            body.len(),
+            if close { "connection: close\r\n" } else { "" },
+        );
+        let mut out = head.into_bytes();
+        out.extend_from_slice(body.as_bytes());
+        down.write_all(&out).await.map_err(|_| ())?;
+        Ok(true)
+    }
+}
+
+/// The request head without hop-by-hop headers, then the body.
+fn rewrite_request(head: &[u8], body: &[u8]) -> Vec<u8> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    let _ = req.parse(head);
+    let mut out = Vec::with_capacity(head.len() + body.len() + 16);
+    out.extend_from_slice(req.method.unwrap_or("GET").as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(req.path.unwrap_or("/").as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    write_headers(&mut out, req.headers);
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+    out
+}
+
+/// Headers except hop-by-hop ones and the ones `Connection` names.
+fn write_headers(out: &mut Vec<u8>, headers: &[httparse::Header<'_>]) {
+    let named = |n: &str| {
+        headers
+            .iter()
+            .filter(|h| h.name.eq_ignore_ascii_case("connection"))
+            .any(|h| has_token(h.value, n))
+    };
+    for h in headers {
+        if HOP_BY_HOP.iter().any(|n| h.name.eq_ignore_ascii_case(n)) || named(h.name) {
+            continue;
+        }
+        out.extend_from_slice(h.name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(h.value);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// The response head for the client: hop-by-hop headers dropped
+/// (`transfer-encoding` kept: a chunked body is copied as it is), and
+/// `connection: close` when this is the connection's last response.
+fn rewrite_response(head: &[u8], close: bool) -> Vec<u8> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
+    let mut resp = httparse::Response::new(&mut headers);
+    let _ = resp.parse(head);
+    let mut out = Vec::with_capacity(head.len() + 1024);
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(resp.code.unwrap_or(502).to_string().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(resp.reason.unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    write_headers(&mut out, resp.headers);
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    Length(u64),
+    Chunked,
+    /// Until the upstream closes (then the client's connection closes too).
+    Close,
+}
+
+struct Head {
+    len: usize,
+    status: StatusCode,
+    framing: Framing,
+    /// The upstream keeps the connection open after this response.
+    upstream_keep: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum HeadError {
+    #[error("{0}")]
+    Io(std::io::Error),
+    #[error("no response head within the route timeout")]
+    Timeout,
+    #[error("invalid response head: {0}")]
+    Invalid(&'static str),
+}
+
+/// Read the response head (skipping `1xx` interim responses, which the
+/// fast path does not solicit) into `rbuf`.
+async fn read_response_head(
+    io: &mut TcpUpstream,
+    rbuf: &mut BytesMut,
+    timeout: Option<Duration>,
+    head_request: bool,
+) -> Result<Head, HeadError> {
+    let read = async {
+        loop {
+            if !rbuf.is_empty() {
+                let mut headers = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
+                let mut resp = httparse::Response::new(&mut headers);
+                match resp.parse(rbuf) {
+                    Ok(httparse::Status::Complete(n)) => {
+                        let code = resp.code.unwrap_or(0);
+                        if (100..200).contains(&code) {
+                            if code == 101 {
+                                return Err(HeadError::Invalid("101 without an upgrade"));
+                            }
+                            rbuf.advance(n);
+                            continue;
+                        }
+                        let status =
+                            StatusCode::from_u16(code).map_err(|_| HeadError::Invalid("status"))?;
+                        let bodiless = head_request
+                            || status == StatusCode::NO_CONTENT
+                            || status == StatusCode::NOT_MODIFIED;
+                        return response_head(n, status, resp.version, resp.headers, bodiless);
+                    }
+                    Ok(httparse::Status::Partial) if rbuf.len() < 64 * 1024 => {}
+                    _ => return Err(HeadError::Invalid("unparseable")),
+                }
+            }
+            match read_more(io, rbuf).await {
+                Ok(0) => {
+                    return Err(HeadError::Io(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "connection closed before message completed",
+                    )));
+                }
+                Ok(_) => {}
+                Err(e) => return Err(HeadError::Io(e)),
+            }
+        }
+    };
+    match timeout {
+        Some(t) => tokio::time::timeout(t, read)
+            .await
+            .unwrap_or(Err(HeadError::Timeout)),
+        None => read.await,
+    }
+}
+
+fn response_head(
+    len: usize,
+    status: StatusCode,
+    version: Option<u8>,
+    headers: &[httparse::Header<'_>],
+    bodiless: bool,
+) -> Result<Head, HeadError> {
+    let mut length = None;
+    let mut chunked = None;
+    let mut keep = version == Some(1);
+    for h in headers {
+        if h.name.eq_ignore_ascii_case("content-length") {
+            let n = parse_length(h.value).ok_or(HeadError::Invalid("content-length"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(HeadError::Invalid("content-length"));
+            }
+            length = Some(n);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            // The last coding decides (RFC 9112 §6.3); chunked is copied,
+            // anything else is read until close.
+            let last = h
+                .value
+                .rsplit(|&b| b == b',')
+                .next()
+                .unwrap_or(b"")
+                .trim_ascii();
+            chunked = Some(last.eq_ignore_ascii_case(b"chunked"));
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            if has_token(h.value, "close") {
+                keep = false;
+            } else if has_token(h.value, "keep-alive") {
+                keep = true;
+            }
+        }
+    }
+    let framing = match (chunked, length) {
+        // A response to HEAD, a 204 or a 304 ends after its head, whatever
+        // its headers say (RFC 9112 §6.3).
+        _ if bodiless => Framing::Length(0),
+        (Some(true), None) => Framing::Chunked,
+        // Both: a smuggling shape; the response is not trusted to end.
+        (Some(_), Some(_)) => {
+            return Err(HeadError::Invalid(
+                "both content-length and transfer-encoding",
+            ));
+        }
+        (Some(false), None) => Framing::Close,
+        (None, Some(n)) => Framing::Length(n),
+        (None, None) => Framing::Close,
+    };
+    Ok(Head {
+        len,
+        status,
+        framing,
+        upstream_keep: keep && framing != Framing::Close,
+    })
+}
+
+/// Copy the response body after `out` (the rewritten head), starting with
+/// what `rbuf` already holds; leaves in `rbuf` anything after the body.
+async fn copy_body<D: ParkableIo>(
+    framing: Framing,
+    io: &mut TcpUpstream,
+    rbuf: &mut BytesMut,
+    down: &mut D,
+    out: &mut Vec<u8>,
+) -> Result<(), ()> {
+    let mut scan = ChunkedEnd::default();
+    let mut left = match framing {
+        Framing::Length(n) => n,
+        _ => u64::MAX,
+    };
+    loop {
+        // The part of `rbuf` that belongs to this body.
+        let take = match framing {
+            Framing::Length(_) => (rbuf.len() as u64).min(left) as usize,
+            Framing::Chunked => match scan.feed(rbuf).map_err(|_| ())? {
+                Some(end) => {
+                    left = 0;
+                    end
+                }
+                None => rbuf.len(),
+            },
+            Framing::Close => rbuf.len(),
+        };
+        out.extend_from_slice(&rbuf[..take]);
+        rbuf.advance(take);
+        if let Framing::Length(_) = framing {
+            left -= take as u64;
+        }
+        if !out.is_empty() {
+            down.write_all(out).await.map_err(|_| ())?;
+            out.clear();
+        }
+        if left == 0 {
+            return Ok(());
+        }
+        match read_more(io, rbuf).await {
+            Ok(0) if framing == Framing::Close => return Ok(()),
+            Ok(0) | Err(_) => return Err(()),
+            Ok(_) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunked_end_is_found_across_any_split() {
+        let body = b"4\r\nWiki\r\n5;ext=1\r\npedia\r\n0\r\nx-trailer: 1\r\n\r\nNEXT";
+        let end = body.len() - 4;
+        for split in 0..body.len() {
+            let mut s = ChunkedEnd::default();
+            let got = match s.feed(&body[..split]).unwrap() {
+                Some(n) => Some(n),
+                None => s.feed(&body[split..]).unwrap().map(|n| n + split),
+            };
+            assert_eq!(got, Some(end), "split at {split}");
+        }
+    }
+
+    #[test]
+    fn chunked_end_refuses_malformed_bodies() {
+        for bad in [
+            &b"zz\r\n"[..],
+            b"4\r\nWikiXX",
+            b"4\nWiki",
+            b"ffffffffffffffffff\r\n",
+        ] {
+            assert!(ChunkedEnd::default().feed(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn request_rewrite_drops_hop_by_hop_and_connection_named_headers() {
+        let head = b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, x-hop\r\nX-Hop: 1\r\nKeep-Alive: 5\r\nTE: trailers\r\nX-End: 2\r\n\r\n";
+        let out = String::from_utf8(rewrite_request(head, b"")).unwrap();
+        assert_eq!(out, "GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-End: 2\r\n\r\n");
+    }
+
+    #[test]
+    fn response_rewrite_keeps_chunking_and_adds_close_when_last() {
+        let head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\nX-A: 1\r\n\r\n";
+        let out = String::from_utf8(rewrite_response(head, true)).unwrap();
+        assert_eq!(
+            out,
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-A: 1\r\nconnection: close\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn response_framing_follows_rfc_9112() {
+        let h = |raw: &[u8]| {
+            let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let mut r = httparse::Response::new(&mut headers);
+            let n = match r.parse(raw).unwrap() {
+                httparse::Status::Complete(n) => n,
+                _ => panic!("partial"),
+            };
+            response_head(n, StatusCode::OK, r.version, r.headers, false)
+        };
+        let f = |raw: &[u8]| h(raw).map(|x| (x.framing, x.upstream_keep)).ok();
+        assert_eq!(
+            f(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\n"),
+            Some((Framing::Length(3), true))
+        );
+        assert_eq!(
+            f(b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n"),
+            Some((Framing::Chunked, true))
+        );
+        assert_eq!(
+            f(b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n"),
+            Some((Framing::Close, false))
+        );
+        assert_eq!(f(b"HTTP/1.1 200 OK\r\n\r\n"), Some((Framing::Close, false)));
+        assert_eq!(
+            f(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\nconnection: close\r\n\r\n"),
+            Some((Framing::Length(3), false))
+        );
+        assert_eq!(
+            f(b"HTTP/1.0 200 OK\r\ncontent-length: 3\r\n\r\n"),
+            Some((Framing::Length(3), false))
+        );
+        assert_eq!(
+            f(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\n"),
+            None
+        );
+        assert_eq!(
+            f(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n"),
+            None
+        );
+        assert_eq!(f(b"HTTP/1.1 200 OK\r\ncontent-length: +3\r\n\r\n"), None);
+    }
+}
