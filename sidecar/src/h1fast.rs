@@ -165,6 +165,10 @@ pub async fn serve<I: ParkableIo>(
             Ok(keep) => {
                 shared.metrics.h1_fast_path_requests.inc();
                 if !keep || close {
+                    // The upstream connection goes back to the idle list
+                    // before the client sees the end, so its next
+                    // connection finds it.
+                    drop(up.take());
                     let _ = down.shutdown().await;
                     return;
                 }
@@ -347,25 +351,32 @@ fn has_token(v: &[u8], token: &str) -> bool {
 }
 
 /// The upstream connection bound to this downstream connection.
+///
+/// When the downstream connection ends (or moves to another cluster), an
+/// idle one goes to the cluster's shared idle list, so clients that open a
+/// connection per request do not cost an upstream connection each.
 struct Bound {
     cluster: std::sync::Weak<Cluster>,
     endpoint: usize,
-    io: TcpUpstream,
+    io: Option<TcpUpstream>,
+    /// Between exchanges, after a response that left it reusable.
+    idle: bool,
 }
 
-/// Whether an idle upstream connection can take a request: not closed by
-/// the upstream (its keep-alive timeout may be shorter than our client's
-/// pauses) and with nothing unsolicited to read. One non-blocking read
-/// attempt, as hyper's pool learns it from its connection task; without it
-/// a POST after a pause would meet a closed connection and fail.
-fn still_open(io: &mut TcpUpstream) -> bool {
-    let mut byte = [0u8; 1];
-    let mut buf = tokio::io::ReadBuf::new(&mut byte);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    matches!(
-        tokio::io::AsyncRead::poll_read(std::pin::Pin::new(io), &mut cx, &mut buf),
-        std::task::Poll::Pending
-    )
+impl Bound {
+    fn io(&mut self) -> &mut TcpUpstream {
+        self.io.as_mut().expect("present until dropped")
+    }
+}
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        if self.idle
+            && let (Some(c), Some(io)) = (self.cluster.upgrade(), self.io.take())
+        {
+            c.put_idle(self.endpoint, io);
+        }
+    }
 }
 
 /// One request/response exchange.
@@ -398,22 +409,38 @@ impl Exchange<'_> {
         let head = loop {
             attempt += 1;
             let reusable = up.as_mut().is_some_and(|b| {
-                b.endpoint == idx
-                    && std::ptr::eq(b.cluster.as_ptr(), Arc::as_ptr(&plan.cluster))
-                    && still_open(&mut b.io)
+                if b.endpoint != idx
+                    || !std::ptr::eq(b.cluster.as_ptr(), Arc::as_ptr(&plan.cluster))
+                {
+                    return false;
+                }
+                // Closed by the upstream while idle: not for the idle list.
+                b.idle = b.io().still_open();
+                b.idle
             });
+            let bind = |io| Bound {
+                cluster: Arc::downgrade(&plan.cluster),
+                endpoint: idx,
+                io: Some(io),
+                idle: false,
+            };
             let reused = match reusable {
                 true => true,
                 false => {
                     *up = None;
-                    match plan.cluster.connect_upstream(addr, b"http/1.1").await {
-                        Ok(io) => {
-                            *up = Some(Bound {
-                                cluster: Arc::downgrade(&plan.cluster),
-                                endpoint: idx,
-                                io,
-                            });
-                            false
+                    let idle = plan.cluster.take_idle(idx);
+                    let fresh = match idle {
+                        Some(io) => Ok((io, true)),
+                        None => plan
+                            .cluster
+                            .connect_upstream(addr, b"http/1.1")
+                            .await
+                            .map(|io| (io, false)),
+                    };
+                    match fresh {
+                        Ok((io, reused)) => {
+                            *up = Some(bind(io));
+                            reused
                         }
                         Err(e) => {
                             plan.endpoint.report(Outcome::Failure);
@@ -434,7 +461,9 @@ impl Exchange<'_> {
                     }
                 }
             };
-            let io = &mut up.as_mut().expect("bound above").io;
+            let bound = up.as_mut().expect("bound above");
+            bound.idle = false;
+            let io = bound.io();
             rbuf.clear();
             let sent = io.write_all(&out).await;
             let got = match sent {
@@ -489,10 +518,10 @@ impl Exchange<'_> {
         let close_down = close || matches!(framing, Framing::Close);
         let mut out = rewrite_response(&rbuf[..head.len], close_down);
         rbuf.advance(head.len);
-        let io = &mut up.as_mut().expect("bound above").io;
-        let copied = copy_body(framing, io, rbuf, down, &mut out).await;
-        let keep_up = copied.is_ok() && head.upstream_keep && rbuf.is_empty();
-        if !keep_up {
+        let bound = up.as_mut().expect("bound above");
+        let copied = copy_body(framing, bound.io(), rbuf, down, &mut out).await;
+        bound.idle = copied.is_ok() && head.upstream_keep && rbuf.is_empty();
+        if !bound.idle {
             *up = None;
         }
         copied.map(|()| !close_down)

@@ -189,8 +189,28 @@ pub struct Cluster {
     rr: AtomicUsize,
     epoch: Instant,
     pub client: Client<ClusterConnector, ProxyBody>,
+    /// Idle HTTP/1 connections of the fast path (`crate::h1fast`), oldest
+    /// first: returned when their downstream connection ends, taken by the
+    /// next one that needs the endpoint.
+    idle: std::sync::Mutex<Vec<IdleConn>>,
     metrics: Arc<Metrics>,
     mtls: Option<Arc<MtlsTarget>>,
+}
+
+/// An idle fast-path connection in a cluster's idle list.
+struct IdleConn {
+    endpoint: usize,
+    io: TcpUpstream,
+    since: Instant,
+}
+
+impl std::fmt::Debug for IdleConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdleConn")
+            .field("endpoint", &self.endpoint)
+            .field("tls", &self.io.is_tls())
+            .finish()
+    }
 }
 
 /// A TCP connection to `addr` within `timeout`, with `TCP_NODELAY`.
@@ -213,6 +233,19 @@ pub enum TcpUpstream {
 impl TcpUpstream {
     pub fn is_tls(&self) -> bool {
         matches!(self, TcpUpstream::Tls(_))
+    }
+
+    /// Whether an idle connection can take a request: not closed by the
+    /// upstream (its keep-alive timeout may be shorter than our pauses) and
+    /// with nothing unsolicited to read. One non-blocking read attempt
+    /// (usually not even a syscall: the socket is known not readable), as
+    /// hyper's pool learns it from its connection task; without it a POST
+    /// after a pause would meet a closed connection and fail.
+    pub fn still_open(&mut self) -> bool {
+        let mut byte = [0u8; 1];
+        let mut buf = tokio::io::ReadBuf::new(&mut byte);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        tokio::io::AsyncRead::poll_read(Pin::new(self), &mut cx, &mut buf).is_pending()
     }
 }
 
@@ -341,6 +374,7 @@ impl Cluster {
             rr: AtomicUsize::new(0),
             epoch: Instant::now(),
             client,
+            idle: Default::default(),
             metrics: deps.metrics.clone(),
             mtls,
         }
@@ -364,6 +398,42 @@ impl Cluster {
             None => Ok(TcpUpstream::Plain(tcp)),
             Some(t) => t.originate(tcp, alpn).await,
         }
+    }
+
+    /// An idle fast-path connection to endpoint `idx` that is still open
+    /// (the newest first); expired ones (`pool_idle_timeout_ms`) are closed.
+    pub fn take_idle(&self, idx: usize) -> Option<TcpUpstream> {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let max_age = Duration::from_millis(self.config.pool_idle_timeout_ms);
+        let expired = idle.partition_point(|c| now.duration_since(c.since) >= max_age);
+        idle.drain(..expired);
+        while let Some(at) = idle.iter().rposition(|c| c.endpoint == idx) {
+            let mut c = idle.remove(at);
+            if c.io.still_open() {
+                return Some(c.io);
+            }
+        }
+        None
+    }
+
+    /// Keep an idle fast-path connection for the next downstream connection
+    /// (at most `pool_max_idle_per_endpoint` per endpoint: the oldest goes).
+    pub fn put_idle(&self, idx: usize, io: TcpUpstream) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.iter().filter(|c| c.endpoint == idx).count()
+            >= self.config.pool_max_idle_per_endpoint
+        {
+            match idle.iter().position(|c| c.endpoint == idx) {
+                Some(oldest) => drop(idle.remove(oldest)),
+                None => return,
+            }
+        }
+        idle.push(IdleConn {
+            endpoint: idx,
+            io,
+            since: Instant::now(),
+        });
     }
 
     fn now_ms(&self) -> u64 {

@@ -1395,3 +1395,29 @@ async fn with_the_http1_fast_path_off_hyper_serves_every_request() {
     );
     sc.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_path_upstream_connections_outlive_their_client_connections_up_to_the_idle_limit() {
+    for (max_idle, want) in [(4, 1), (0, 5)] {
+        let up = canned_upstream().await;
+        let sc = sidecar(&format!("{ONE_LISTENER}clusters: [{{name: a, endpoints: ['{{A}}'], pool_max_idle_per_endpoint: {max_idle}}}]\nroutes: [{{name: r, backends: [{{cluster: a}}]}}]"), &[("A", up.addr)]).await;
+        for i in 0..5 {
+            // One request per client connection, as curl or a health check.
+            let r = raw(
+                sc.addr("out").unwrap(),
+                format!("GET /n{i} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+            )
+            .await;
+            assert!(
+                r.starts_with("HTTP/1.1 200") && r.contains("connection: close\r\n"),
+                "{r}"
+            );
+        }
+        assert_eq!(
+            up.conns.load(Ordering::SeqCst),
+            want,
+            "pool_max_idle_per_endpoint {max_idle}"
+        );
+        sc.stop().await;
+    }
+}
