@@ -48,6 +48,8 @@ pub const MAX_BODY: usize = 64 * 1024;
 /// Header lines parsed on the fast path; more go to hyper (which applies
 /// `runtime.max_headers`).
 const MAX_HEADERS: usize = 64;
+/// Room for each read of a response body after its first part.
+const BODY_READ: usize = 64 * 1024;
 /// Header lines accepted in a response head (hyper's client takes 100).
 const MAX_RESPONSE_HEADERS: usize = 128;
 
@@ -99,6 +101,9 @@ pub async fn serve<I: ParkableIo>(
     let mut drain = shared.lifecycle.drain_signal();
     let rt = shared.store.snapshot().runtime.clone();
     let head_timeout = Duration::from_millis(rt.header_read_timeout_ms);
+    // False once the registry dropped its side (the process is going away):
+    // keep serving, never park.
+    let mut parkable = true;
     loop {
         // Between requests: the safe point for a handoff. The client has
         // `header_read_timeout_ms` for the whole head, idle time included
@@ -119,7 +124,7 @@ pub async fn serve<I: ParkableIo>(
             }
             tokio::select! {
                 biased;
-                req = &mut park => {
+                req = &mut park, if parkable => {
                     if let Ok(req) = req {
                         let (downstream, pre) = down.into_parked();
                         let mut unread = pre.to_vec();
@@ -127,8 +132,7 @@ pub async fn serve<I: ParkableIo>(
                         let _ = req.reply.send(Parked::Http1 { meta, downstream, unread: Bytes::from(unread) });
                         return;
                     }
-                    // The registry went away: keep serving, never park.
-                    park = oneshot::channel().1;
+                    parkable = false;
                 }
                 _ = crate::lifecycle::wait_until(&mut drain, |d| *d), if buf.is_empty() => {}
                 r = tokio::time::timeout_at(deadline, read_more(&mut down, &mut buf)) => match r {
@@ -256,12 +260,13 @@ fn plan(head: &[u8], meta: &ConnMeta, shared: &Shared) -> Result<Plan, Fallback>
             }
             host = Some(std::str::from_utf8(h.value).map_err(|_| Fallback::Head)?);
         } else if name.eq_ignore_ascii_case("content-length") {
+            // A repeated one (even with the same value) is left to hyper.
+            if length.is_some() {
+                return Err(Fallback::Framing);
+            }
             let n = parse_length(h.value)
                 .and_then(|n| usize::try_from(n).ok())
                 .ok_or(Fallback::Framing)?;
-            if length.is_some_and(|l| l != n) {
-                return Err(Fallback::Framing);
-            }
             length = Some(n);
         } else if name.eq_ignore_ascii_case("transfer-encoding")
             || name.eq_ignore_ascii_case("expect")
@@ -785,17 +790,25 @@ async fn copy_body<D: ParkableIo>(
             },
             Framing::Close => rbuf.len(),
         };
-        out.extend_from_slice(&rbuf[..take]);
+        // The head goes out with the first part of the body (one write for
+        // a small response); later parts go straight from `rbuf`.
+        if out.is_empty() {
+            down.write_all(&rbuf[..take]).await.map_err(|_| ())?;
+        } else {
+            out.extend_from_slice(&rbuf[..take]);
+            down.write_all(out).await.map_err(|_| ())?;
+            out.clear();
+        }
         rbuf.advance(take);
         if let Framing::Length(_) = framing {
             left -= take as u64;
         }
-        if !out.is_empty() {
-            down.write_all(out).await.map_err(|_| ())?;
-            out.clear();
-        }
         if left == 0 {
             return Ok(());
+        }
+        // Large bodies move in large reads.
+        if rbuf.capacity() - rbuf.len() < BODY_READ / 4 {
+            rbuf.reserve(BODY_READ);
         }
         match read_more(io, rbuf).await {
             Ok(0) if framing == Framing::Close => return Ok(()),

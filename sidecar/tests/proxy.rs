@@ -1215,6 +1215,7 @@ async fn canned_upstream() -> Canned {
                         "/interim" => "HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".into(),
                         "/hop" => "HTTP/1.1 200 OK\r\nconnection: x-secret\r\nx-secret: 1\r\nkeep-alive: timeout=5\r\ncontent-length: 2\r\n\r\nok".into(),
                         "/length" => "HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n0123456789".into(),
+                        "/big" => format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{}", 1 << 20, "0123456789abcdef".repeat(1 << 16)),
                         _ => format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len()),
                     };
                     // HEAD: the head only (its content-length describes GET).
@@ -1270,7 +1271,7 @@ async fn read_response(s: &mut TcpStream, head_only: bool) -> String {
                 return text;
             }
         }
-        let mut chunk = [0u8; 4096];
+        let mut chunk = vec![0u8; 64 * 1024];
         match tokio::time::timeout_at(deadline, s.read(&mut chunk)).await {
             Ok(Ok(n)) if n > 0 => out.extend_from_slice(&chunk[..n]),
             _ => return String::from_utf8_lossy(&out).into_owned(),
@@ -1302,6 +1303,14 @@ async fn the_http1_fast_path_copies_every_framing_strips_hop_by_hop_headers_and_
     assert!(
         r.ends_with("\r\n\r\nok") && !r.contains("x-secret") && !r.contains("keep-alive"),
         "{r}"
+    );
+    // A body larger than any buffer, byte for byte.
+    let r = ask("GET /big HTTP/1.1\r\nHost: x\r\n\r\n", false).await;
+    let body = r.split_once("\r\n\r\n").unwrap().1;
+    assert!(
+        body == "0123456789abcdef".repeat(1 << 16),
+        "1 MiB body, got {} bytes",
+        body.len()
     );
     // HEAD: a content-length with no body; the next response still parses.
     let r = ask("HEAD /length HTTP/1.1\r\nHost: x\r\n\r\n", true).await;
@@ -1374,7 +1383,7 @@ async fn the_http1_fast_path_copies_every_framing_strips_hop_by_hop_headers_and_
         .expect("fast path counter")
         .parse()
         .unwrap();
-    assert_eq!(fast, 9, "{m}");
+    assert_eq!(fast, 10, "{m}");
     assert!(
         m.contains("baton_sidecar_h1_fast_path_fallbacks_total{reason=\"framing\"} 1"),
         "{m}"
