@@ -10,9 +10,9 @@
 //! upstream endpoint answering with a `Content-Length` or chunked body.
 //!
 //! How: the request head is parsed with `httparse` (what hyper uses), checked
-//! for eligibility, and written to an upstream connection bound to this
-//! downstream connection (the connection-affine design: no pool lookup, no
-//! task hand-over). The response head is parsed, its hop-by-hop headers are
+//! for eligibility, and written to an upstream connection taken from the
+//! cluster's idle list (newest first, a lock without contention on a
+//! current-thread runtime; no task hand-over). The response head is parsed, its hop-by-hop headers are
 //! dropped, and the body is copied by its framing (length, chunked, or until
 //! close).
 //!
@@ -96,7 +96,6 @@ pub async fn serve<I: ParkableIo>(
     let (prefix, mut down) = io.into_parts();
     let mut buf = BytesMut::with_capacity(8 * 1024);
     buf.extend_from_slice(&prefix);
-    let mut up: Option<Bound> = None;
     let mut rbuf = BytesMut::with_capacity(8 * 1024);
     let mut drain = shared.lifecycle.drain_signal();
     let rt = shared.store.snapshot().runtime.clone();
@@ -162,17 +161,10 @@ pub async fn serve<I: ParkableIo>(
             started,
             close,
         };
-        match ex
-            .run(&request, head_len, &mut up, &mut rbuf, &mut down)
-            .await
-        {
+        match ex.run(&request, head_len, &mut rbuf, &mut down).await {
             Ok(keep) => {
                 shared.metrics.h1_fast_path_requests.inc();
                 if !keep || close {
-                    // The upstream connection goes back to the idle list
-                    // before the client sees the end, so its next
-                    // connection finds it.
-                    drop(up.take());
                     let _ = down.shutdown().await;
                     return;
                 }
@@ -355,12 +347,12 @@ fn has_token(v: &[u8], token: &str) -> bool {
         .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
 }
 
-/// The upstream connection bound to this downstream connection.
-///
-/// When the downstream connection ends (or moves to another cluster), an
-/// idle one goes to the cluster's shared idle list, so clients that open a
-/// connection per request do not cost an upstream connection each.
-struct Bound {
+/// The upstream connection an exchange uses, taken from the cluster's idle
+/// list or new. Dropped after a clean exchange, it goes back to the list
+/// (`pool_max_idle_per_endpoint`), so idle client connections hold no
+/// upstream connection and clients that open a connection per request do
+/// not cost one each.
+struct Lease {
     cluster: std::sync::Weak<Cluster>,
     endpoint: usize,
     io: Option<TcpUpstream>,
@@ -368,13 +360,13 @@ struct Bound {
     idle: bool,
 }
 
-impl Bound {
+impl Lease {
     fn io(&mut self) -> &mut TcpUpstream {
         self.io.as_mut().expect("present until dropped")
     }
 }
 
-impl Drop for Bound {
+impl Drop for Lease {
     fn drop(&mut self) {
         if self.idle
             && let (Some(c), Some(io)) = (self.cluster.upgrade(), self.io.take())
@@ -401,11 +393,16 @@ impl Exchange<'_> {
         &self,
         request: &[u8],
         head_len: usize,
-        up: &mut Option<Bound>,
         rbuf: &mut BytesMut,
         down: &mut D,
     ) -> Result<bool, ()> {
         let (plan, shared, close) = (self.plan, self.shared, self.close);
+        // Back to the cluster's idle list when this returns (newest first:
+        // the connection's next request most likely takes it again), so an
+        // idle client connection holds no upstream connection, and before
+        // the client sees the end, so its next connection finds it.
+        let mut up: Option<Lease> = None;
+        let up = &mut up;
         let out = rewrite_request(&request[..head_len], &request[head_len..]);
         let idx = plan.endpoint.index();
         let addr = plan.endpoint.endpoint().addr;
@@ -413,60 +410,43 @@ impl Exchange<'_> {
         let mut attempt = 0;
         let head = loop {
             attempt += 1;
-            let reusable = up.as_mut().is_some_and(|b| {
-                if b.endpoint != idx
-                    || !std::ptr::eq(b.cluster.as_ptr(), Arc::as_ptr(&plan.cluster))
-                {
-                    return false;
-                }
-                // Closed by the upstream while idle: not for the idle list.
-                b.idle = b.io().still_open();
-                b.idle
-            });
-            let bind = |io| Bound {
-                cluster: Arc::downgrade(&plan.cluster),
-                endpoint: idx,
-                io: Some(io),
-                idle: false,
+            *up = None;
+            let fresh = match plan.cluster.take_idle(idx) {
+                Some(io) => Ok((io, true)),
+                None => plan
+                    .cluster
+                    .connect_upstream(addr, b"http/1.1")
+                    .await
+                    .map(|io| (io, false)),
             };
-            let reused = match reusable {
-                true => true,
-                false => {
-                    *up = None;
-                    let idle = plan.cluster.take_idle(idx);
-                    let fresh = match idle {
-                        Some(io) => Ok((io, true)),
-                        None => plan
-                            .cluster
-                            .connect_upstream(addr, b"http/1.1")
-                            .await
-                            .map(|io| (io, false)),
-                    };
-                    match fresh {
-                        Ok((io, reused)) => {
-                            *up = Some(bind(io));
-                            reused
-                        }
-                        Err(e) => {
-                            plan.endpoint.report(Outcome::Failure);
-                            let text = format!(
-                                "upstream unavailable: route {}: {} {addr}: client error (Connect): {e}\n",
-                                plan.route_name, plan.cluster.name
-                            );
-                            shared.metrics.upstream_error("connect");
-                            return self
-                                .local(
-                                    down,
-                                    StatusCode::SERVICE_UNAVAILABLE,
-                                    "upstream_unavailable",
-                                    &text,
-                                )
-                                .await;
-                        }
-                    }
+            let reused = match fresh {
+                Ok((io, reused)) => {
+                    *up = Some(Lease {
+                        cluster: Arc::downgrade(&plan.cluster),
+                        endpoint: idx,
+                        io: Some(io),
+                        idle: false,
+                    });
+                    reused
+                }
+                Err(e) => {
+                    plan.endpoint.report(Outcome::Failure);
+                    let text = format!(
+                        "upstream unavailable: route {}: {} {addr}: client error (Connect): {e}\n",
+                        plan.route_name, plan.cluster.name
+                    );
+                    shared.metrics.upstream_error("connect");
+                    return self
+                        .local(
+                            down,
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "upstream_unavailable",
+                            &text,
+                        )
+                        .await;
                 }
             };
-            let bound = up.as_mut().expect("bound above");
+            let bound = up.as_mut().expect("leased above");
             bound.idle = false;
             let io = bound.io();
             rbuf.clear();
@@ -523,7 +503,7 @@ impl Exchange<'_> {
         let close_down = close || matches!(framing, Framing::Close);
         let mut out = rewrite_response(&rbuf[..head.len], close_down);
         rbuf.advance(head.len);
-        let bound = up.as_mut().expect("bound above");
+        let bound = up.as_mut().expect("leased above");
         let copied = copy_body(framing, bound.io(), rbuf, down, &mut out).await;
         bound.idle = copied.is_ok() && head.upstream_keep && rbuf.is_empty();
         if !bound.idle {

@@ -1406,7 +1406,7 @@ async fn with_the_http1_fast_path_off_hyper_serves_every_request() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fast_path_upstream_connections_outlive_their_client_connections_up_to_the_idle_limit() {
+async fn fast_path_upstream_connections_are_shared_through_the_idle_list_up_to_its_limit() {
     for (max_idle, want) in [(4, 1), (0, 5)] {
         let up = canned_upstream().await;
         let sc = sidecar(&format!("{ONE_LISTENER}clusters: [{{name: a, endpoints: ['{{A}}'], pool_max_idle_per_endpoint: {max_idle}}}]\nroutes: [{{name: r, backends: [{{cluster: a}}]}}]"), &[("A", up.addr)]).await;
@@ -1427,6 +1427,20 @@ async fn fast_path_upstream_connections_outlive_their_client_connections_up_to_t
             want,
             "pool_max_idle_per_endpoint {max_idle}"
         );
+        // Idle keep-alive clients hold no upstream connection: three of
+        // them, one request each, one after the other, share one.
+        if max_idle > 0 {
+            let mut clients = Vec::new();
+            for i in 0..3 {
+                let mut s = TcpStream::connect(sc.addr("out").unwrap()).await.unwrap();
+                let req = format!("GET /k{i} HTTP/1.1\r\nHost: x\r\n\r\n");
+                s.write_all(req.as_bytes()).await.unwrap();
+                let r = read_response(&mut s, false).await;
+                assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+                clients.push(s);
+            }
+            assert_eq!(up.conns.load(Ordering::SeqCst), want);
+        }
         sc.stop().await;
     }
 }

@@ -395,7 +395,21 @@ impl Drop for Upstream {
 
 impl Upstream {
     async fn start() -> Self {
-        let hl = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        // A backlog like a production server's (somaxconn), not tokio's
+        // 128: the benchmark opens its idle connections 200 at a time, and
+        // the sidecar opens upstream connections as fast as they arrive; a
+        // full accept queue drops SYNs, retried only after 1 s, past the
+        // cluster's connect timeout.
+        let hl = {
+            let s =
+                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            s.set_reuse_address(true).unwrap();
+            s.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+                .unwrap();
+            s.listen(4096).unwrap();
+            s.set_nonblocking(true).unwrap();
+            TcpListener::from_std(s.into()).unwrap()
+        };
         let el = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (http, echo) = (hl.local_addr().unwrap(), el.local_addr().unwrap());
         let served: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
