@@ -4,7 +4,7 @@
 //! Why: with TLS terminated by rustls and the bytes copied as raw TCP, the
 //! sidecar spends ~2.5 µs of user CPU per keep-alive request; through hyper
 //! (server connection, client pool, `http` types) it spends ~10 µs, twice
-//! nginx's HTTP layer (docs/performance.md, "HTTP/1 fast path"). Most mesh
+//! nginx's HTTP layer (docs/performance.md, "HTTP/1.1 fast path"). Most mesh
 //! traffic is the simple case: a request without a body or with a small one,
 //! a route without retries, mirrors, faults or header rewrites, one
 //! upstream endpoint answering with a `Content-Length` or chunked body.
@@ -12,9 +12,9 @@
 //! How: the request head is parsed with `httparse` (what hyper uses), checked
 //! for eligibility, and written to an upstream connection taken from the
 //! cluster's idle list (newest first, a lock without contention on a
-//! current-thread runtime; no task hand-over). The response head is parsed, its hop-by-hop headers are
-//! dropped, and the body is copied by its framing (length, chunked, or until
-//! close).
+//! current-thread runtime; no task hand-over). The response head is parsed,
+//! its hop-by-hop headers are dropped, and the body is copied by its framing
+//! (length, chunked, or until close).
 //!
 //! Anything else — a `Transfer-Encoding` request body, `Expect`, an
 //! upgrade, HTTP/1.0, a body larger than [`MAX_BODY`], a route with
@@ -22,10 +22,11 @@
 //! with every byte read so far, to the hyper path for the rest of the
 //! connection, which applies all of its checks (including the smuggling
 //! guard). A handoff parks the connection between two requests, like the
-//! hyper path; the bound upstream connection is not moved.
+//! hyper path; upstream connections are not moved.
 //!
-//! Opt-in (`runtime.h1_fast_path`) until it has carried as much traffic in
-//! the test suites as the hyper path.
+//! On by default; `runtime.h1_fast_path: false` sends every HTTP/1
+//! connection to the hyper path. Every test suite runs with it on (the
+//! handoff, TLS and end-to-end suites included).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
