@@ -99,7 +99,8 @@ pub async fn serve<I: ParkableIo>(
     buf.extend_from_slice(&prefix);
     let mut rbuf = BytesMut::with_capacity(8 * 1024);
     let mut drain = shared.lifecycle.drain_signal();
-    let rt = shared.store.snapshot().runtime.clone();
+    let snapshot = shared.store.snapshot();
+    let rt = &snapshot.runtime;
     let head_timeout = Duration::from_millis(rt.header_read_timeout_ms);
     // False once the registry dropped its side (the process is going away):
     // keep serving, never park.
@@ -142,7 +143,7 @@ pub async fn serve<I: ParkableIo>(
             }
         };
         let started = Instant::now();
-        let plan = match plan(&buf[..head_len], &meta, &shared) {
+        let mut plan = match plan(&buf[..head_len], &meta, &shared) {
             Ok(p) => p,
             Err(why) => return fall_back(down, buf, meta, shared, park, why).await,
         };
@@ -154,7 +155,9 @@ pub async fn serve<I: ParkableIo>(
                 _ => return,
             }
         }
-        let request = buf.split_to(head_len + plan.body_len).freeze();
+        let mut request = std::mem::take(&mut plan.upstream_head);
+        request.extend_from_slice(&buf[head_len..head_len + plan.body_len]);
+        buf.advance(head_len + plan.body_len);
         let close = plan.close || *drain.borrow();
         let ex = Exchange {
             plan: &plan,
@@ -162,7 +165,7 @@ pub async fn serve<I: ParkableIo>(
             started,
             close,
         };
-        match ex.run(&request, head_len, &mut rbuf, &mut down).await {
+        match ex.run(&request, &mut rbuf, &mut down).await {
             Ok(keep) => {
                 shared.metrics.h1_fast_path_requests.inc();
                 if !keep || close {
@@ -215,6 +218,8 @@ fn head_length(buf: &[u8], max: usize) -> Result<Option<usize>, ()> {
 
 /// What to do with one request.
 struct Plan {
+    /// The head for the upstream (the body is appended once read).
+    upstream_head: Vec<u8>,
     method: Method,
     body_len: usize,
     /// The client asked to close after this exchange.
@@ -326,6 +331,7 @@ fn plan(head: &[u8], meta: &ConnMeta, shared: &Shared) -> Result<Plan, Fallback>
         None => cluster.name.clone(),
     };
     Ok(Plan {
+        upstream_head: rewrite_request(&req, body_len),
         method,
         body_len,
         close,
@@ -357,7 +363,8 @@ struct Lease {
     cluster: std::sync::Weak<Cluster>,
     endpoint: usize,
     io: Option<TcpUpstream>,
-    /// Between exchanges, after a response that left it reusable.
+    /// The exchange ended cleanly: back to the idle list when dropped
+    /// (otherwise closed).
     idle: bool,
 }
 
@@ -392,26 +399,22 @@ impl Exchange<'_> {
     /// another response.
     async fn run<D: ParkableIo>(
         &self,
-        request: &[u8],
-        head_len: usize,
+        out: &[u8],
         rbuf: &mut BytesMut,
         down: &mut D,
     ) -> Result<bool, ()> {
         let (plan, shared, close) = (self.plan, self.shared, self.close);
-        // Back to the cluster's idle list when this returns (newest first:
-        // the connection's next request most likely takes it again), so an
-        // idle client connection holds no upstream connection, and before
-        // the client sees the end, so its next connection finds it.
-        let mut up: Option<Lease> = None;
-        let up = &mut up;
-        let out = rewrite_request(&request[..head_len], &request[head_len..]);
         let idx = plan.endpoint.index();
         let addr = plan.endpoint.endpoint().addr;
         let idempotent = idempotent(&plan.method);
         let mut attempt = 0;
-        let head = loop {
+        // The lease goes back to the cluster's idle list when this returns
+        // (newest first: the connection's next request most likely takes it
+        // again), so an idle client connection holds no upstream connection,
+        // and before the client sees the end, so its next connection finds
+        // it.
+        let (mut lease, head) = loop {
             attempt += 1;
-            *up = None;
             let fresh = match plan.cluster.take_idle(idx) {
                 Some(io) => Ok((io, true)),
                 None => plan
@@ -420,16 +423,8 @@ impl Exchange<'_> {
                     .await
                     .map(|io| (io, false)),
             };
-            let reused = match fresh {
-                Ok((io, reused)) => {
-                    *up = Some(Lease {
-                        cluster: Arc::downgrade(&plan.cluster),
-                        endpoint: idx,
-                        io: Some(io),
-                        idle: false,
-                    });
-                    reused
-                }
+            let (io, reused) = match fresh {
+                Ok(x) => x,
                 Err(e) => {
                     plan.endpoint.report(Outcome::Failure);
                     let text = format!(
@@ -447,11 +442,15 @@ impl Exchange<'_> {
                         .await;
                 }
             };
-            let bound = up.as_mut().expect("leased above");
-            bound.idle = false;
-            let io = bound.io();
+            let mut lease = Lease {
+                cluster: Arc::downgrade(&plan.cluster),
+                endpoint: idx,
+                io: Some(io),
+                idle: false,
+            };
+            let io = lease.io();
             rbuf.clear();
-            let sent = io.write_all(&out).await;
+            let sent = io.write_all(out).await;
             let got = match sent {
                 Ok(()) => {
                     read_response_head(io, rbuf, plan.timeout, plan.method == Method::HEAD).await
@@ -459,17 +458,15 @@ impl Exchange<'_> {
                 Err(e) => Err(HeadError::Io(e)),
             };
             match got {
-                Ok(h) => break h,
+                Ok(h) => break (lease, h),
                 // A kept-alive connection the upstream closed while idle: one
                 // more try on a fresh one, where that is safe.
                 Err(HeadError::Io(_))
                     if reused && rbuf.is_empty() && idempotent && attempt == 1 =>
                 {
-                    *up = None;
                     continue;
                 }
                 Err(e) => {
-                    *up = None;
                     plan.endpoint.report(Outcome::Failure);
                     let (status, reason, label, what) = match e {
                         HeadError::Timeout => (
@@ -504,12 +501,8 @@ impl Exchange<'_> {
         let close_down = close || matches!(framing, Framing::Close);
         let mut out = rewrite_response(&rbuf[..head.len], close_down);
         rbuf.advance(head.len);
-        let bound = up.as_mut().expect("leased above");
-        let copied = copy_body(framing, bound.io(), rbuf, down, &mut out).await;
-        bound.idle = copied.is_ok() && head.upstream_keep && rbuf.is_empty();
-        if !bound.idle {
-            *up = None;
-        }
+        let copied = copy_body(framing, lease.io(), rbuf, down, &mut out).await;
+        lease.idle = copied.is_ok() && head.upstream_keep && rbuf.is_empty();
         copied.map(|()| !close_down)
     }
 
@@ -550,30 +543,28 @@ impl Exchange<'_> {
     }
 }
 
-/// The request head without hop-by-hop headers, then the body.
-fn rewrite_request(head: &[u8], body: &[u8]) -> Vec<u8> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
-    let _ = req.parse(head);
-    let mut out = Vec::with_capacity(head.len() + body.len() + 16);
+/// The request head for the upstream, without hop-by-hop headers; `room`:
+/// bytes to reserve for the body that follows.
+fn rewrite_request(req: &httparse::Request<'_, '_>, room: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(512 + room);
     out.extend_from_slice(req.method.unwrap_or("GET").as_bytes());
     out.push(b' ');
     out.extend_from_slice(req.path.unwrap_or("/").as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     write_headers(&mut out, req.headers);
     out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(body);
     out
 }
 
 /// Headers except hop-by-hop ones and the ones `Connection` names.
 fn write_headers(out: &mut Vec<u8>, headers: &[httparse::Header<'_>]) {
-    let named = |n: &str| {
-        headers
-            .iter()
-            .filter(|h| h.name.eq_ignore_ascii_case("connection"))
-            .any(|h| has_token(h.value, n))
-    };
+    // The `Connection` values, found once (not once per header).
+    let connection: Vec<&[u8]> = headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("connection"))
+        .map(|h| h.value)
+        .collect();
+    let named = |n: &str| connection.iter().any(|v| has_token(v, n));
     for h in headers {
         if HOP_BY_HOP.iter().any(|n| h.name.eq_ignore_ascii_case(n)) || named(h.name) {
             continue;
@@ -832,7 +823,10 @@ mod tests {
     #[test]
     fn request_rewrite_drops_hop_by_hop_and_connection_named_headers() {
         let head = b"GET /a?b=1 HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, x-hop\r\nX-Hop: 1\r\nKeep-Alive: 5\r\nTE: trailers\r\nX-End: 2\r\n\r\n";
-        let out = String::from_utf8(rewrite_request(head, b"")).unwrap();
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut headers);
+        req.parse(head).unwrap();
+        let out = String::from_utf8(rewrite_request(&req, 0)).unwrap();
         assert_eq!(out, "GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-End: 2\r\n\r\n");
     }
 
