@@ -309,6 +309,13 @@ impl ConnRegistry {
         self.len() == 0
     }
 
+    /// The ids of every registered connection: what the handoff walks. Only
+    /// ids, so the lock is held for one small copy, not one allocation per
+    /// connection.
+    pub fn ids(&self) -> Vec<u64> {
+        self.lock().keys().copied().collect()
+    }
+
     pub fn list(&self) -> Vec<ConnSummary> {
         self.lock()
             .values()
@@ -978,6 +985,9 @@ mod tests {
         assert_eq!(reg.len(), 2);
         let kinds: Vec<_> = reg.list().into_iter().map(|s| (s.id, s.kind)).collect();
         assert!(kinds.contains(&(1, ConnKind::Http1)));
+        let mut ids = reg.ids();
+        ids.sort_unstable();
+        assert_eq!(ids, [1, 2], "ids lists what list does");
         let reply = reg.park(1, true).expect("first park request is delivered");
         assert!(
             reg.park(1, true).is_none(),

@@ -7,6 +7,8 @@
 //!   higher nice value lets the event loop preempt them whenever it has
 //!   work: plaintext and established-TLS traffic stays responsive and
 //!   handshakes absorb the contention, which is the point of offloading them.
+//! - **A handoff in progress** offers the CPU between batches of
+//!   connections ([`yield_cpu`]).
 //! - **A process that handed off.** Once it holds nothing, its exit (the
 //!   kernel tearing down its memory: ~190 MB after 10,000 connections) runs
 //!   at the lowest priority, so it does not take the CPU from its successor,
@@ -37,6 +39,26 @@ pub fn set_current_thread_nice(nice: i32) -> std::io::Result<()> {
         Ok(())
     } else {
         Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Offers the CPU to any other runnable thread on this core; returns at
+/// once if there is none (one syscall, well under a microsecond).
+///
+/// Why: a handoff keeps both sidecar processes busy for up to a few hundred
+/// milliseconds, and a busy thread is only preempted at the next scheduler
+/// tick (4 ms at `HZ=250`), so a woken request thread — the client's, the
+/// app's, or the other sidecar's event loop — sat runnable behind it for
+/// whole ticks. Both sides call this between two batches of connections
+/// (`bench/handoff-bench.sh`, 10,000 connections: probe p99 during the
+/// handoff a median 2.4 ms over 12 runs instead of 3.6 ms over 10;
+/// docs/performance.md). `yield_now` alone
+/// only lets other tasks of the same runtime run. It works among threads
+/// that share a CPU controller group (in a pod, each container's own).
+pub fn yield_cpu() {
+    // SAFETY: sched_yield takes no arguments and touches no memory.
+    unsafe {
+        libc::sched_yield();
     }
 }
 

@@ -68,6 +68,10 @@ use crate::tls::glue::{MeshClientStream, MeshServerStream};
 /// window costs no throughput (measured: 8 beat 128 on both counts).
 const PARK_WINDOW: usize = 8;
 
+/// Connections listed per slice at the start of a handoff (see the
+/// sending side).
+const LIST_SLICE: usize = 1024;
+
 /// Connections the new process acknowledges in one write at most (fewer
 /// when fewer frames arrived together): bounds how long the first of them
 /// waits before it is served, and keeps a batch of acknowledgements (~1 KiB)
@@ -1014,6 +1018,7 @@ async fn acknowledge(
     // Frames usually arrive faster than one socket op yields: let the
     // connections already adopted (and the request that just moved) run
     // between batches instead of after the whole handoff.
+    crate::sched::yield_cpu();
     tokio::task::yield_now().await;
     Ok(n)
 }
@@ -1156,9 +1161,9 @@ async fn hand_off_inner(
                        queue: &mut std::collections::VecDeque<u64>,
                        relist: bool| {
             if relist {
-                for c in shared.registry.list() {
-                    if asked.insert(c.id) {
-                        queue.push_back(c.id);
+                for id in shared.registry.ids() {
+                    if asked.insert(id) {
+                        queue.push_back(id);
                     }
                 }
             }
@@ -1169,7 +1174,19 @@ async fn hand_off_inner(
                 }
             }
         };
-        ask_all(&mut parks, &mut asked, &mut queue, true);
+        // The first listing is the whole registry (10,000 connections: a
+        // few ms of hashing): in slices, letting the connections it lists
+        // run in between.
+        for ids in shared.registry.ids().chunks(LIST_SLICE) {
+            for &id in ids {
+                if asked.insert(id) {
+                    queue.push_back(id);
+                }
+            }
+            crate::sched::yield_cpu();
+            tokio::task::yield_now().await;
+        }
+        ask_all(&mut parks, &mut asked, &mut queue, false);
         let park_deadline = tokio::time::Instant::now() + cfg.park_timeout;
         // One buffer for every batch (see below).
         let mut batch = Batch::default();
@@ -1224,6 +1241,7 @@ async fn hand_off_inner(
                     tx.send_batch(&batch).await?;
                     // Serve the connections not yet moved between sends
                     // (see the adopting side).
+                    crate::sched::yield_cpu();
                     tokio::task::yield_now().await;
                 }
                 ev = events.recv() => {
