@@ -46,13 +46,13 @@ pub fn set_current_thread_nice(nice: i32) -> std::io::Result<()> {
 /// once if there is none (one syscall, well under a microsecond).
 ///
 /// Why: a handoff keeps both sidecar processes busy for up to a few hundred
-/// milliseconds, and a busy thread is only preempted at the next scheduler
-/// tick (4 ms at `HZ=250`), so a woken request thread — the client's, the
-/// app's, or the other sidecar's event loop — sat runnable behind it for
-/// whole ticks. Both sides call this between two batches of connections
-/// (`bench/handoff-bench.sh`, 10,000 connections: probe p99 during the
-/// handoff a median 2.5 ms over 16 runs instead of 3.6 ms over 10;
-/// docs/performance.md). `yield_now` alone
+/// milliseconds, and a busy thread often keeps its core until the next
+/// scheduler tick (4 ms at `HZ=250`; a woken thread does not always preempt
+/// it). A woken request thread (the client's, the app's, or the other
+/// sidecar's event loop) sat runnable behind it for whole ticks. Both sides
+/// call this between two batches of connections (`bench/handoff-bench.sh`,
+/// 10,000 connections: probe p99 during the handoff a median 2.5 ms over 16
+/// runs instead of 3.6 ms over 10; docs/performance.md). `yield_now` alone
 /// only lets other tasks of the same runtime run. It works among threads
 /// that share a CPU controller group (in a pod, each container's own).
 pub fn yield_cpu() {
