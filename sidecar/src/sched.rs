@@ -51,7 +51,7 @@ pub fn set_current_thread_nice(nice: i32) -> std::io::Result<()> {
 /// it). A woken request thread (the client's, the app's, or the other
 /// sidecar's event loop) sat runnable behind it for whole ticks. Both sides
 /// call this between two batches of connections (`bench/handoff-bench.sh`,
-/// 10,000 connections: probe p99 during the handoff a median 2.5 ms over 16
+/// 10,000 connections: probe p99 during the handoff a median 2.4 ms over 20
 /// runs instead of 3.6 ms over 10; docs/performance.md). `yield_now` alone
 /// only lets other tasks of the same runtime run. It works among threads
 /// that share a CPU controller group (in a pod, each container's own).
