@@ -68,8 +68,8 @@ use crate::tls::glue::{MeshClientStream, MeshServerStream};
 /// window costs no throughput (measured: 8 beat 128 on both counts).
 const PARK_WINDOW: usize = 8;
 
-/// Connections listed per slice at the start of a handoff (see the
-/// sending side).
+/// Connections listed per slice when the old process walks its registry
+/// (see `list_unasked`).
 const LIST_SLICE: usize = 1024;
 
 /// Connections the new process acknowledges in one write at most (fewer
@@ -1154,19 +1154,8 @@ async fn hand_off_inner(
         let mut asked = std::collections::HashSet::new();
         let mut queue = std::collections::VecDeque::new();
         let mut draining = std::collections::HashSet::new();
-        // `relist` scans the registry (O(n)): only at the start and when
-        // everything asked so far is done, never per connection.
         let ask_all = |parks: &mut JoinSet<(u64, Option<Parked>)>,
-                       asked: &mut std::collections::HashSet<u64>,
-                       queue: &mut std::collections::VecDeque<u64>,
-                       relist: bool| {
-            if relist {
-                for id in shared.registry.ids() {
-                    if asked.insert(id) {
-                        queue.push_back(id);
-                    }
-                }
-            }
+                       queue: &mut std::collections::VecDeque<u64>| {
             while parks.len() < PARK_WINDOW {
                 let Some(id) = queue.pop_front() else { break };
                 if let Some(rx) = shared.registry.park(id, upstream_tls) {
@@ -1174,19 +1163,10 @@ async fn hand_off_inner(
                 }
             }
         };
-        // The first listing is the whole registry (10,000 connections: a
-        // few ms of hashing): in slices, letting the connections it lists
-        // run in between.
-        for ids in shared.registry.ids().chunks(LIST_SLICE) {
-            for &id in ids {
-                if asked.insert(id) {
-                    queue.push_back(id);
-                }
-            }
-            crate::sched::yield_cpu();
-            tokio::task::yield_now().await;
-        }
-        ask_all(&mut parks, &mut asked, &mut queue, false);
+        // The registry is listed (O(n)) only here and when everything asked
+        // so far is done, never per connection.
+        list_unasked(&shared.registry, &mut asked, &mut queue).await;
+        ask_all(&mut parks, &mut queue);
         let park_deadline = tokio::time::Instant::now() + cfg.park_timeout;
         // One buffer for every batch (see below).
         let mut batch = Batch::default();
@@ -1198,7 +1178,8 @@ async fn hand_off_inner(
                 // Connections accepted just before the pause register a
                 // moment later: look once more before declaring done.
                 tokio::task::yield_now().await;
-                ask_all(&mut parks, &mut asked, &mut queue, true);
+                list_unasked(&shared.registry, &mut asked, &mut queue).await;
+                ask_all(&mut parks, &mut queue);
                 if parks.is_empty() {
                     break;
                 }
@@ -1237,7 +1218,7 @@ async fn hand_off_inner(
                             },
                         }
                     }
-                    ask_all(&mut parks, &mut asked, &mut queue, false);
+                    ask_all(&mut parks, &mut queue);
                     tx.send_batch(&batch).await?;
                     // Serve the connections not yet moved between sends
                     // (see the adopting side).
@@ -1341,6 +1322,25 @@ struct Events(mpsc::UnboundedReceiver<Box<Result<Frame, ProtocolError>>>);
 impl Events {
     async fn recv(&mut self) -> Option<Result<Frame, ProtocolError>> {
         self.0.recv().await.map(|b| *b)
+    }
+}
+
+/// Queues every registered connection not asked to park yet. The first
+/// listing is the whole registry (10,000 connections: a few ms of hashing),
+/// so it goes in slices, letting the connections it lists run in between.
+async fn list_unasked(
+    registry: &crate::conn::ConnRegistry,
+    asked: &mut std::collections::HashSet<u64>,
+    queue: &mut std::collections::VecDeque<u64>,
+) {
+    for ids in registry.ids().chunks(LIST_SLICE) {
+        for &id in ids {
+            if asked.insert(id) {
+                queue.push_back(id);
+            }
+        }
+        crate::sched::yield_cpu();
+        tokio::task::yield_now().await;
     }
 }
 
