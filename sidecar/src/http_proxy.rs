@@ -48,9 +48,14 @@ pub struct Shared {
     pub conn_counts: std::sync::Mutex<std::collections::HashMap<String, Arc<AtomicU32>>>,
     pub bytes_rx: prometheus_client::metrics::counter::Counter,
     pub bytes_tx: prometheus_client::metrics::counter::Counter,
+    /// The runtime that serves traffic. A handoff runs on a thread of its
+    /// own (`sched::on_own_thread`) and registers the connections it adopts
+    /// or gives back with this one, so they outlive the handoff.
+    pub runtime: tokio::runtime::Handle,
 }
 
 impl Shared {
+    /// Must be called inside the runtime that will serve traffic.
     pub fn new(store: Arc<ConfigStore>, metrics: Arc<Metrics>, lifecycle: Lifecycle) -> Arc<Self> {
         let rt = store.snapshot().runtime.clone();
         let mut connector = HttpConnector::new();
@@ -78,6 +83,7 @@ impl Shared {
             bytes_rx,
             bytes_tx,
             metrics,
+            runtime: tokio::runtime::Handle::current(),
         })
     }
 

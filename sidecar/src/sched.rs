@@ -7,8 +7,9 @@
 //!   higher nice value lets the event loop preempt them whenever it has
 //!   work: plaintext and established-TLS traffic stays responsive and
 //!   handshakes absorb the contention, which is the point of offloading them.
-//! - **A handoff in progress** offers the CPU between batches of
-//!   connections ([`yield_cpu`]).
+//! - **A handoff in progress** runs on a thread of its own at nice 10
+//!   ([`on_own_thread`]), so serving preempts moving, and offers the CPU
+//!   between batches of connections ([`yield_cpu`]).
 //! - **A process that handed off.** Once it holds nothing, its exit (the
 //!   kernel tearing down its memory: ~190 MB after 10,000 connections) runs
 //!   at the lowest priority, so it does not take the CPU from its successor,
@@ -60,6 +61,53 @@ pub fn yield_cpu() {
     unsafe {
         libc::sched_yield();
     }
+}
+
+/// Runs `fut` to completion on a thread of its own, at nice `nice`, with a
+/// current-thread runtime of its own; the result comes back to the caller's
+/// task. The caller's runtime keeps running meanwhile.
+///
+/// Why: a handoff is bulk work (frames, `sendmsg`/`recvmsg` with
+/// descriptors, epoll registration) done while the same process serves
+/// requests. On the event loop it competes with them, and a woken request
+/// waits behind whole batches. On a lower-priority thread the scheduler
+/// preempts it whenever the event loop (or the application) has work, and
+/// a second thread can use an idle core.
+///
+/// What `fut` spawns with `tokio::spawn` lives on the thread's runtime and
+/// ends with it; work that must outlive it (serving connections) has to be
+/// spawned on the caller's runtime through its `Handle`.
+pub async fn on_own_thread<F>(name: &str, nice: i32, fut: F) -> std::io::Result<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            if let Err(e) = set_current_thread_nice(nice) {
+                tracing::debug!(error = %e, "cannot lower the thread's priority");
+            }
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    drop(fut);
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            // `block_on` drops the future (and what it borrowed or owned)
+            // before it returns, so the caller gets the result only once
+            // nothing of it is left on this thread.
+            let out = rt.block_on(fut);
+            let _ = tx.send(Ok(out));
+        })?;
+    rx.await
+        .map_err(|_| std::io::Error::other("the thread ended without a result (it panicked)"))?
 }
 
 /// Descriptor slots reserved at start (see [`presize_fd_table`]).
@@ -135,14 +183,57 @@ mod tests {
         assert!(fd_size >= slots, "FDSize {fd_size} < {slots}");
     }
 
+    /// Field 19 (nice) of a `/proc/.../stat`, counted after the ")" that
+    /// ends the command name.
+    fn nice_field(stat: &str) -> i64 {
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        rest.split(' ').nth(16).unwrap().parse().unwrap()
+    }
+
+    fn own_nice() -> i64 {
+        nice_field(&std::fs::read_to_string("/proc/thread-self/stat").unwrap())
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_future_runs_on_its_own_lower_priority_thread_while_the_caller_serves() {
+        let caller = std::thread::current().id();
+        let caller_nice = own_nice();
+        let serving = tokio::runtime::Handle::current();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (thread, name, value, nice) = super::on_own_thread("test-own", 10, async move {
+            // Finishes only if the caller's (current-thread) runtime runs a
+            // task meanwhile: the caller is not blocked.
+            serving.spawn(async move { tx.send(7).unwrap() });
+            let value = rx.await.unwrap();
+            let me = std::thread::current();
+            (me.id(), me.name().map(str::to_owned), value, own_nice())
+        })
+        .await
+        .unwrap();
+        assert_ne!(thread, caller);
+        assert_eq!(name.as_deref(), Some("test-own"));
+        assert_eq!(value, 7);
+        assert_eq!(nice, caller_nice.max(10));
+        assert_eq!(
+            own_nice(),
+            caller_nice,
+            "the caller's priority is unchanged"
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_future_that_panics_on_its_own_thread_is_an_error_not_a_hang() {
+        let r = super::on_own_thread("test-panic", 10, async {
+            panic!("deliberate panic in a test");
+        })
+        .await;
+        let e = r.expect_err("a panic is reported");
+        assert!(e.to_string().contains("panicked"), "{e}");
+    }
+
     #[test]
     fn a_thread_can_lower_its_own_priority_without_touching_others() {
         let main_before = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
-        let nice_field = |stat: &str| -> i64 {
-            // Field 19 (nice) counted after the ")" that ends the command name.
-            let rest = &stat[stat.rfind(')').unwrap() + 2..];
-            rest.split(' ').nth(16).unwrap().parse().unwrap()
-        };
         let before = nice_field(&main_before);
         let child = std::thread::spawn(move || {
             super::set_current_thread_nice(10).unwrap();

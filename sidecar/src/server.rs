@@ -332,6 +332,9 @@ impl Running {
     /// Restart accept loops stopped by [`Self::pause_accepting`] (a failed
     /// handoff) on the same sockets.
     pub fn resume_accepting(&self) -> std::io::Result<()> {
+        // Called from the handoff's thread: the accept loops belong on the
+        // runtime that serves.
+        let _rt = self.shared.runtime.enter();
         let mut l = self.listeners.lock().unwrap_or_else(|e| e.into_inner());
         for (name, t) in l.iter_mut() {
             if *t.stop.borrow() {
