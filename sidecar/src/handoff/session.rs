@@ -1715,6 +1715,44 @@ mod tests {
         }
     }
 
+    #[tokio::test]
+    async fn parks_return_each_connection_once_and_a_cancelled_wait_loses_none() {
+        let mut parks = Parks::default();
+        assert!(parks.next().await.is_none(), "nothing asked");
+        let (tx1, rx1) = oneshot::channel();
+        let (tx2, rx2) = oneshot::channel();
+        let (tx3, rx3) = oneshot::channel();
+        parks.push(1, rx1);
+        parks.push(2, rx2);
+        parks.push(3, rx3);
+        assert!(parks.try_next().is_none());
+        // A wait cancelled before anything parked (a select! branch losing).
+        assert!(
+            tokio::time::timeout(Duration::from_millis(10), parks.next())
+                .await
+                .is_err()
+        );
+        assert_eq!(parks.len(), 3);
+        assert!(tx2.send(Parked::Draining).is_ok());
+        let (id, parked) = parks.next().await.unwrap();
+        assert_eq!(id, 2);
+        assert!(matches!(parked, Some(Parked::Draining)));
+        // A connection that ended on its own.
+        drop(tx3);
+        let (id, parked) = parks.try_next().unwrap();
+        assert_eq!(id, 3);
+        assert!(parked.is_none());
+        // Parking from another task wakes the waiter.
+        tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            let _ = tx1.send(Parked::Draining);
+        });
+        let (id, parked) = parks.next().await.unwrap();
+        assert_eq!(id, 1);
+        assert!(parked.is_some());
+        assert!(parks.is_empty());
+    }
+
     fn fds(n: usize) -> Vec<OwnedFd> {
         (0..n)
             .map(|_| OwnedFd::from(std::net::TcpListener::bind("127.0.0.1:0").unwrap()))
