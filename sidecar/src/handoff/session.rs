@@ -1094,7 +1094,6 @@ pub async fn hand_off(
 ) -> Result<bool, HandoffError> {
     let stream = stream.into_std()?;
     let (running, cfg, hm) = (running.clone(), cfg.clone(), hm.clone());
-    let lifecycle = running.shared.lifecycle.clone();
     let out = crate::sched::on_own_thread(HANDOFF_THREAD, HANDOFF_NICE, {
         let running = running.clone();
         async move {
@@ -1109,13 +1108,19 @@ pub async fn hand_off(
             // The thread did not start, or panicked: serve again with what
             // this process still holds.
             tracing::error!(error = %e, "handoff thread failed; resuming service");
-            if let Err(e) = running.resume_accepting() {
-                tracing::error!(error = %e, "cannot restart accept loops");
-            }
-            lifecycle.set(Phase::Serving);
+            resume_serving(&running);
             Err(e.into())
         }
     }
+}
+
+/// Old process, after a failed handoff: accept again and say so. The
+/// connections not handed over never stopped being served.
+fn resume_serving(running: &Running) {
+    if let Err(e) = running.resume_accepting() {
+        tracing::error!(error = %e, "cannot restart accept loops");
+    }
+    running.shared.lifecycle.set(Phase::Serving);
 }
 
 async fn hand_off_here(
@@ -1152,8 +1157,7 @@ async fn hand_off_here(
         &[],
     )
     .await?;
-    let lifecycle = running.shared.lifecycle.clone();
-    lifecycle.set(Phase::HandingOff);
+    running.shared.lifecycle.set(Phase::HandingOff);
     tracing::info!(peer = %sidecar_version, protocol_version = version, "handing off");
 
     match hand_off_inner(tx, rx, running, cfg, hm, version).await {
@@ -1166,10 +1170,7 @@ async fn hand_off_here(
         Err(e) => {
             tracing::error!(error = %e, "handoff failed; resuming service");
             hm.handoff("old", "failed");
-            if let Err(e) = running.resume_accepting() {
-                tracing::error!(error = %e, "cannot restart accept loops");
-            }
-            lifecycle.set(Phase::Serving);
+            resume_serving(running);
             Err(e)
         }
     }
