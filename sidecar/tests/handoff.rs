@@ -10,7 +10,7 @@ mod handoff_support;
 
 use std::time::{Duration, Instant};
 
-use handoff_support::{Load, LoadShape, Sidecar, World, admin_get, metric_sum};
+use handoff_support::{Load, LoadShape, Sidecar, World, admin_get, connect, get, metric_sum};
 
 fn knob(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -399,4 +399,96 @@ async fn killing_the_new_process_mid_handoff_loses_no_untransferred_connection()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_new_process_times_out_and_the_old_resumes_everything_unacknowledged() {
     interrupted_handoffs(2, true, 80..200).await;
+}
+
+/// Flow control: the old process keeps at most `IN_FLIGHT` connections
+/// parked or sent and not yet acknowledged, so a new process that reads
+/// slowly cannot leave connections frozen in the socket's buffer. A peer
+/// speaking the protocol by hand takes the frames but acknowledges only
+/// when it chooses; when it goes away, everything it did not acknowledge is
+/// served by the old process again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_old_process_sends_no_more_than_in_flight_unacknowledged_connections() {
+    use baton_sidecar::handoff::protocol::{Channel, Message, VersionRange};
+    use baton_sidecar::handoff::session::IN_FLIGHT;
+
+    let world = World::new().await;
+    let mut old = world.spawn(&[]);
+    world.wait_ready(Duration::from_secs(20)).await;
+    let n = 3 * IN_FLIGHT;
+    let mut idle = Vec::new();
+    for i in 0..n {
+        let mut s = connect(world.http).await;
+        assert!(get(&mut s, &format!("/idle/{i}")).await);
+        idle.push(s);
+    }
+
+    let stream = tokio::net::UnixStream::connect(&world.socket)
+        .await
+        .unwrap();
+    let (tx, mut rx) = Channel::new(stream).split();
+    let recv = async |rx: &mut baton_sidecar::handoff::protocol::Receiver| {
+        tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("a frame within 10 s")
+            .expect("a well-formed frame")
+    };
+    tx.send(
+        &Message::Hello {
+            versions: VersionRange::this_build(),
+            sidecar_version: "flow-control-test".into(),
+        },
+        b"",
+        &[],
+    )
+    .await
+    .unwrap();
+    for want in ["welcome", "listeners", "state"] {
+        assert_eq!(recv(&mut rx).await.msg.kind(), want);
+    }
+    tx.send(&Message::Accepting, b"", &[]).await.unwrap();
+
+    // Frames until none comes for a while: exactly IN_FLIGHT connections.
+    let mut got = Vec::new();
+    while let Ok(f) = tokio::time::timeout(Duration::from_millis(500), rx.recv()).await {
+        match f.unwrap().msg {
+            Message::Connection(h) => got.push(h.id),
+            m => panic!("unexpected {}", m.kind()),
+        }
+    }
+    assert_eq!(got.len(), IN_FLIGHT, "unacknowledged connections sent");
+
+    // Each acknowledgement lets exactly one more go.
+    for id in got.drain(..3) {
+        tx.send(&Message::Ack { id }, b"", &[]).await.unwrap();
+    }
+    while let Ok(f) = tokio::time::timeout(Duration::from_millis(500), rx.recv()).await {
+        match f.unwrap().msg {
+            Message::Connection(h) => got.push(h.id),
+            m => panic!("unexpected {}", m.kind()),
+        }
+    }
+    assert_eq!(got.len(), IN_FLIGHT, "after 3 acks");
+
+    // The peer goes away: the old process serves again, with every
+    // connection it did not let go of (the 3 acknowledged ones are gone
+    // with the peer that took them).
+    drop((tx, rx));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(old.alive(), "{}", old.log_tail());
+    let mut working = 0;
+    for (i, s) in idle.iter_mut().enumerate() {
+        if get(s, &format!("/after/{i}")).await {
+            working += 1;
+        }
+    }
+    assert_eq!(working, n - 3, "{}", old.log_tail());
+    let mut fresh = connect(world.http).await;
+    assert!(get(&mut fresh, "/fresh").await, "accepting again");
+    let m = metrics(&world).await;
+    assert!(
+        m.contains("baton_sidecar_handoffs_total{role=\"old\",result=\"failed\"} 1"),
+        "{m}"
+    );
+    assert!(m.contains("baton_sidecar_lifecycle_phase{phase=\"serving\"} 1"));
 }

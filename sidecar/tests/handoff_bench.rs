@@ -13,37 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use handoff_support::World;
-use http::Request;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
-
-type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
-
-async fn connect(addr: std::net::SocketAddr) -> Sender {
-    let s = TcpStream::connect(addr).await.unwrap();
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    sender
-}
-
-async fn get(sender: &mut Sender, path: &str) -> bool {
-    if sender.ready().await.is_err() {
-        return false;
-    }
-    let req = Request::get(path)
-        .header("host", "x")
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    match sender.send_request(req).await {
-        Ok(r) => r.status() == 200 && r.into_body().collect().await.is_ok(),
-        Err(_) => false,
-    }
-}
+use handoff_support::{World, connect, get};
 
 fn hwm_kb(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -207,6 +177,9 @@ async fn bench(n: usize) {
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
     {
+        // Instant is CLOCK_MONOTONIC: its Debug form lines up with a trace
+        // taken by `perf sched record -k mono`.
+        println!("  spawn at {t0:?}");
         println!("  complete at +{wall_ms} ms, old process gone at +{exited_ms:.0} ms");
         let mut by_ms = timed.clone();
         by_ms.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap());

@@ -1059,3 +1059,31 @@ async fn https_client(
         stats.fail(format!("https {c}: {e}"));
     }
 }
+
+/// An HTTP/1.1 keep-alive client connection.
+pub type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+/// A keep-alive HTTP/1.1 connection to `addr`.
+pub async fn connect(addr: std::net::SocketAddr) -> Sender {
+    let s = TcpStream::connect(addr).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
+/// One GET on `sender`; whether it returned 200 with a whole body.
+pub async fn get(sender: &mut Sender, path: &str) -> bool {
+    if sender.ready().await.is_err() {
+        return false;
+    }
+    let req = Request::get(path)
+        .header("host", "x")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    match sender.send_request(req).await {
+        Ok(r) => r.status() == 200 && r.into_body().collect().await.is_ok(),
+        Err(_) => false,
+    }
+}
