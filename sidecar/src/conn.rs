@@ -214,14 +214,45 @@ pub enum Parked {
     Draining,
 }
 
+/// A parked connection and the moment its task stopped: from then on
+/// nothing reads it until a process resumes it (the pause the handoff
+/// metrics measure).
+#[derive(Debug)]
+pub struct ParkedAt {
+    pub parked: Parked,
+    pub at: std::time::Instant,
+}
+
 /// A request to park, sent to a connection's task.
 #[derive(Debug)]
 pub struct ParkRequest {
-    pub reply: oneshot::Sender<Parked>,
+    reply: oneshot::Sender<ParkedAt>,
     /// Whether the receiving process can continue an originated TLS session
     /// to the upstream (handoff protocol 2). When it cannot, a raw TCP
     /// connection with such an upstream answers [`Parked::Draining`].
     pub upstream_tls: bool,
+}
+
+impl ParkRequest {
+    /// A request, and where its answer arrives.
+    pub fn new(upstream_tls: bool) -> (Self, oneshot::Receiver<ParkedAt>) {
+        let (reply, rx) = oneshot::channel();
+        (
+            Self {
+                reply,
+                upstream_tls,
+            },
+            rx,
+        )
+    }
+
+    /// The connection's task hands itself over (stamped now).
+    pub fn answer(self, parked: Parked) {
+        let _ = self.reply.send(ParkedAt {
+            parked,
+            at: std::time::Instant::now(),
+        });
+    }
 }
 
 /// Registry entry for one live connection.
@@ -332,19 +363,15 @@ impl ConnRegistry {
     /// Ask connection `id` to park. `None` if it is gone or was already
     /// asked; otherwise the receiver resolves with the parked connection (or
     /// is dropped if the connection ended first).
-    pub fn park(&self, id: u64, upstream_tls: bool) -> Option<oneshot::Receiver<Parked>> {
+    pub fn park(&self, id: u64, upstream_tls: bool) -> Option<oneshot::Receiver<ParkedAt>> {
         let entry = self.lock().get(&id).cloned()?;
         let tx = entry
             .park
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()?;
-        let (reply, rx) = oneshot::channel();
-        tx.send(ParkRequest {
-            reply,
-            upstream_tls,
-        })
-        .ok()?;
+        let (req, rx) = ParkRequest::new(upstream_tls);
+        tx.send(req).ok()?;
         Some(rx)
     }
 
@@ -994,8 +1021,8 @@ mod tests {
             "a connection is asked to park only once"
         );
         let req = rx1.try_recv().unwrap();
-        req.reply.send(Parked::Draining).unwrap();
-        assert!(matches!(reply.await.unwrap(), Parked::Draining));
+        req.answer(Parked::Draining);
+        assert!(matches!(reply.await.unwrap().parked, Parked::Draining));
         let waiter = tokio::spawn({
             let reg = reg.clone();
             async move { reg.wait_empty().await }

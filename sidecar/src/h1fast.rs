@@ -130,7 +130,7 @@ pub async fn serve<I: ParkableIo>(
                         let (downstream, pre) = down.into_parked();
                         let mut unread = pre.to_vec();
                         unread.extend_from_slice(&buf);
-                        let _ = req.reply.send(Parked::Http1 { meta, downstream, unread: Bytes::from(unread) });
+                        req.answer(Parked::Http1 { meta, downstream, unread: Bytes::from(unread) });
                         return;
                     }
                     parkable = false;

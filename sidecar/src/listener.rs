@@ -469,9 +469,9 @@ pub(crate) async fn serve_http1<I: ParkableIo>(
                         let (downstream, pre) = parts.io.into_inner().into_parked();
                         let mut unread = pre.to_vec();
                         unread.extend_from_slice(&parts.read_buf);
-                        let _ = req.reply.send(Parked::Http1 { meta, downstream, unread: Bytes::from(unread) });
+                        req.answer(Parked::Http1 { meta, downstream, unread: Bytes::from(unread) });
                     }
-                    None => { let _ = req.reply.send(Parked::Draining); }
+                    None => { req.answer(Parked::Draining); }
                 }
                 return;
         },
@@ -505,7 +505,7 @@ async fn serve_http2<I: ParkableIo>(
         _ = crate::lifecycle::wait_until(&mut drain, |d| *d) => {}
         req = &mut park => {
             // HTTP/2 cannot move mid-connection: GOAWAY and drain.
-            if let Ok(req) = req { let _ = req.reply.send(Parked::Draining); }
+            if let Ok(req) = req { req.answer(Parked::Draining); }
         }
     }
     conn.as_mut().graceful_shutdown();

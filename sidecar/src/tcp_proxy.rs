@@ -154,7 +154,7 @@ pub async fn proxy_resumed<D: ParkableIo>(
                     }
                     // The receiver cannot continue an originated TLS session
                     // (protocol 1): finish here, and tell the handoff so.
-                    let _ = req.reply.send(Parked::Draining);
+                    req.answer(Parked::Draining);
                     park_open = false;
                 }
                 Poll::Ready(Err(_)) => park_open = false,
@@ -181,7 +181,7 @@ pub async fn proxy_resumed<D: ParkableIo>(
             let (downstream, extra) = down.into_parked();
             let mut to_up = extra.to_vec();
             to_up.extend_from_slice(&c2s.pending());
-            let _ = req.reply.send(Parked::Tcp {
+            req.answer(Parked::Tcp {
                 meta: meta.clone(),
                 downstream,
                 upstream,
@@ -246,14 +246,9 @@ mod tests {
         client.read_exact(&mut back).await.unwrap();
         assert_eq!(&back, b"back");
 
-        let (reply_tx, reply_rx) = oneshot::channel();
-        park_tx
-            .send(ParkRequest {
-                reply: reply_tx,
-                upstream_tls: true,
-            })
-            .unwrap();
-        let parked = reply_rx.await.unwrap();
+        let (req, reply_rx) = ParkRequest::new(true);
+        park_tx.send(req).unwrap();
+        let parked = reply_rx.await.unwrap().parked;
         assert!(matches!(task.await.unwrap(), TcpEnd::Parked));
         let Parked::Tcp {
             downstream,

@@ -147,6 +147,12 @@ async fn consecutive_handoffs_lose_no_request_no_byte_and_no_counter() {
             m.contains("baton_sidecar_handoff_complete 1"),
             "round {round}: no completion metric"
         );
+        // Each adopted connection's pause is observed once.
+        assert_eq!(
+            metric_sum(&m, "baton_sidecar_handoff_connection_pause_seconds_count"),
+            status["connections"].as_u64().unwrap(),
+            "round {round}: pauses observed"
+        );
         assert!(m.contains("baton_sidecar_lifecycle_phase{phase=\"serving\"} 1"));
         // The admin endpoint reports the same completion as the file.
         let (code, body) = admin_get(world.admin, "/handoff").await.unwrap();

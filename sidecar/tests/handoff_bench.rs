@@ -58,6 +58,41 @@ fn own_runtime(name: &str) -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// Mean, and the bucket bounds under which 99 % and all of the pauses fall,
+/// from the new process's `handoff_connection_pause_seconds` histogram.
+fn pause_summary(metrics: &str) -> String {
+    let name = "baton_sidecar_handoff_connection_pause_seconds";
+    let value = |suffix: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}_{suffix} ")))
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    let (Some(sum), Some(count)) = (value("sum"), value("count")) else {
+        return "not exported".into();
+    };
+    let buckets: Vec<(f64, f64)> = metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix(&format!("{name}_bucket{{le=\"")))
+        .filter_map(|l| {
+            let (le, n) = l.split_once("\"} ")?;
+            Some((le.parse().unwrap_or(f64::INFINITY), n.parse().ok()?))
+        })
+        .collect();
+    let under = |q: f64| {
+        buckets
+            .iter()
+            .find(|(_, n)| *n >= q * count)
+            .map_or("?".to_string(), |(le, _)| format!("{:.1}", le * 1000.0))
+    };
+    format!(
+        "{count} connections, mean {:.3} ms, 99 % <= {} ms, all <= {} ms",
+        sum / count.max(1.0) * 1000.0,
+        under(0.99),
+        under(1.0)
+    )
+}
+
 async fn bench(n: usize) {
     let (upstream_rt, probe_rt) = (own_runtime("bench-upstream"), own_runtime("bench-probes"));
     let world = upstream_rt.spawn(World::new()).await.unwrap();
@@ -187,6 +222,10 @@ async fn bench(n: usize) {
             let at = t.saturating_duration_since(t0).as_secs_f64() * 1000.0;
             println!("  slow: started at +{at:.1} ms, took {ms:.3} ms");
         }
+    }
+    // Each moved connection's pause, as the new process measured it.
+    if let Ok((200, m)) = handoff_support::admin_get(world.admin, "/metrics").await {
+        println!("  pause per moved connection: {}", pause_summary(&m));
     }
     let mut handoff: Vec<f64> = timed.iter().map(|(_, ms)| *ms).collect();
     // Every idle connection moved and still works.

@@ -1126,7 +1126,8 @@ async fn http1_connection_parks_between_requests_with_its_pipelined_bytes() {
         .park(conns[0].id, true)
         .unwrap()
         .await
-        .unwrap();
+        .unwrap()
+        .parked;
     let baton_sidecar::conn::Parked::Http1 {
         downstream, unread, ..
     } = parked

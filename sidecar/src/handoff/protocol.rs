@@ -256,6 +256,15 @@ pub struct ConnectionHeader {
     /// Data-plane details needed to resume (listener name, route, peer…).
     #[serde(default)]
     pub meta: serde_json::Value,
+    /// `CLOCK_MONOTONIC` nanoseconds at which the old process stopped
+    /// reading the connection (0: not sent). The new process measures the
+    /// connection's pause from it; any version may omit or ignore it.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub parked_at_ns: u64,
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -696,6 +705,7 @@ mod tests {
                 server: true,
             }),
             meta: serde_json::json!({"listener": "outbound"}),
+            parked_at_ns: 123_456_789,
         });
         let f = roundtrip(msg, b"abcde");
         assert_eq!(f.blob, b"abcde");
@@ -713,6 +723,7 @@ mod tests {
             up_tls_ciphertext_len: 0,
             tls: None,
             meta: serde_json::Value::Null,
+            parked_at_ns: 0,
         });
         let mut d = Decoder::default();
         d.feed(&encode(&msg, b"short", 0).unwrap());

@@ -209,6 +209,7 @@ async fn established_then_moved_after_updates(
         up_tls_ciphertext_len: 0,
         tls: Some(state),
         meta: serde_json::Value::Null,
+        parked_at_ns: 0,
     });
     let frame = encode(&header, &blob, 1).unwrap();
     a.send(&frame, &[tcp.as_raw_fd()]).await.unwrap();
