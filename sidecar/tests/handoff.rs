@@ -454,27 +454,28 @@ async fn the_old_process_sends_no_more_than_in_flight_unacknowledged_connections
     }
     tx.send(&Message::Accepting, b"", &[]).await.unwrap();
 
-    // Frames until none comes for a while: exactly IN_FLIGHT connections.
+    // IN_FLIGHT connections arrive (however slowly this machine runs), then
+    // nothing more while none is acknowledged.
     let mut got = Vec::new();
-    while let Ok(f) = tokio::time::timeout(Duration::from_millis(500), rx.recv()).await {
-        match f.unwrap().msg {
-            Message::Connection(h) => got.push(h.id),
-            m => panic!("unexpected {}", m.kind()),
-        }
-    }
-    assert_eq!(got.len(), IN_FLIGHT, "unacknowledged connections sent");
+    let take =
+        async |rx: &mut baton_sidecar::handoff::protocol::Receiver, got: &mut Vec<u64>, n| {
+            for _ in 0..n {
+                match recv(rx).await.msg {
+                    Message::Connection(h) => got.push(h.id),
+                    m => panic!("unexpected {}", m.kind()),
+                }
+            }
+            let more = tokio::time::timeout(Duration::from_millis(500), rx.recv()).await;
+            assert!(more.is_err(), "a connection beyond IN_FLIGHT: {more:?}");
+        };
+    take(&mut rx, &mut got, IN_FLIGHT).await;
 
     // Each acknowledgement lets exactly one more go.
     for id in got.drain(..3) {
         tx.send(&Message::Ack { id }, b"", &[]).await.unwrap();
     }
-    while let Ok(f) = tokio::time::timeout(Duration::from_millis(500), rx.recv()).await {
-        match f.unwrap().msg {
-            Message::Connection(h) => got.push(h.id),
-            m => panic!("unexpected {}", m.kind()),
-        }
-    }
-    assert_eq!(got.len(), IN_FLIGHT, "after 3 acks");
+    take(&mut rx, &mut got, 3).await;
+    assert_eq!(got.len(), IN_FLIGHT);
 
     // The peer goes away: the old process serves again, with every
     // connection it did not let go of (the 3 acknowledged ones are gone
