@@ -4,49 +4,43 @@
 # HTTPS (TLS 1.3, ECDSA P-256, no resumption), keep-alive, wrk -c16.
 #
 # Both proxies forward to the same nginx upstream (`return 200`, 10 bytes);
-# proxies and upstream share CPU 0, wrk runs on CPU 1 (as ../shared/bench
-# does). CPU comes from /proc/<pid>/stat utime/stime of the proxy process
+# proxies and upstream share CPU 0, wrk runs on CPU 1 (as the shared proxy
+# harness does). CPU comes from /proc/<pid>/stat utime/stime of the proxy process
 # (the nginx worker, the whole sidecar process incl. its crypto thread)
 # around each wrk run. Runs are interleaved and repeated; compare the ratios
 # of one run only (shared, noisy machine).
 #
 # Usage: bench/cpu-split.sh [-d SECONDS] [-r REPEATS] [-o OUTDIR]
-# Env:   BATON_SIDECAR_BIN (default target/release/baton-sidecar)
+# Env:   BATON_SIDECAR_BIN (default: the release build, built if stale)
 #        BATON_SIDECAR_BIN_B: a second build, measured in the same runs
 #        (rows sidecarB-*), to compare two builds against the same nginx
 #        SIDECAR_B_RUNTIME: extra runtime keys for sidecar B only (e.g.
 #        "h1_fast_path: true"; without BATON_SIDECAR_BIN_B, B runs the same
 #        build), to compare two settings
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 
 DURATION=4 REPEATS=3 OUT=""
 while getopts "d:r:o:h" o; do
   case $o in
     d) DURATION=$OPTARG ;; r) REPEATS=$OPTARG ;; o) OUT=$OPTARG ;;
-    *) sed -n '2,15p' "$0"; exit 0 ;;
+    *) sed -n '2,19p' "$0"; exit 0 ;;
   esac
 done
-(( DURATION <= 30 && REPEATS <= 10 )) || { echo "refusing: DURATION<=30, REPEATS<=10" >&2; exit 2; }
-BIN=${BATON_SIDECAR_BIN:-target/release/baton-sidecar}
-[[ -x $BIN ]] || { echo "no sidecar binary at $BIN (cargo build --release -p baton-sidecar)" >&2; exit 2; }
-for t in wrk nginx openssl taskset python3; do command -v $t >/dev/null || { echo "missing $t" >&2; exit 2; }; done
-OUT=${OUT:-${TMPDIR:-/tmp}/cpu-split/$(date +%Y%m%d-%H%M%S)}
-W=$OUT/work; mkdir -p "$W"
-
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-UP=$(free_port) NGX=$(free_port) NGXS=$(free_port) SC=$(free_port) SCS=$(free_port)
+[[ $DURATION =~ ^[0-9]+$ && $REPEATS =~ ^[0-9]+$ ]] || die "-d and -r take integers"
+(( DURATION >= 1 && DURATION <= 30 && REPEATS >= 1 && REPEATS <= 10 )) || die "refusing: 1<=DURATION<=30, 1<=REPEATS<=10"
+need wrk nginx openssl taskset setsid ss curl python3
+BIN=$(sidecar_bin) || exit 2
 BIN_B=${BATON_SIDECAR_BIN_B:-}
 B_RUNTIME=${SIDECAR_B_RUNTIME:-}
 [[ -z $B_RUNTIME || -n $BIN_B ]] || BIN_B=$BIN
-[[ -z $BIN_B || -x $BIN_B ]] || { echo "BATON_SIDECAR_BIN_B=$BIN_B is not executable" >&2; exit 2; }
+[[ -z $BIN_B || -x $BIN_B ]] || die "BATON_SIDECAR_BIN_B=$BIN_B is not executable"
+bench_init cpu-split "$OUT"
+W=$WORK
+UP=$(free_port) NGX=$(free_port) NGXS=$(free_port) SC=$(free_port) SCS=$(free_port)
 SCB=$(free_port) SCBS=$(free_port)
 
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$W/key.pem" \
-  -out "$W/cert.pem" -days 2 -subj "/CN=localhost" 2>/dev/null
+make_cert ecdsa "$W"
 
 ngx_conf() { # name body
   cat >"$W/$1.conf" <<EOF
@@ -88,18 +82,21 @@ sed -e "s/127.0.0.1:$SC\"/127.0.0.1:$SCB\"/" -e "s/127.0.0.1:$SCS\"/127.0.0.1:$S
   -e "s/^runtime: {worker_threads: 1}/runtime: {worker_threads: 1${B_RUNTIME:+, $B_RUNTIME}}/" \
   "$W/sidecar.yaml" >"$W/sidecar-b.yaml"
 
-taskset -c 0 nginx -p "$W" -c "$W/upstream.conf" >/dev/null 2>&1 & PIDS+=($!)
-taskset -c 0 nginx -p "$W" -c "$W/proxy.conf" >/dev/null 2>&1 & PIDS+=($!); NGX_MASTER=$!
+start_bg upstream 0 nginx -p "$W" -c "$W/upstream.conf"
+start_bg nginx 0 nginx -p "$W" -c "$W/proxy.conf"; NGX_MASTER=$LAST_PID
 BATON_HANDOFF_SOCKET=$W/handoff.sock BATON_HANDOFF_STATUS_FILE=$W/handoff.json \
-  taskset -c 0 "$BIN" run --config "$W/sidecar.yaml" >"$W/sidecar.log" 2>&1 & PIDS+=($!); SC_PID=$!
+  start_bg sidecar 0 "$BIN" run --config "$W/sidecar.yaml"; SC_PID=$LAST_PID
+wait_port "$SC" "$SC_PID" || die "the sidecar did not start; see $W/sidecar.log"
 if [[ -n $BIN_B ]]; then
   BATON_HANDOFF_SOCKET=$W/handoff-b.sock BATON_HANDOFF_STATUS_FILE=$W/handoff-b.json \
-    taskset -c 0 "$BIN_B" run --config "$W/sidecar-b.yaml" >"$W/sidecar-b.log" 2>&1 & PIDS+=($!); SCB_PID=$!
-  for i in $(seq 1 50); do curl -sfk "https://127.0.0.1:$SCBS/" >/dev/null && break; sleep 0.1; done
+    start_bg sidecar-b 0 "$BIN_B" run --config "$W/sidecar-b.yaml"; SCB_PID=$LAST_PID
+  wait_port "$SCBS" "$SCB_PID" || die "sidecar B did not start; see $W/sidecar-b.log"
 fi
-for i in $(seq 1 50); do
+# Listening is not serving: wait until every target answers through to the upstream.
+for _ in $(seq 1 50); do
   curl -sf "http://127.0.0.1:$SC/" >/dev/null && curl -sfk "https://127.0.0.1:$SCS/" >/dev/null \
-    && curl -sf "http://127.0.0.1:$NGX/" >/dev/null && break
+    && curl -sf "http://127.0.0.1:$NGX/" >/dev/null \
+    && { [[ -z $BIN_B ]] || curl -sfk "https://127.0.0.1:$SCBS/" >/dev/null; } && break
   sleep 0.1
 done
 NGX_WORKER=$(pgrep -P "$NGX_MASTER" | head -1)
@@ -112,8 +109,8 @@ run() { # target-name pid url
   read -r u1 s1 < <(cpu "$2")
   echo "$1 $rps $((u1 - u0)) $((s1 - s0))" >>"$OUT/raw.txt"
 }
-echo "host: $(uname -r), $(nproc) cpus, load: $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$OUT/summary.txt"
-for r in $(seq 1 "$REPEATS"); do
+bench_header | tee "$OUT/summary.txt"
+for _ in $(seq 1 "$REPEATS"); do
   run sidecar-http "$SC_PID" "http://127.0.0.1:$SC/"
   run nginx-http "$NGX_WORKER" "http://127.0.0.1:$NGX/"
   run nginx-https "$NGX_WORKER" "https://127.0.0.1:$NGXS/"

@@ -7,7 +7,7 @@
 #   haproxy  h2load -> haproxy nbthread 1 (bind ... proto h2) -> upstream (http-reuse always)
 #   sidecar  h2load -> baton-sidecar --workers 1 (h2 detected by preface) -> upstream (HTTP/1.1 pool)
 #
-# The upstream is the one ../shared/bench/proxy-bench.sh uses (nginx, 1 worker,
+# The upstream is the one the shared proxy harness (proxy-bench.sh) uses (nginx, 1 worker,
 # `return 200` with a 10-byte body), with a second, h2c listener for `direct`.
 # Tests (h2load timing mode; one 5000-request warm-up per target first):
 #   c16m1   16 connections, 1 stream each     (the HTTP/1.1 `sat` shape)
@@ -23,9 +23,10 @@
 # CPU pinning as proxy-bench.sh: 2 CPUs -> client on 1, upstream+proxy on 0.
 #
 # Usage: bench/h2-bench.sh [-d SECONDS] [-r REPEATS] [-o OUTDIR]
-# Env:   BATON_SIDECAR_BIN (default target/release/baton-sidecar),
+# Env:   BATON_SIDECAR_BIN (default: the release build, built if stale),
 #        PEERS ("direct nginx haproxy"), TESTS ("c16m1 c1m16").
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 
 DURATION=5 REPEATS=3 OUT=""
 while getopts "d:r:o:h" o; do
@@ -34,21 +35,15 @@ while getopts "d:r:o:h" o; do
     *) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   esac
 done
-[[ $DURATION =~ ^[0-9]+$ && $REPEATS =~ ^[0-9]+$ ]] || { echo "-d and -r take integers" >&2; exit 2; }
+[[ $DURATION =~ ^[0-9]+$ && $REPEATS =~ ^[0-9]+$ ]] || die "-d and -r take integers"
 (( DURATION >= 1 && DURATION <= 60 && REPEATS >= 1 && REPEATS <= 10 )) \
-  || { echo "refusing: 1<=DURATION<=60, 1<=REPEATS<=10" >&2; exit 2; }
-BIN=${BATON_SIDECAR_BIN:-target/release/baton-sidecar}
+  || die "refusing: 1<=DURATION<=60, 1<=REPEATS<=10"
 PEERS=${PEERS:-direct nginx haproxy}
 TESTS=${TESTS:-c16m1 c1m16}
-[[ -x $BIN ]] || { echo "no sidecar binary at $BIN (cargo build --release -p baton-sidecar)" >&2; exit 2; }
-BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
-for t in h2load nginx haproxy curl taskset setsid ss python3; do
-  command -v $t >/dev/null || { echo "missing $t (h2load: apt-get install nghttp2-client)" >&2; exit 2; }
-done
+NEED_HINT="h2load: apt-get install nghttp2-client" need h2load nginx haproxy curl taskset setsid ss python3
+BIN=$(sidecar_bin) || exit 2
 
-OUT=${OUT:-${TMPDIR:-/tmp}/h2-bench/$(date +%Y%m%d-%H%M%S)}
-mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
-WORK=$OUT/work; mkdir -p "$WORK"
+bench_init h2-bench "$OUT"
 RESULTS=$OUT/results.tsv
 printf 'rep\ttarget\ttest\trps\tp50_us\tp99_us\tlogged\tfailed\tproxy_cpu_s\tok\n' > "$RESULTS"
 exec > >(tee -a "$OUT/run.log") 2>&1
@@ -57,41 +52,6 @@ NCPU=$(nproc)
 if (( NCPU >= 3 )); then UP_CPUS=0 PROXY_CPUS=1 CLI_CPUS=2-$((NCPU - 1))
 elif (( NCPU == 2 )); then UP_CPUS=0 PROXY_CPUS=0 CLI_CPUS=1
 else UP_CPUS=0 PROXY_CPUS=0 CLI_CPUS=0; fi
-
-log() { printf '[%(%H:%M:%S)T] %s\n' -1 "$*"; }
-
-PIDS=()
-start_bg() {   # start_bg NAME CMD... ; own process group (setsid), pinned
-  local name=$1; shift
-  setsid taskset -c "$CPUS" "$@" >"$WORK/$name.log" 2>&1 </dev/null &
-  LAST_PID=$!
-  PIDS+=("$LAST_PID")
-}
-cleanup() {
-  local p
-  for p in "${PIDS[@]}"; do kill -TERM -- "-$p" 2>/dev/null || true; done
-  sleep 0.3
-  for p in "${PIDS[@]}"; do kill -KILL -- "-$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-USED=" "
-free_port() {
-  local p
-  for _ in $(seq 200); do
-    p=$(( 20000 + RANDOM % 12000 ))
-    [[ $USED == *" $p "* ]] && continue
-    if [[ -z $(ss -Htan "( sport = :$p or dport = :$p )") ]]; then USED+="$p "; echo "$p"; return; fi
-  done
-  echo "no free port" >&2; exit 1
-}
-
-pg_cpu() {     # CPU seconds used so far by process group $1 (as proxy-bench.sh)
-  { cat /proc/[0-9]*/stat 2>/dev/null || true; } | awk -v pg="$1" -v hz="$(getconf CLK_TCK)" '
-    { line=$0; sub(/^.*\) /, "", line); split(line, f, " "); if (f[3] == pg) s += f[12] + f[13] }
-    END { printf "%.2f", s / hz }'
-}
 
 wait_h2() {    # wait_h2 PORT PID NAME : bounded wait for an h2c 200 with the upstream's body
   local body
@@ -139,7 +99,7 @@ mkdir -p "$WORK/upstream"
 }
 EOF
 } > "$WORK/upstream/nginx.conf"
-CPUS=$UP_CPUS start_bg upstream nginx -p "$WORK/upstream" -e "$WORK/upstream/error.log" -c "$WORK/upstream/nginx.conf"
+start_bg upstream "$UP_CPUS" nginx -p "$WORK/upstream" -e "$WORK/upstream/error.log" -c "$WORK/upstream/nginx.conf"
 UP_PID=$LAST_PID
 wait_h2 "$UP_H2_PORT" "$UP_PID" upstream
 
@@ -166,7 +126,7 @@ for p in $PEERS; do
 }
 EOF
       } > "$WORK/nginx/nginx.conf"
-      CPUS=$PROXY_CPUS start_bg nginx nginx -p "$WORK/nginx" -e "$WORK/nginx/error.log" -c "$WORK/nginx/nginx.conf" ;;
+      start_bg nginx "$PROXY_CPUS" nginx -p "$WORK/nginx" -e "$WORK/nginx/error.log" -c "$WORK/nginx/nginx.conf" ;;
     haproxy)
       port=$(free_port)
       cat > "$WORK/haproxy.cfg" <<EOF
@@ -187,7 +147,7 @@ frontend fe
 backend be
   server up1 $UPSTREAM
 EOF
-      CPUS=$PROXY_CPUS start_bg haproxy haproxy -db -f "$WORK/haproxy.cfg" ;;
+      start_bg haproxy "$PROXY_CPUS" haproxy -db -f "$WORK/haproxy.cfg" ;;
     *) echo "unknown peer $p" >&2; exit 2 ;;
   esac
   TARGETS+=("$p")
@@ -196,7 +156,7 @@ EOF
   wait_h2 "$port" "$LAST_PID" "$p"
 done
 port=$(free_port)
-CPUS=$PROXY_CPUS start_bg sidecar "$BIN" run --listen "127.0.0.1:$port" --upstream "$UPSTREAM" --workers 1
+start_bg sidecar "$PROXY_CPUS" "$BIN" run --listen "127.0.0.1:$port" --upstream "$UPSTREAM" --workers 1
 PORT_OF[sidecar]=$port; PID_OF[sidecar]=$LAST_PID
 wait_h2 "$port" "$LAST_PID" sidecar
 TARGETS+=(sidecar)
@@ -234,9 +194,8 @@ print(len(lat), ok, q(0.50), q(0.99))
 PY
 )
   read -r logged okd p50 p99 <<<"$stats"
-  local rps reqs failed cpu
+  local rps failed cpu
   rps=$(grep -oE 'finished in [0-9.]+s, [0-9.]+ req/s' <<<"$out" | awk '{print $4}')
-  reqs=$(grep -oE 'requests: [0-9]+ total' <<<"$out" | awk '{print $2}')
   failed=$(grep -oE '[0-9]+ failed' <<<"$out" | head -n1 | awk '{print $1}')
   cpu=$(awk -v a="$c0" -v b="$c1" 'BEGIN{printf "%.2f", b-a}')
   [[ $t == direct ]] && cpu=0

@@ -27,13 +27,14 @@
 # core rather than for other tasks.
 #
 # Usage: bench/tls-offload.sh [-d SECONDS] [-r REPEATS] [-o OUTDIR]
-# Env:   BATON_SIDECAR_BIN (default target/release/baton-sidecar),
+# Env:   BATON_SIDECAR_BIN (default: the release build, built if stale),
 #        KEY_KIND rsa|ecdsa (default rsa), FLOOD_CONNS (16),
 #        SIDECAR_RUNTIME: extra runtime keys for every sidecar, e.g.
 #        "global_queue_interval: 4" (default: none, tokio's defaults),
 #        CRYPTO_CPUS: pin the sidecars' crypto workers there (default: with
 #        the rest of the sidecar on the server cpus).
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 
 DURATION=5 REPEATS=2 OUT=""
 while getopts "d:r:o:h" o; do
@@ -42,47 +43,20 @@ while getopts "d:r:o:h" o; do
     *) sed -n '2,36p' "$0"; exit 0 ;;
   esac
 done
-BIN=${BATON_SIDECAR_BIN:-target/release/baton-sidecar}
 KEY_KIND=${KEY_KIND:-rsa}
 FLOOD_CONNS=${FLOOD_CONNS:-16}
 SIDECAR_RUNTIME=${SIDECAR_RUNTIME:-}
 CRYPTO_CPUS=${CRYPTO_CPUS:-}
-(( DURATION <= 60 && REPEATS <= 10 )) || { echo "refusing: DURATION<=60, REPEATS<=10" >&2; exit 2; }
-[[ -x $BIN ]] || { echo "no sidecar binary at $BIN (cargo build --release -p baton-sidecar)" >&2; exit 2; }
-for t in wrk nginx openssl taskset ss; do command -v $t >/dev/null || { echo "missing $t" >&2; exit 2; }; done
-OUT=${OUT:-${TMPDIR:-/tmp}/tls-offload/$(date +%Y%m%d-%H%M%S)}
-mkdir -p "$OUT"
-WORK=$OUT/work; mkdir -p "$WORK"
+[[ $DURATION =~ ^[0-9]+$ && $REPEATS =~ ^[0-9]+$ ]] || die "-d and -r take integers"
+(( DURATION >= 1 && DURATION <= 60 && REPEATS >= 1 && REPEATS <= 10 )) || die "refusing: 1<=DURATION<=60, 1<=REPEATS<=10"
+need wrk nginx openssl taskset setsid ss curl
+BIN=$(sidecar_bin) || exit 2
+bench_init tls-offload "$OUT"
 NCPU=$(nproc)
 if (( NCPU >= 3 )); then SRV_CPUS=0,1 CLI_CPUS=2-$((NCPU - 1)); else SRV_CPUS=0 CLI_CPUS=$((NCPU - 1)); fi
 
 PROBE_NICE=""
 (( EUID == 0 )) && PROBE_NICE="nice -n -10"
-
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null || true; done
-  sleep 0.3
-  for p in "${PIDS[@]}"; do kill -KILL -- "-$p" 2>/dev/null || true; done
-}
-trap cleanup EXIT INT TERM
-
-free_port() {
-  local p
-  while :; do
-    p=$(( 20000 + RANDOM % 12000 ))
-    ss -ltn "sport = :$p" | grep -q ":$p" || { echo "$p"; return; }
-  done
-}
-
-wait_port() {   # wait_port PORT PID
-  for _ in $(seq 100); do
-    kill -0 "$2" 2>/dev/null || return 1
-    ss -ltn "sport = :$1" | grep -q ":$1" && return 0
-    sleep 0.05
-  done
-  return 1
-}
 
 # Upstream: nginx, 1 worker, 10-byte body.
 UP=$(free_port)
@@ -92,17 +66,10 @@ worker_processes 1; daemon off; pid $WORK/nginx/nginx.pid; error_log $WORK/nginx
 events { worker_connections 1024; }
 http { access_log off; server { listen 127.0.0.1:$UP; location / { return 200 "0123456789"; } } }
 NGX
-setsid taskset -c "$SRV_CPUS" nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" >/dev/null 2>&1 &
-PIDS+=($!); wait_port "$UP" "$!" || { echo "nginx did not start" >&2; exit 1; }
+start_bg upstream "$SRV_CPUS" nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf"
+wait_port "$UP" "$LAST_PID" || die "nginx did not start; see $WORK/upstream.log"
 
-# Certificate.
-if [[ $KEY_KIND == rsa ]]; then
-  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$WORK/key.pem" -out "$WORK/cert.pem" -days 2 \
-    -subj /CN=localhost -addext subjectAltName=IP:127.0.0.1 2>/dev/null
-else
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$WORK/key.pem" \
-    -out "$WORK/cert.pem" -days 2 -subj /CN=localhost -addext subjectAltName=IP:127.0.0.1 2>/dev/null
-fi
+make_cert "$KEY_KIND" "$WORK"
 
 start_sidecar() {   # start_sidecar MODE [TAG] -> sets SC_PID SC_PORT SC_ADMIN
   # TAG keeps a second sidecar's files (and handoff socket) apart.
@@ -128,9 +95,9 @@ tls:
   offload: {mode: $mode, workers: 1}
 YAML
   BATON_HANDOFF_SOCKET=$WORK/handoff-$tag.sock BATON_HANDOFF_STATUS_FILE=$WORK/handoff-$tag.json \
-    setsid taskset -c "$SRV_CPUS" "$BIN" run --config "$WORK/sc-$tag.yaml" >"$WORK/sc-$tag.log" 2>&1 &
-  SC_PID=$!; PIDS+=($SC_PID); SC_PORT=$port SC_ADMIN=$admin
-  wait_port "$port" "$SC_PID" || { echo "sidecar ($tag) did not start; see $WORK/sc-$tag.log" >&2; exit 1; }
+    start_bg "sc-$tag" "$SRV_CPUS" "$BIN" run --config "$WORK/sc-$tag.yaml"
+  SC_PID=$LAST_PID SC_PORT=$port SC_ADMIN=$admin
+  wait_port "$port" "$SC_PID" || die "sidecar ($tag) did not start; see $WORK/sc-$tag.log"
   if [[ -n $CRYPTO_CPUS ]]; then
     # The crypto workers (comm "baton-crypto-…") on their own cores, as a pod
     # with more than one core (or a QAT device) runs them.
@@ -172,8 +139,6 @@ lag_q() {   # lag_q Q BEFORE AFTER
     }' "$2" "$3"
 }
 
-stop_pid() { kill -TERM -- "-$1" 2>/dev/null || true; for _ in $(seq 40); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.05; done; kill -KILL -- "-$1" 2>/dev/null || true; }
-
 # wrk's --latency percentile line -> milliseconds
 pct() { awk -v q="$1" '$1==q {v=$2; if (v ~ /us$/) {sub(/us/,"",v); v/=1000} else if (v ~ /ms$/) {sub(/ms/,"",v)} else if (v ~ /s$/) {sub(/s/,"",v); v*=1000}; print v}' "$2"; }
 
@@ -214,7 +179,7 @@ run_case() {   # run_case NAME MODE FLOOD(0|1|2) REP   (2: flood a second sideca
 
 printf 'case\trep\tprobe_p50_ms\tprobe_p99_ms\thandshakes_per_s\tlag_p50_ms\tlag_p99_ms\tlag_samples\tloop_cpu_pct\tloop_rq_wait_us\n' > "$OUT/results.tsv"
 {
-  echo "date: $(date -u)"; echo "host: $(uname -r), $NCPU cpus, load: $(cut -d' ' -f1-3 /proc/loadavg)"
+  bench_header
   echo "sidecar: $BIN ($KEY_KIND key, TLS 1.2, 1 worker, 1 crypto worker), runtime extra: ${SIDECAR_RUNTIME:-none}, crypto cpus ${CRYPTO_CPUS:-server cpus}, server cpus $SRV_CPUS, client cpus $CLI_CPUS"
   echo "duration ${DURATION}s x $REPEATS repeats, flood: wrk -c$FLOOD_CONNS Connection: close over https, probe client: ${PROBE_NICE:-default priority}"
 } > "$OUT/header.txt"
@@ -243,5 +208,4 @@ awk -F'\t' 'NR>1 { c=$1; r=$2; n[c]++; p50[c]+=$3; p99[c]+=$4; if ($5 != "-") hs
         (b99["idle"] > 0 ? b99[c]/b99["idle"] : 0), rng(g99, c), (c in hs ? sprintf("%.0f", hs[c]/n[c]) : "-"),
         cpu[c]/n[c], rqw[c]/n[c] }
   }' "$OUT/results.tsv" > "$OUT/summary.txt"
-cat "$OUT/header.txt" "$OUT/summary.txt"
-echo "raw: $OUT"
+show_results "$OUT/header.txt" "$OUT/summary.txt"

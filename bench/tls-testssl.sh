@@ -9,38 +9,26 @@
 # a mesh listener negotiates. Findings of severity MEDIUM or worse make the
 # script exit 1.
 #
-# Usage: bench/tls-testssl.sh [-o OUTDIR]   Env: BATON_SIDECAR_BIN, KEY_KIND (ecdsa|rsa)
+# Usage: bench/tls-testssl.sh [-o OUTDIR]   Env: BATON_SIDECAR_BIN (default: the release
+# build, built if stale), KEY_KIND (ecdsa|rsa)
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 OUT=""
-while getopts "o:h" o; do case $o in o) OUT=$OPTARG ;; *) sed -n '2,12p' "$0"; exit 0 ;; esac; done
-BIN=${BATON_SIDECAR_BIN:-target/release/baton-sidecar}
+while getopts "o:h" o; do case $o in o) OUT=$OPTARG ;; *) sed -n '2,13p' "$0"; exit 0 ;; esac; done
 KEY_KIND=${KEY_KIND:-ecdsa}
-[[ -x $BIN ]] || { echo "no sidecar binary at $BIN" >&2; exit 2; }
-command -v testssl >/dev/null || { echo "testssl missing: apt-get install testssl.sh" >&2; exit 2; }
-OUT=${OUT:-${TMPDIR:-/tmp}/tls-testssl/$(date +%Y%m%d-%H%M%S)}
-WORK=$OUT/work; mkdir -p "$WORK"
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill -TERM -- "-$p" 2>/dev/null || true; done; sleep 0.3; for p in "${PIDS[@]}"; do kill -KILL -- "-$p" 2>/dev/null || true; done; }
-trap cleanup EXIT INT TERM
-free_port() { local p; while :; do p=$(( 20000 + RANDOM % 12000 )); ss -ltn "sport = :$p" | grep -q ":$p" || { echo "$p"; return; }; done; }
-
-if [[ $KEY_KIND == rsa ]]; then
-  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$WORK/key.pem" -out "$WORK/cert.pem" -days 2 \
-    -subj /CN=localhost -addext subjectAltName=IP:127.0.0.1 2>/dev/null
-else
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$WORK/key.pem" \
-    -out "$WORK/cert.pem" -days 2 -subj /CN=localhost -addext subjectAltName=IP:127.0.0.1 2>/dev/null
-fi
+NEED_HINT="testssl: apt-get install testssl.sh" need testssl openssl setsid ss python3
+BIN=$(sidecar_bin) || exit 2
+bench_init tls-testssl "$OUT"
+make_cert "$KEY_KIND" "$WORK"
 UP=$(free_port); PORT=$(free_port)
 # Upstream: a trivial HTTP responder (python3, loopback).
-setsid python3 -c "
+start_bg upstream "" python3 -c "
 import http.server, socketserver
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200); self.send_header('content-length','2'); self.end_headers(); self.wfile.write(b'ok')
     def log_message(self, *a): pass
-socketserver.TCPServer(('127.0.0.1', $UP), H).serve_forever()" &
-PIDS+=($!)
+socketserver.TCPServer(('127.0.0.1', $UP), H).serve_forever()"
 cat > "$WORK/sc.yaml" <<YAML
 version: 1
 admin: {address: "127.0.0.1:0"}
@@ -56,9 +44,8 @@ tls:
   source: {files: {cert_chain: "$WORK/cert.pem", key: "$WORK/key.pem", trust_bundle: "$WORK/cert.pem"}}
 YAML
 BATON_HANDOFF_SOCKET=$WORK/handoff.sock BATON_HANDOFF_STATUS_FILE=$WORK/handoff.json \
-  setsid "$BIN" run --config "$WORK/sc.yaml" >"$WORK/sidecar.log" 2>&1 &
-PIDS+=($!)
-for _ in $(seq 100); do ss -ltn "sport = :$PORT" | grep -q ":$PORT" && break; sleep 0.05; done
+  start_bg sidecar "" "$BIN" run --config "$WORK/sc.yaml"
+wait_port "$PORT" "$LAST_PID" || die "the sidecar did not start; see $WORK/sidecar.log"
 timeout 900 testssl --quiet --color 0 --warnings off --fast --ip 127.0.0.1 \
   --jsonfile "$OUT/testssl.json" --logfile "$OUT/testssl.log" "127.0.0.1:$PORT" >"$OUT/testssl.txt" 2>&1 || true
 cat "$OUT/testssl.txt"

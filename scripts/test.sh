@@ -26,6 +26,10 @@ if cargo tree -p baton-sidecar -e normal,build --locked --prefix none | grep -E 
   exit 1
 fi
 
+step "no dependency cycle of more than three top-level modules in a crate (baseline: scripts/module-cycles.baseline)"
+scripts/module-cycles.sh --self-test
+scripts/module-cycles.sh
+
 step "the contract module builds without kube"
 cargo test --locked -p baton-crds --no-default-features
 
