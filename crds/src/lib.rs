@@ -16,7 +16,8 @@
 //! common           shared field types (backend refs, durations, header names)
 //! conditions       status condition types, reasons and an upsert helper
 //! selector         pure LabelSelector matching
-//! validation       FieldError + the `Validate` trait the webhook dispatches on
+//! validation       FieldError + the `Validate` trait every kind implements
+//! objects          validates a JSON object of any Baton kind (dispatch by kind)
 //! accelerator      pure QAT grant decision shared by webhook and operator
 //! schema           CRD post-processing for old API servers + the full CRD list
 //! yaml             the one place that talks YAML
@@ -32,6 +33,8 @@ pub mod accelerator_pool;
 pub mod common;
 #[cfg(feature = "kube")]
 pub mod conditions;
+#[cfg(feature = "kube")]
+pub mod objects;
 #[cfg(feature = "kube")]
 pub mod route;
 #[cfg(feature = "kube")]

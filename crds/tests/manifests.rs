@@ -85,7 +85,7 @@ fn every_example_is_accepted_by_the_webhook_rules_and_the_cel_rules() {
             kinds_seen.insert(kind);
         }
     }
-    let all: std::collections::BTreeSet<String> = baton_crds::validation::KINDS
+    let all: std::collections::BTreeSet<String> = baton_crds::objects::KINDS
         .iter()
         .map(|k| k.to_string())
         .collect();

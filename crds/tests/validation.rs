@@ -794,5 +794,5 @@ fn rejects_devices_per_sidecar_outside_1_to_16() {
 
 #[test]
 fn validate_object_ignores_kinds_that_are_not_batons() {
-    assert!(baton_crds::validation::validate_object("Pod", &json!({})).is_none());
+    assert!(baton_crds::objects::validate_object("Pod", &json!({})).is_none());
 }

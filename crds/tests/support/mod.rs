@@ -4,8 +4,8 @@
 
 #![allow(dead_code)]
 
+use baton_crds::objects::validate_object;
 use baton_crds::schema::crds;
-use baton_crds::validation::validate_object;
 use serde_json::{Value, json};
 
 /// The `openAPIV3Schema` of `kind` as generated.
