@@ -2,7 +2,13 @@
 //! data plane's metric families as typed fields so the hot path updates them
 //! without name lookups. Other layers (TLS, handoff) register their own
 //! families through [`Metrics::register`].
+//!
+//! Counters carried over by a handoff live in a store of their own
+//! ([`Metrics::carry`]) and are added to the exposition by series name, so a
+//! family continues whichever module registers it and whenever (the TLS
+//! layer registers its families only once it is attached, after the import).
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
@@ -120,6 +126,9 @@ fn latency_histogram() -> Histogram {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Mutex<Registry>,
+    /// Counter series carried over from the previous process (see
+    /// [`Metrics::carry`]): added to this process's values at exposition.
+    carried: Mutex<BTreeMap<String, u64>>,
     pub requests: Family<RequestLabels, Counter>,
     pub request_duration: Family<RouteLabels, Histogram, fn() -> Histogram>,
     pub connections_active: Family<ConnLabels, Gauge>,
@@ -142,6 +151,9 @@ pub struct Metrics {
     pub h1_fast_path_fallbacks: Family<Labels, Counter>,
     /// Fed by [`crate::loop_lag`].
     pub event_loop_lag: Histogram,
+    /// Admin requests refused because the caller is not on the Pod's
+    /// loopback, by endpoint (see [`crate::admin`]).
+    pub admin_refused: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -155,6 +167,7 @@ impl Metrics {
         let mut r = Registry::with_prefix("baton_sidecar");
         let m = Self {
             registry: Mutex::new(Registry::default()),
+            carried: Mutex::new(BTreeMap::new()),
             requests: Family::default(),
             request_duration: Family::new_with_constructor(latency_histogram),
             connections_active: Family::default(),
@@ -172,6 +185,7 @@ impl Metrics {
             h1_fast_path_requests: Counter::default(),
             h1_fast_path_fallbacks: Family::default(),
             event_loop_lag: crate::loop_lag::histogram(),
+            admin_refused: Family::default(),
         };
         r.register(
             "requests",
@@ -254,6 +268,11 @@ impl Metrics {
             "Time a task woken from outside the data-plane runtime waits until the runtime polls it (sampled every ~10 ms)",
             m.event_loop_lag.clone(),
         );
+        r.register(
+            "admin_refused",
+            "Admin requests refused because the caller is not on the Pod's loopback, by endpoint",
+            m.admin_refused.clone(),
+        );
         *m.registry.lock().unwrap_or_else(|e| e.into_inner()) = r;
         m
     }
@@ -263,12 +282,52 @@ impl Metrics {
         f(&mut self.registry.lock().unwrap_or_else(|e| e.into_inner()));
     }
 
-    /// Text exposition for `/metrics`.
+    /// Text exposition for `/metrics`, with the carried-over counters
+    /// added to their series.
     pub fn encode(&self) -> String {
         let mut out = String::with_capacity(8192);
-        let reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = prometheus_client::encoding::text::encode(&mut out, &reg);
-        out
+        {
+            let reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = prometheus_client::encoding::text::encode(&mut out, &reg);
+        }
+        let carried = self.carried.lock().unwrap_or_else(|e| e.into_inner());
+        if carried.is_empty() {
+            out
+        } else {
+            crate::handoff::counters::add_carried(&out, &carried)
+        }
+    }
+
+    /// Adds counter series (`name_total{labels}` → value) carried over from
+    /// the previous process. They are added to this process's own values
+    /// whenever the exposition is made, so a family registered after the
+    /// import (or never touched here yet) continues where the old process
+    /// left off. A series whose family is never registered is not shown.
+    pub fn carry(&self, counters: &BTreeMap<String, u64>) {
+        let mut carried = self.carried.lock().unwrap_or_else(|e| e.into_inner());
+        for (series, v) in counters {
+            *carried.entry(series.clone()).or_default() += v;
+        }
+    }
+
+    /// Carried series whose family this process has not registered (yet).
+    pub fn carried_unplaced(&self) -> Vec<String> {
+        let carried = self
+            .carried
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let shown = crate::handoff::counters::parse_counters(&self.encode());
+        carried
+            .into_keys()
+            .filter(|k| !shown.contains_key(k))
+            .collect()
+    }
+
+    pub fn admin_refused(&self, endpoint: &'static str) {
+        self.admin_refused
+            .get_or_create(&vec![("endpoint", endpoint)])
+            .inc();
     }
 
     pub fn upstream_error(&self, class: &'static str) {
