@@ -103,19 +103,25 @@ pub fn import(metrics: &Metrics, counters: &BTreeMap<String, u64>) {
 
 /// Pure: `text` (an OpenMetrics exposition) with each `carried` counter
 /// series added to its sample, and the carried series this process has not
-/// produced yet appended to their family's block. Series of families absent
-/// from `text` are left out (not yet registered); gauges and histograms are
-/// never touched.
-pub fn add_carried(text: &str, carried: &BTreeMap<String, u64>) -> String {
+/// produced yet shown with the carried value: inside their family's block,
+/// or, for a registered counter family (`families`: full name → help) that
+/// has no series here yet (the exposition omits such a family), in a block
+/// of its own before `# EOF`. Series of families not registered are left out
+/// (see [`unplaced`]); gauges and histograms are never touched.
+pub fn add_carried(
+    text: &str,
+    carried: &BTreeMap<String, u64>,
+    families: &BTreeMap<String, String>,
+) -> String {
     // Family name (as in `# TYPE`) → its carried series, in order.
     let mut by_family: BTreeMap<&str, Vec<(&str, u64)>> = BTreeMap::new();
     for (series, v) in carried {
-        let name = series.split('{').next().unwrap_or(series);
-        if let Some(family) = name.strip_suffix("_total") {
+        if let Some(family) = family_of(series) {
             by_family.entry(family).or_default().push((series, *v));
         }
     }
     let mut out = String::with_capacity(text.len() + 64 * carried.len());
+    let mut present = std::collections::HashSet::new();
     // The counter family whose samples are being read, and which of its
     // carried series were already added to a sample.
     let mut current: Option<(&str, Vec<bool>)> = None;
@@ -133,6 +139,23 @@ pub fn add_carried(text: &str, carried: &BTreeMap<String, u64>) -> String {
             }
         }
     }
+    // Registered counter families with carried series but no block.
+    let absent = |out: &mut String, present: &std::collections::HashSet<&str>| {
+        for (family, series) in &by_family {
+            if present.contains(family) {
+                continue;
+            }
+            if let Some(help) = families.get(*family) {
+                out.push_str(&format!(
+                    "# HELP {family} {help}.\n# TYPE {family} counter\n"
+                ));
+                for (series, v) in series {
+                    out.push_str(&format!("{series} {v}\n"));
+                }
+            }
+        }
+    };
+    let mut eof = false;
     for line in text.lines() {
         if line.starts_with('#') {
             let family_line = line
@@ -145,11 +168,18 @@ pub fn add_carried(text: &str, carried: &BTreeMap<String, u64>) -> String {
             }
             if let Some(rest) = line.strip_prefix("# TYPE ") {
                 let mut it = rest.split_whitespace();
-                if let (Some(name), Some("counter")) = (it.next(), it.next())
-                    && let Some((family, series)) = by_family.get_key_value(name)
-                {
-                    current = Some((*family, vec![false; series.len()]));
+                if let Some(name) = it.next() {
+                    if let Some((family, series)) = by_family.get_key_value(name) {
+                        present.insert(*family);
+                        if it.next() == Some("counter") {
+                            current = Some((*family, vec![false; series.len()]));
+                        }
+                    }
                 }
+            }
+            if line == "# EOF" {
+                absent(&mut out, &present);
+                eof = true;
             }
             out.push_str(line);
             out.push('\n');
@@ -172,7 +202,24 @@ pub fn add_carried(text: &str, carried: &BTreeMap<String, u64>) -> String {
         out.push('\n');
     }
     flush(&mut out, &mut current, &by_family);
+    if !eof {
+        absent(&mut out, &present);
+    }
     out
+}
+
+/// `name_total{...}` → `name` (a counter sample's family).
+fn family_of(series: &str) -> Option<&str> {
+    series.split('{').next()?.strip_suffix("_total")
+}
+
+/// Pure: the carried series whose family is not a registered counter family.
+pub fn unplaced(carried: &BTreeMap<String, u64>, families: &BTreeMap<String, String>) -> Vec<String> {
+    carried
+        .keys()
+        .filter(|s| family_of(s).is_none_or(|f| !families.contains_key(f)))
+        .cloned()
+        .collect()
 }
 
 #[cfg(test)]
@@ -288,7 +335,7 @@ mod tests {
     }
 
     #[test]
-    fn carried_series_are_added_inside_their_family_block_of_a_valid_exposition() {
+    fn carried_series_are_added_inside_their_family_block_and_empty_registered_families_get_one() {
         let text = "# HELP a_x X.\n# TYPE a_x counter\na_x_total{k=\"1\"} 2\n\
                     # HELP a_g G.\n# TYPE a_g gauge\na_g 7\n\
                     # HELP a_y Y.\n# TYPE a_y counter\na_y_total 1\n# EOF\n";
@@ -299,13 +346,20 @@ mod tests {
         // A gauge of the same name is never changed; an unknown family is left out.
         carried.insert("a_g_total".to_string(), 100);
         carried.insert("a_z_total".to_string(), 1);
-        let out = add_carried(text, &carried);
+        let mut families = BTreeMap::new();
+        for f in ["a_x", "a_y", "a_w"] {
+            families.insert(f.to_string(), format!("{f} help"));
+        }
+        carried.insert("a_w_total".to_string(), 4);
+        let out = add_carried(text, &carried, &families);
         assert_eq!(
             out,
             "# HELP a_x X.\n# TYPE a_x counter\na_x_total{k=\"1\"} 7\na_x_total{k=\"2\"} 3\n\
              # HELP a_g G.\n# TYPE a_g gauge\na_g 7\n\
-             # HELP a_y Y.\n# TYPE a_y counter\na_y_total 11\n# EOF\n"
+             # HELP a_y Y.\n# TYPE a_y counter\na_y_total 11\n\
+             # HELP a_w a_w help.\n# TYPE a_w counter\na_w_total 4\n# EOF\n"
         );
+        assert_eq!(unplaced(&carried, &families), vec!["a_g_total", "a_z_total"]);
     }
 
     /// Every counter family the process can export (the data plane's, the
@@ -381,6 +435,15 @@ mod tests {
         let new = Metrics::new();
         import(&new, &exported);
         let (hm2, tls2) = layers(&new);
+        assert!(new.carried_unplaced().is_empty(), "{:?}", new.carried_unplaced());
+        // Before this process touches any of them: every series is there,
+        // with the old value.
+        let nonzero: BTreeMap<String, u64> = exported
+            .iter()
+            .filter(|(_, v)| **v > 0)
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        assert_eq!(export(&new), nonzero);
         populate(&new, &hm2, &tls2);
         let after = export(&new);
         for (series, v) in &exported {
