@@ -80,16 +80,15 @@ fn wget(ns: &str, pod: &str, container: &str, method: &str, url: &str) -> (bool,
 
 /// One HTTP/1.1 request from this host (the node) to `addr`: (status, text).
 async fn from_node(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
-    let mut s = tokio::time::timeout(
-        Duration::from_secs(5),
-        tokio::net::TcpStream::connect(addr),
-    )
-    .await
-    .expect("connect timed out")
-    .expect("connect");
+    let mut s = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
+        .await
+        .expect("connect timed out")
+        .expect("connect");
     s.write_all(
-        format!("{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-            .as_bytes(),
+        format!(
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        .as_bytes(),
     )
     .await
     .unwrap();
@@ -99,7 +98,10 @@ async fn from_node(addr: SocketAddr, method: &str, path: &str) -> (u16, String) 
         .expect("read timed out")
         .expect("read");
     let text = String::from_utf8_lossy(&out).into_owned();
-    (text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0), text)
+    (
+        text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0),
+        text,
+    )
 }
 
 fn admin(ip: IpAddr) -> SocketAddr {
@@ -135,12 +137,27 @@ async fn admin_refuses_shutdown_log_level_and_config_from_another_pod_and_keeps_
             ("GET", "/config"),
             ("GET", "/connections"),
         ] {
-            let (ok, out) = wget(&ns, "other", "sh", method, &format!("http://{ip}:15020{path}"));
-            assert!(!ok && out.contains("403"), "{method} {path} from another Pod: {out}");
+            let (ok, out) = wget(
+                &ns,
+                "other",
+                "sh",
+                method,
+                &format!("http://{ip}:15020{path}"),
+            );
+            assert!(
+                !ok && out.contains("403"),
+                "{method} {path} from another Pod: {out}"
+            );
         }
         // What another Pod may read still answers it.
         for path in ["/ready", "/metrics", "/handoff"] {
-            let (ok, out) = wget(&ns, "other", "sh", "GET", &format!("http://{ip}:15020{path}"));
+            let (ok, out) = wget(
+                &ns,
+                "other",
+                "sh",
+                "GET",
+                &format!("http://{ip}:15020{path}"),
+            );
             assert!(ok, "GET {path} from another Pod: {out}");
         }
         // The sidecar kept serving: still Ready, never restarted.
@@ -189,8 +206,17 @@ async fn admin_the_application_in_the_same_pod_can_still_call_shutdown() {
         let ip = wait::pod_ip(&meshed);
         let (ok, out) = wget(&ns, "meshed", "app", "GET", "http://127.0.0.1:15020/config");
         assert!(ok, "GET /config from the application: {out}");
-        let (ok, out) = wget(&ns, "meshed", "app", "POST", "http://127.0.0.1:15020/shutdown");
-        assert!(ok && out.contains("draining"), "POST /shutdown from the application: {out}");
+        let (ok, out) = wget(
+            &ns,
+            "meshed",
+            "app",
+            "POST",
+            "http://127.0.0.1:15020/shutdown",
+        );
+        assert!(
+            ok && out.contains("draining"),
+            "POST /shutdown from the application: {out}"
+        );
         // The sidecar drains and exits (the kubelet then restarts it).
         let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
         baton_e2e::wait_for("the sidecar to exit", Duration::from_secs(30), || async {
@@ -202,7 +228,10 @@ async fn admin_the_application_in_the_same_pod_can_still_call_shutdown() {
                 .flatten()
                 .find(|c| c.name == contract::containers::SLOT_A);
             match s {
-                Some(c) if c.restart_count > 0 || c.last_state.is_some_and(|l| l.terminated.is_some()) => {
+                Some(c)
+                    if c.restart_count > 0
+                        || c.last_state.is_some_and(|l| l.terminated.is_some()) =>
+                {
                     baton_e2e::Check::Done(())
                 }
                 other => baton_e2e::Check::NotYet(format!("{other:?}; admin {}", admin(ip))),

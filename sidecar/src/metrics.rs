@@ -12,11 +12,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Metric, Registry};
 
 /// HTTP status class label (`2xx` ...), so cardinality stays bounded.
@@ -316,9 +316,7 @@ impl Metrics {
             m.admin_refused.clone(),
         );
         *m.registry.lock().unwrap_or_else(|e| e.into_inner()) = registry;
-        *m.counter_families
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = counters;
+        *m.counter_families.lock().unwrap_or_else(|e| e.into_inner()) = counters;
         m
     }
 

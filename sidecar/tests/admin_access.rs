@@ -50,7 +50,8 @@ async fn call(admin: &Admin, peer: &str, method: Method, path: &str) -> (StatusC
     let status = r.status();
     if status == StatusCode::FORBIDDEN {
         assert_eq!(
-            r.headers()["x-baton-local-reason"], "admin_not_loopback",
+            r.headers()["x-baton-local-reason"],
+            "admin_not_loopback",
             "{path}"
         );
     }
@@ -78,11 +79,19 @@ async fn every_admin_endpoint_answers_the_pod_and_only_probes_metrics_and_status
 
     // Callers outside the Pod: the kubelet or another Pod over the Pod IP,
     // IPv4, IPv6 and IPv4-mapped on a dual-stack socket.
-    for peer in ["10.0.0.7:40000", "[fd00::7]:40000", "[::ffff:10.0.0.7]:40000"] {
+    for peer in [
+        "10.0.0.7:40000",
+        "[fd00::7]:40000",
+        "[::ffff:10.0.0.7]:40000",
+    ] {
         for (method, path, pod_only) in ENDPOINTS {
             let (status, body) = call(&admin, peer, method.parse().unwrap(), path).await;
             if pod_only {
-                assert_eq!(status, StatusCode::FORBIDDEN, "{peer} {method} {path}: {body}");
+                assert_eq!(
+                    status,
+                    StatusCode::FORBIDDEN,
+                    "{peer} {method} {path}: {body}"
+                );
                 assert!(body.contains("only callers inside the Pod"), "{body}");
             } else {
                 assert_eq!(status, StatusCode::OK, "{peer} {method} {path}: {body}");
@@ -108,13 +117,22 @@ async fn every_admin_endpoint_answers_the_pod_and_only_probes_metrics_and_status
     }
 
     // Callers inside the Pod (the application, `kubectl port-forward`).
-    for peer in ["127.0.0.1:40000", "127.8.9.10:40000", "[::1]:40000", "[::ffff:127.0.0.1]:40000"] {
+    for peer in [
+        "127.0.0.1:40000",
+        "127.8.9.10:40000",
+        "[::1]:40000",
+        "[::ffff:127.0.0.1]:40000",
+    ] {
         for (method, path, _) in ENDPOINTS.iter().filter(|e| e.1 != "/shutdown") {
             let (status, body) = call(&admin, peer, method.parse().unwrap(), path).await;
             assert_eq!(status, StatusCode::OK, "{peer} {method} {path}: {body}");
         }
     }
-    assert_eq!(calls.lock().unwrap().len(), 8, "two log-level calls per peer");
+    assert_eq!(
+        calls.lock().unwrap().len(),
+        8,
+        "two log-level calls per peer"
+    );
     // The Jobs contract: the application in the same Pod ends the sidecar.
     let (status, _) = call(&admin, "127.0.0.1:40000", Method::POST, "/shutdown").await;
     assert_eq!(status, StatusCode::OK);
@@ -140,8 +158,10 @@ async fn request_from(from: IpAddr, to: SocketAddr, method: &str, path: &str) ->
         .unwrap()
         .unwrap();
     s.write_all(
-        format!("{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-            .as_bytes(),
+        format!(
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        .as_bytes(),
     )
     .await
     .unwrap();
@@ -151,7 +171,10 @@ async fn request_from(from: IpAddr, to: SocketAddr, method: &str, path: &str) ->
         .unwrap()
         .unwrap();
     let text = String::from_utf8_lossy(&out).into_owned();
-    (text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0), text)
+    (
+        text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0),
+        text,
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -163,13 +186,23 @@ async fn over_a_real_socket_a_non_loopback_caller_is_refused_and_wait_ready_stil
     // `baton-sidecar wait-ready` (the application's start gate) calls from loopback.
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(BIN)
-            .args(["wait-ready", "--admin", &loopback.to_string(), "--timeout-secs", "10"])
+            .args([
+                "wait-ready",
+                "--admin",
+                &loopback.to_string(),
+                "--timeout-secs",
+                "10",
+            ])
             .output()
             .unwrap()
     })
     .await
     .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let lo = IpAddr::from([127, 0, 0, 1]);
     assert_eq!(request_from(lo, loopback, "GET", "/config").await.0, 200);
@@ -216,7 +249,10 @@ async fn a_handoff_attempt_from_another_uid_is_refused_and_the_old_sidecar_keeps
     let world = World::new().await;
     let mut old = world.spawn(&[]);
     world.wait_ready(Duration::from_secs(20)).await;
-    let mode = std::fs::metadata(&world.socket).unwrap().permissions().mode();
+    let mode = std::fs::metadata(&world.socket)
+        .unwrap()
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o777, 0o600, "the handoff socket is owner-only");
     // Let `nobody` read the config and reach the socket's directory.
     std::fs::set_permissions(world.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -229,7 +265,10 @@ async fn a_handoff_attempt_from_another_uid_is_refused_and_the_old_sidecar_keeps
             .args(["run", "--config"])
             .arg(&world.config)
             .env("BATON_HANDOFF_SOCKET", &world.socket)
-            .env("BATON_HANDOFF_STATUS_FILE", world.dir.path().join("intruder-status.json"))
+            .env(
+                "BATON_HANDOFF_STATUS_FILE",
+                world.dir.path().join("intruder-status.json"),
+            )
             .env("BATON_LOG", "info")
             // Its own check of the old sidecar's UID passes, so it gets as
             // far as asking: the old sidecar's refusal is what is tested.

@@ -164,7 +164,10 @@ async fn an_opaque_inbound_listener_under_strict_terminates_mesh_tls_1_2_and_1_3
         let mut big = vec![0u8; 256 * 1024];
         Pattern::new(7).fill(&mut big);
         for chunk in big.chunks(16 * 1024) {
-            assert!(echo(&mut s, chunk).await == chunk, "{version:?}: echo differs");
+            assert!(
+                echo(&mut s, chunk).await == chunk,
+                "{version:?}: echo differs"
+            );
         }
     }
     let m = sc.running.shared.metrics.encode();

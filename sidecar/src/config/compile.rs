@@ -760,7 +760,8 @@ mod tests {
 
     #[test]
     fn rejects_rbac_on_listeners_whose_connections_skip_http() {
-        let rbac = "policies: {rbac: [{name: p, rules: [{action: allow, cidrs: ['10.0.0.0/8']}]}]}\n";
+        let rbac =
+            "policies: {rbac: [{name: p, rules: [{action: allow, cidrs: ['10.0.0.0/8']}]}]}\n";
         assert_refused(
             &format!(
                 "{C}{rbac}listeners: [{{name: l, address: '127.0.0.1:0', protocol: tcp, tcp_cluster: a, rbac: p}}]"

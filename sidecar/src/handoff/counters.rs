@@ -168,12 +168,12 @@ pub fn add_carried(
             }
             if let Some(rest) = line.strip_prefix("# TYPE ") {
                 let mut it = rest.split_whitespace();
-                if let Some(name) = it.next() {
-                    if let Some((family, series)) = by_family.get_key_value(name) {
-                        present.insert(*family);
-                        if it.next() == Some("counter") {
-                            current = Some((*family, vec![false; series.len()]));
-                        }
+                if let Some(name) = it.next()
+                    && let Some((family, series)) = by_family.get_key_value(name)
+                {
+                    present.insert(*family);
+                    if it.next() == Some("counter") {
+                        current = Some((*family, vec![false; series.len()]));
                     }
                 }
             }
@@ -214,7 +214,10 @@ fn family_of(series: &str) -> Option<&str> {
 }
 
 /// Pure: the carried series whose family is not a registered counter family.
-pub fn unplaced(carried: &BTreeMap<String, u64>, families: &BTreeMap<String, String>) -> Vec<String> {
+pub fn unplaced(
+    carried: &BTreeMap<String, u64>,
+    families: &BTreeMap<String, String>,
+) -> Vec<String> {
     carried
         .keys()
         .filter(|s| family_of(s).is_none_or(|f| !families.contains_key(f)))
@@ -359,7 +362,10 @@ mod tests {
              # HELP a_y Y.\n# TYPE a_y counter\na_y_total 11\n\
              # HELP a_w a_w help.\n# TYPE a_w counter\na_w_total 4\n# EOF\n"
         );
-        assert_eq!(unplaced(&carried, &families), vec!["a_g_total", "a_z_total"]);
+        assert_eq!(
+            unplaced(&carried, &families),
+            vec!["a_g_total", "a_z_total"]
+        );
     }
 
     /// Every counter family the process can export (the data plane's, the
@@ -424,10 +430,8 @@ mod tests {
                 .then(|| rest.split_whitespace().next().unwrap_or_default())
         }) {
             assert!(
-                exported
-                    .iter()
-                    .any(|(s, v)| *v > 0
-                        && s.split('{').next() == Some(format!("{family}_total").as_str())),
+                exported.iter().any(|(s, v)| *v > 0
+                    && s.split('{').next() == Some(format!("{family}_total").as_str())),
                 "counter family {family} has no series: give it one in populate()"
             );
         }
@@ -435,7 +439,11 @@ mod tests {
         let new = Metrics::new();
         import(&new, &exported);
         let (hm2, tls2) = layers(&new);
-        assert!(new.carried_unplaced().is_empty(), "{:?}", new.carried_unplaced());
+        assert!(
+            new.carried_unplaced().is_empty(),
+            "{:?}",
+            new.carried_unplaced()
+        );
         // Before this process touches any of them: every series is there,
         // with the old value.
         let nonzero: BTreeMap<String, u64> = exported
@@ -447,7 +455,11 @@ mod tests {
         populate(&new, &hm2, &tls2);
         let after = export(&new);
         for (series, v) in &exported {
-            assert_eq!(after.get(series), Some(&(2 * v)), "{series} did not continue");
+            assert_eq!(
+                after.get(series),
+                Some(&(2 * v)),
+                "{series} did not continue"
+            );
         }
     }
 }

@@ -220,7 +220,11 @@ fn parse_uids(v: &str) -> Vec<u32> {
         .filter_map(|s| match s.parse() {
             Ok(uid) => Some(uid),
             Err(_) => {
-                tracing::warn!(entry = s, "{}: not a UID; ignored", contract::env::HANDOFF_PEER_UIDS);
+                tracing::warn!(
+                    entry = s,
+                    "{}: not a UID; ignored",
+                    contract::env::HANDOFF_PEER_UIDS
+                );
                 None
             }
         })
