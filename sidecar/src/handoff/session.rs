@@ -1270,6 +1270,10 @@ async fn hand_off_here(
         tracing::warn!(%reason, "handoff refused: the peer is not a sidecar of this Pod; still serving");
         let _ = tx.send(&Message::Refuse { reason }, b"", &[]).await;
         hm.handoff("old", "refused_peer");
+        // Let the peer finish writing its Hello before we close (a close
+        // under its write would turn our answer into EPIPE on its side);
+        // bounded, and whatever it sent is dropped unread.
+        let _ = tokio::time::timeout(Duration::from_secs(1), rx.recv()).await;
         return Ok(false);
     }
     let hello = recv_within(&mut rx, cfg.step_timeout).await?;
