@@ -230,7 +230,9 @@ async fn admin_the_application_in_the_same_pod_can_still_call_shutdown() {
             match s {
                 Some(c)
                     if c.restart_count > 0
-                        || c.last_state.is_some_and(|l| l.terminated.is_some()) =>
+                        || c.last_state
+                            .as_ref()
+                            .is_some_and(|l| l.terminated.is_some()) =>
                 {
                     baton_e2e::Check::Done(())
                 }
