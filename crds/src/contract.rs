@@ -138,6 +138,9 @@ pub mod env {
     pub const HANDOFF_TIMEOUT_MS: &str = "BATON_HANDOFF_TIMEOUT_MS";
     /// How long the old process waits for in-flight requests to reach a safe point.
     pub const HANDOFF_PARK_TIMEOUT_MS: &str = "BATON_HANDOFF_PARK_TIMEOUT_MS";
+    /// UIDs (comma-separated) allowed to take over on the handoff socket in
+    /// addition to the sidecar's own effective UID (checked with SO_PEERCRED).
+    pub const HANDOFF_PEER_UIDS: &str = "BATON_HANDOFF_PEER_UIDS";
     /// Testing knob: advertise protocol versions `MIN-MAX` instead of this build's.
     pub const HANDOFF_PROTOCOL_RANGE: &str = "BATON_HANDOFF_PROTOCOL_RANGE";
     /// Testing knob: the new process waits this long before each step, so

@@ -1,11 +1,17 @@
 //! Admin HTTP listener: `/live`, `/ready`, `/metrics`. Plain HTTP/1.1 on its
 //! own port so probes and scrapes never compete with the API traffic.
+//!
+//! Every endpoint is read-only and reveals nothing beyond counters and the
+//! leader flag, so the port answers any caller (the kubelet probes it from
+//! the node, Prometheus scrapes it); any method other than GET or HEAD is
+//! refused (405), so nothing here can ever change state. See the ports
+//! table in docs/operations.md.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use http::{Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::service::service_fn;
@@ -32,6 +38,23 @@ pub fn respond(path: &str, metrics: &Metrics, ready: bool) -> Response<Full<Byte
     response
 }
 
+/// [`respond`] for GET and HEAD; 405 for any other method.
+pub fn respond_to(
+    method: &Method,
+    path: &str,
+    metrics: &Metrics,
+    ready: bool,
+) -> Response<Full<Bytes>> {
+    if method != Method::GET && method != Method::HEAD {
+        let mut r = Response::new(Full::new(Bytes::from_static(
+            b"method not allowed: the admin port is read-only (GET, HEAD)\n",
+        )));
+        *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+        return r;
+    }
+    respond(path, metrics, ready)
+}
+
 /// Serves until the task is dropped.
 pub async fn serve(
     addr: SocketAddr,
@@ -46,7 +69,8 @@ pub async fn serve(
         let ready = ready.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req: Request<Incoming>| {
-                let response = respond(req.uri().path(), &metrics, *ready.borrow());
+                let response =
+                    respond_to(req.method(), req.uri().path(), &metrics, *ready.borrow());
                 async move { Ok::<_, Infallible>(response) }
             });
             if let Err(error) = hyper::server::conn::http1::Builder::new()
@@ -74,5 +98,22 @@ mod tests {
         assert_eq!(respond("/live", &m, false).status(), StatusCode::OK);
         assert_eq!(respond("/metrics", &m, false).status(), StatusCode::OK);
         assert_eq!(respond("/nope", &m, true).status(), StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn only_get_and_head_are_answered_so_no_caller_can_change_anything() {
+        let m = Metrics::default();
+        for path in ["/live", "/ready", "/metrics"] {
+            for method in [Method::GET, Method::HEAD] {
+                assert_eq!(respond_to(&method, path, &m, true).status(), StatusCode::OK);
+            }
+            for method in [Method::POST, Method::PUT, Method::DELETE, Method::PATCH] {
+                assert_eq!(
+                    respond_to(&method, path, &m, true).status(),
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "{method} {path}"
+                );
+            }
+        }
     }
 }

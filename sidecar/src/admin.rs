@@ -4,14 +4,25 @@
 //! Kept deliberately separate from the data-plane listeners: it never goes
 //! through routing or filters, and it keeps answering while draining (so
 //! probes and scrapes see the drain happen).
-
+//!
+//! **Who may call what.** In a Pod the port is reachable from anywhere that
+//! reaches the Pod's IP (the kubelet probes it from the node, Prometheus
+//! scrapes it), so the service decides by caller ([`access`]): `/live`,
+//! `/ready`, `/metrics` and `/handoff` (read-only upgrade status) answer
+//! anyone; `/config`, `/connections`, `/log-level` and `/shutdown`, which
+//! change state or reveal configuration, connections and identities, answer
+//! only callers on the Pod's loopback ([`from_pod`]) and refuse anyone else
+//! with 403 (counted in `baton_sidecar_admin_refused_total{endpoint}`). The
+//! decision uses the socket's peer address only, never a header, and lives in
+//! the handler, so it holds on an admin socket the handoff passed in from the
+//! previous process as much as on one bound here.
 use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
@@ -64,11 +75,54 @@ fn json(value: &serde_json::Value) -> Response<Full<Bytes>> {
     r
 }
 
+/// Who may call an admin endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Probes, scrapes and the rollout controller's status read: answers
+    /// any caller that reaches the port.
+    Anyone,
+    /// Changes state or reveals configuration, connections or identities:
+    /// only a process in the Pod (its loopback).
+    PodOnly,
+}
+
+/// Pure: the access rule and metric label of `path`; `None` for a path the
+/// admin service does not serve (404 for everyone).
+pub fn access(path: &str) -> Option<(Access, &'static str)> {
+    Some(match path {
+        "/live" => (Access::Anyone, "/live"),
+        "/ready" => (Access::Anyone, "/ready"),
+        "/metrics" => (Access::Anyone, "/metrics"),
+        // Phase and last handoff (versions, counts, durations): what the
+        // operator's rollout controller reads from the Pod IP, no addresses,
+        // identities or configuration.
+        "/handoff" => (Access::Anyone, "/handoff"),
+        "/config" => (Access::PodOnly, "/config"),
+        "/connections" => (Access::PodOnly, "/connections"),
+        "/log-level" => (Access::PodOnly, "/log-level"),
+        "/shutdown" => (Access::PodOnly, "/shutdown"),
+        _ => return None,
+    })
+}
+
+/// Pure: whether a caller at `peer` is inside the Pod: on its loopback
+/// (127.0.0.0/8, ::1, or 127.x mapped into IPv6 by a dual-stack socket).
+/// Containers of a Pod share its network namespace, so its loopback is
+/// reachable only from them (and through `kubectl port-forward`, which the
+/// API server authorizes per Pod); the kubelet and other Pods arrive from
+/// the Pod's or the node's addresses.
+pub fn from_pod(peer: IpAddr) -> bool {
+    match peer {
+        IpAddr::V4(a) => a.is_loopback(),
+        IpAddr::V6(a) => a.is_loopback() || a.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
+    }
+}
+
 impl Admin {
     pub async fn serve(self, listener: TcpListener) {
         let mut phase = self.shared.lifecycle.subscribe();
         loop {
-            let (stream, _) = tokio::select! {
+            let (stream, peer) = tokio::select! {
                 r = listener.accept() => match r { Ok(x) => x, Err(_) => continue },
                 _ = crate::lifecycle::wait_until(&mut phase, |p| *p == Phase::Stopped) => return,
             };
@@ -76,7 +130,7 @@ impl Admin {
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |req| {
                     let admin = admin.clone();
-                    async move { Ok::<_, Infallible>(admin.handle(req).await) }
+                    async move { Ok::<_, Infallible>(admin.handle(req, peer).await) }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), svc)
@@ -85,7 +139,32 @@ impl Admin {
         }
     }
 
-    async fn handle(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    /// Answers one admin request from `peer` (the connection's remote
+    /// address).
+    pub async fn handle<B>(&self, req: Request<B>, peer: SocketAddr) -> Response<Full<Bytes>>
+    where
+        B: http_body::Body,
+        B::Error: std::fmt::Display,
+    {
+        if let Some((Access::PodOnly, endpoint)) = access(req.uri().path())
+            && !from_pod(peer.ip())
+        {
+            self.shared.metrics.admin_refused(endpoint);
+            tracing::debug!(%peer, endpoint, "admin request refused: caller not on the Pod's loopback");
+            let mut r = text(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "forbidden: {endpoint} answers only callers inside the Pod (127.0.0.1 or ::1), \
+                     not {}\n",
+                    peer.ip()
+                ),
+            );
+            r.headers_mut().insert(
+                "x-baton-local-reason",
+                "admin_not_loopback".parse().expect("static"),
+            );
+            return r;
+        }
         let phase = self.shared.lifecycle.current();
         match (req.method(), req.uri().path()) {
             (&Method::GET, "/metrics") => {

@@ -220,6 +220,14 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Validate { config } => {
             let snap = load_file(&config)?;
             crate::config::compile(&snap)?;
+            // The TLS section too (a reload refuses it through the TLS
+            // layer's hook): parse and compile the settings, without I/O.
+            if let Some(section) = &snap.tls {
+                serde_json::from_value::<crate::tls::TlsSettings>(section.clone())
+                    .map_err(|e| e.to_string())
+                    .and_then(|s| s.compile().map(drop).map_err(|e| e.to_string()))
+                    .map_err(crate::config::ConfigError::Tls)?;
+            }
             println!("{}: valid (version {})", config.display(), snap.version);
             Ok(())
         }

@@ -50,6 +50,15 @@ pub trait TlsTerminator: Send + Sync + 'static {
     fn plaintext_allowed(&self, _listener: &str) -> bool {
         true
     }
+
+    /// Whether mesh TLS is terminated at all (a Strict or Permissive
+    /// policy). When it is, even a listener that skips protocol detection
+    /// (`protocol: tcp`/`http1`/`http2`, opaque ports) looks at the outer
+    /// layer for a ClientHello; when it is not, TLS passes through such a
+    /// listener untouched (the application's own TLS).
+    fn terminates(&self) -> bool {
+        true
+    }
 }
 
 /// Bind a listening socket the way the sidecar wants it (reuseaddr,
@@ -172,6 +181,16 @@ pub async fn handle_connection(
 
     let mut stream = stream;
     let (protocol, prefix) = match forced {
+        // Inbound under mesh TLS: the listener's protocol is what is inside
+        // the mesh TLS, so only the outer layer is looked at (ClientHello or
+        // not), never the inner bytes.
+        Some(p) if tls.as_ref().is_some_and(|t| t.terminates()) => {
+            match read_outer_tls(&mut stream, detect_timeout).await {
+                Ok((true, prefix)) => (Protocol::Tls, prefix),
+                Ok((false, prefix)) => (p, prefix),
+                Err(_) => return,
+            }
+        }
         Some(p) => (p, Bytes::new()),
         None => match read_and_detect(&mut stream, detect_timeout).await {
             Ok(x) => x,
@@ -185,7 +204,7 @@ pub async fn handle_connection(
                 guard.set_kind(ConnKind::Tls);
                 guard.set_tls();
                 match t.accept(io, meta).await {
-                    Ok((io, meta)) => serve_decrypted(io, meta, shared, guard, park).await,
+                    Ok((io, meta)) => serve_decrypted(io, meta, forced, shared, guard, park).await,
                     Err(e) => tracing::debug!(error = %e, "tls accept failed"),
                 }
             }
@@ -202,6 +221,40 @@ pub async fn handle_connection(
                 return;
             }
             serve_plain(io, meta, p, shared, guard, park).await
+        }
+    }
+}
+
+/// Pure: whether `buf` starts a TLS handshake record (content type 22,
+/// major version 3); `None` while one byte is all there is.
+fn starts_tls_record(buf: &[u8]) -> Option<bool> {
+    match buf {
+        [] | [0x16] => None,
+        [0x16, 3, ..] => Some(true),
+        _ => Some(false),
+    }
+}
+
+/// Read until the first bytes tell a TLS record from anything else, or the
+/// timeout fires (a silent client: not TLS). Returns the verdict and the
+/// bytes read (at most the first segment; nothing past the outer layer's
+/// first bytes is interpreted).
+async fn read_outer_tls(
+    stream: &mut TcpStream,
+    timeout: Duration,
+) -> std::io::Result<(bool, Bytes)> {
+    let mut buf = BytesMut::with_capacity(1024);
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(tls) = starts_tls_record(&buf) {
+            return Ok((tls, buf.freeze()));
+        }
+        match tokio::time::timeout_at(deadline, stream.read_buf(&mut buf)).await {
+            Err(_) => return Ok((false, buf.freeze())),
+            Ok(Ok(0)) if buf.is_empty() => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(Ok(0)) => return Ok((false, buf.freeze())),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(e),
         }
     }
 }
@@ -240,10 +293,13 @@ async fn read_and_detect(
     }
 }
 
-/// Serve a decrypted stream from the TLS layer: ALPN decides, else detect.
+/// Serve a decrypted stream from the TLS layer. An opaque listener
+/// (`forced` TCP) passes the inner bytes on untouched; otherwise ALPN
+/// decides, then the listener's protocol, else detection.
 async fn serve_decrypted(
     mut io: BoxIo,
     meta: ConnMeta,
+    forced: Option<Protocol>,
     shared: Arc<Shared>,
     guard: ConnGuard,
     park: oneshot::Receiver<ParkRequest>,
@@ -253,7 +309,11 @@ async fn serve_decrypted(
         Some(b"http/1.1") => Some(Protocol::Http1),
         _ => None,
     };
-    let (protocol, prefix) = match by_alpn {
+    let inner = match forced {
+        Some(Protocol::Tcp) => Some(Protocol::Tcp),
+        f => by_alpn.or(f),
+    };
+    let (protocol, prefix) = match inner {
         Some(p) => (p, Bytes::new()),
         None => {
             let timeout = shared

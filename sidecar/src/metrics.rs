@@ -2,15 +2,22 @@
 //! data plane's metric families as typed fields so the hot path updates them
 //! without name lookups. Other layers (TLS, handoff) register their own
 //! families through [`Metrics::register`].
+//!
+//! Counters carried over by a handoff live in a store of their own
+//! ([`Metrics::carry`]) and are added to the exposition by series name, so a
+//! family continues whichever module registers it and whenever (the TLS
+//! layer registers its families only once it is attached, after the import).
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 /// HTTP status class label (`2xx` ...), so cardinality stays bounded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -116,10 +123,47 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0001, 2.0, 18))
 }
 
+/// What [`Metrics::register`] hands a layer: the process registry, plus a
+/// note of every counter family's full name and help. The exposition omits a
+/// family with no series yet; the note lets a series carried over by a
+/// handoff show under its family from the moment the family is registered,
+/// whoever registers it and whenever.
+#[derive(Debug)]
+pub struct Registrar<'a> {
+    registry: &'a mut Registry,
+    prefix: String,
+    counters: &'a mut BTreeMap<String, String>,
+}
+
+impl Registrar<'_> {
+    /// [`Registry::register`], remembering counter families.
+    pub fn register(&mut self, name: &str, help: &str, metric: impl Metric) {
+        if metric.metric_type() == MetricType::Counter {
+            self.counters
+                .insert(format!("{}_{name}", self.prefix), help.to_string());
+        }
+        self.registry.register(name, help, metric);
+    }
+
+    /// [`Registry::sub_registry_with_prefix`]: names get `<prefix>_`.
+    pub fn sub_registry_with_prefix(&mut self, prefix: &str) -> Registrar<'_> {
+        Registrar {
+            registry: self.registry.sub_registry_with_prefix(prefix),
+            prefix: format!("{}_{prefix}", self.prefix),
+            counters: self.counters,
+        }
+    }
+}
+
 /// The data plane's metrics.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Mutex<Registry>,
+    /// Counter series carried over from the previous process (see
+    /// [`Metrics::carry`]): added to this process's values at exposition.
+    carried: Mutex<BTreeMap<String, u64>>,
+    /// Every registered counter family: full name → help.
+    counter_families: Mutex<BTreeMap<String, String>>,
     pub requests: Family<RequestLabels, Counter>,
     pub request_duration: Family<RouteLabels, Histogram, fn() -> Histogram>,
     pub connections_active: Family<ConnLabels, Gauge>,
@@ -142,6 +186,9 @@ pub struct Metrics {
     pub h1_fast_path_fallbacks: Family<Labels, Counter>,
     /// Fed by [`crate::loop_lag`].
     pub event_loop_lag: Histogram,
+    /// Admin requests refused because the caller is not on the Pod's
+    /// loopback, by endpoint (see [`crate::admin`]).
+    pub admin_refused: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -152,9 +199,17 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut r = Registry::with_prefix("baton_sidecar");
+        let mut registry = Registry::with_prefix("baton_sidecar");
+        let mut counters = BTreeMap::new();
+        let mut r = Registrar {
+            registry: &mut registry,
+            prefix: "baton_sidecar".to_string(),
+            counters: &mut counters,
+        };
         let m = Self {
             registry: Mutex::new(Registry::default()),
+            carried: Mutex::new(BTreeMap::new()),
+            counter_families: Mutex::new(BTreeMap::new()),
             requests: Family::default(),
             request_duration: Family::new_with_constructor(latency_histogram),
             connections_active: Family::default(),
@@ -172,6 +227,7 @@ impl Metrics {
             h1_fast_path_requests: Counter::default(),
             h1_fast_path_fallbacks: Family::default(),
             event_loop_lag: crate::loop_lag::histogram(),
+            admin_refused: Family::default(),
         };
         r.register(
             "requests",
@@ -254,21 +310,77 @@ impl Metrics {
             "Time a task woken from outside the data-plane runtime waits until the runtime polls it (sampled every ~10 ms)",
             m.event_loop_lag.clone(),
         );
-        *m.registry.lock().unwrap_or_else(|e| e.into_inner()) = r;
+        r.register(
+            "admin_refused",
+            "Admin requests refused because the caller is not on the Pod's loopback, by endpoint",
+            m.admin_refused.clone(),
+        );
+        *m.registry.lock().unwrap_or_else(|e| e.into_inner()) = registry;
+        *m.counter_families.lock().unwrap_or_else(|e| e.into_inner()) = counters;
         m
     }
 
     /// Let another layer add its families to the same registry (same prefix).
-    pub fn register(&self, f: impl FnOnce(&mut Registry)) {
-        f(&mut self.registry.lock().unwrap_or_else(|e| e.into_inner()));
+    pub fn register(&self, f: impl FnOnce(&mut Registrar<'_>)) {
+        let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let mut counters = self
+            .counter_families
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        f(&mut Registrar {
+            registry: &mut registry,
+            prefix: "baton_sidecar".to_string(),
+            counters: &mut counters,
+        });
     }
 
-    /// Text exposition for `/metrics`.
+    /// Text exposition for `/metrics`, with the carried-over counters
+    /// added to their series.
     pub fn encode(&self) -> String {
         let mut out = String::with_capacity(8192);
-        let reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = prometheus_client::encoding::text::encode(&mut out, &reg);
-        out
+        {
+            let reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = prometheus_client::encoding::text::encode(&mut out, &reg);
+        }
+        let carried = self.carried.lock().unwrap_or_else(|e| e.into_inner());
+        if carried.is_empty() {
+            out
+        } else {
+            let families = self
+                .counter_families
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            crate::handoff::counters::add_carried(&out, &carried, &families)
+        }
+    }
+
+    /// Adds counter series (`name_total{labels}` → value) carried over from
+    /// the previous process. They are added to this process's own values
+    /// whenever the exposition is made, so a family registered after the
+    /// import (or never touched here yet) continues where the old process
+    /// left off. A series whose family is never registered is not shown.
+    pub fn carry(&self, counters: &BTreeMap<String, u64>) {
+        let mut carried = self.carried.lock().unwrap_or_else(|e| e.into_inner());
+        // A zero adds nothing (and would only make the series look placed).
+        for (series, v) in counters.iter().filter(|(_, v)| **v > 0) {
+            *carried.entry(series.clone()).or_default() += v;
+        }
+    }
+
+    /// Carried series whose family this process has not registered (yet).
+    pub fn carried_unplaced(&self) -> Vec<String> {
+        let carried = self.carried.lock().unwrap_or_else(|e| e.into_inner());
+        let families = self
+            .counter_families
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        crate::handoff::counters::unplaced(&carried, &families)
+    }
+
+    pub fn admin_refused(&self, endpoint: &'static str) {
+        self.admin_refused
+            .get_or_create(&vec![("endpoint", endpoint)])
+            .inc();
     }
 
     pub fn upstream_error(&self, class: &'static str) {

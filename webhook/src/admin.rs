@@ -1,6 +1,12 @@
-//! The admin port (plain HTTP, never exposed outside the pod): `/live`,
-//! `/ready` (serving certificate loaded and caches synced, the two things
-//! without which admission answers would be wrong) and `/metrics`.
+//! The admin port (plain HTTP, no Service points at it): `/live`, `/ready`
+//! (serving certificate loaded and caches synced, the two things without
+//! which admission answers would be wrong) and `/metrics`.
+//!
+//! It listens on every address so the kubelet can probe it from the node
+//! and Prometheus can scrape it; every endpoint is read-only (GET/HEAD,
+//! anything else 405) and reveals only counters and readiness, never the CA,
+//! certificates or cached objects, so any caller may use it. See the ports
+//! table in docs/operations.md.
 
 use std::sync::Arc;
 

@@ -10,7 +10,9 @@ use std::time::Duration;
 use http::{HeaderName, HeaderValue, Method};
 use regex::Regex;
 
-use super::{Capture, ListenerConfig, ListenerProtocol, PathMatch, Snapshot, ValueMatch};
+use super::{
+    Capture, Direction, ListenerConfig, ListenerProtocol, PathMatch, Snapshot, ValueMatch,
+};
 use crate::filters::{Cidr, Rbac};
 use crate::routing::{
     CompiledRoute, HeaderCondition, HeaderRewriter, HostMatch, PathMatcher, QueryCondition,
@@ -141,9 +143,21 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
             }
         }
         let mut seen = HashSet::new();
+        let admin_port = snapshot.admin.address.port();
         for e in &c.endpoints {
             if !seen.insert(e) {
                 p.push(format!("{at}.endpoints"), format!("duplicate endpoint {e}"));
+            }
+            // The admin service trusts callers on the Pod's loopback; a
+            // cluster there would relay anyone the routes admit to it.
+            if admin_port != 0 && e.port() == admin_port && crate::admin::from_pod(e.ip()) {
+                p.push(
+                    format!("{at}.endpoints"),
+                    format!(
+                        "{e} is the sidecar's own admin port on loopback: proxied callers would \
+                         reach its Pod-only endpoints (/shutdown, /config, ...)"
+                    ),
+                );
             }
         }
         if let Some(o) = &c.outlier {
@@ -398,6 +412,14 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
         ));
     }
 
+    // The TLS settings as far as listeners depend on them (the TLS layer
+    // validates the section itself; an unreadable one is its to refuse).
+    let mesh_tls = snapshot
+        .tls
+        .as_ref()
+        .and_then(|v| serde_json::from_value::<crate::tls::TlsSettings>(v.clone()).ok())
+        .filter(|t| t.mode != crate::tls::TlsMode::Disabled);
+
     // Listeners.
     let mut names = HashSet::new();
     let mut addrs = HashSet::new();
@@ -448,6 +470,46 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
                 &at,
                 "a tcp listener needs tcp_cluster, port_map or passthrough",
             );
+        }
+        // RBAC is evaluated per HTTP request: connections that skip
+        // detection never carry one, so the policy would never apply.
+        if l.rbac.is_some() && l.protocol == ListenerProtocol::Tcp {
+            p.push(
+                format!("{at}.rbac"),
+                "rbac applies to HTTP requests; on a protocol: tcp listener every connection \
+                 would pass unchecked (use protocol: auto, http1 or http2)",
+            );
+        }
+        if l.rbac.is_some() && !l.opaque_ports.is_empty() {
+            p.push(
+                format!("{at}.rbac"),
+                format!(
+                    "rbac applies to HTTP requests; connections to opaque_ports {:?} would pass \
+                     unchecked (move those ports to a listener without rbac)",
+                    l.opaque_ports
+                ),
+            );
+        }
+        if let (Some(tls), Direction::Inbound) = (&mesh_tls, l.direction) {
+            let needed = match l.protocol {
+                ListenerProtocol::Http1 => Some("http/1.1"),
+                ListenerProtocol::Http2 => Some("h2"),
+                ListenerProtocol::Auto | ListenerProtocol::Tcp => None,
+            };
+            if let Some(proto) = needed
+                && !tls.alpn.is_empty()
+                && !tls.alpn.iter().any(|a| a == proto)
+            {
+                p.push(
+                    format!("{at}.protocol"),
+                    format!(
+                        "mesh clients reach this listener through mesh TLS offering ALPN {proto:?}, \
+                         which tls.alpn {:?} does not list: every handshake would fail \
+                         (add {proto:?} to tls.alpn)",
+                        tls.alpn
+                    ),
+                );
+            }
         }
         let rbac = l.rbac.as_ref().and_then(|name| {
             let r = rbac.get(name).cloned();
@@ -693,6 +755,62 @@ mod tests {
                 "{C}routes: [{{name: r, backends: [{{cluster: a}}]}}, {{name: r, backends: [{{cluster: a}}]}}]"
             ),
             "duplicate route name",
+        );
+    }
+
+    #[test]
+    fn rejects_rbac_on_listeners_whose_connections_skip_http() {
+        let rbac =
+            "policies: {rbac: [{name: p, rules: [{action: allow, cidrs: ['10.0.0.0/8']}]}]}\n";
+        assert_refused(
+            &format!(
+                "{C}{rbac}listeners: [{{name: l, address: '127.0.0.1:0', protocol: tcp, tcp_cluster: a, rbac: p}}]"
+            ),
+            "every connection would pass unchecked",
+        );
+        assert_refused(
+            &format!(
+                "{C}{rbac}listeners: [{{name: l, address: '127.0.0.1:0', opaque_ports: [5432], tcp_cluster: a, rbac: p}}]"
+            ),
+            "opaque_ports [5432] would pass unchecked",
+        );
+        assert!(
+            problems(&format!(
+                "{C}{rbac}listeners: [{{name: l, address: '127.0.0.1:0', rbac: p}}]"
+            ))
+            .is_empty()
+        );
+    }
+
+    #[test]
+    fn rejects_a_forced_http_inbound_listener_whose_alpn_the_tls_policy_does_not_offer() {
+        let tls = "tls: {mode: Strict, alpn: ['http/1.1'], source: {files: {cert_chain: c, key: k, trust_bundle: b}}}\n";
+        assert_refused(
+            &format!(
+                "{C}{tls}listeners: [{{name: in, address: '127.0.0.1:0', direction: inbound, protocol: http2}}]"
+            ),
+            "ALPN \"h2\", which tls.alpn [\"http/1.1\"] does not list",
+        );
+        // An opaque listener needs no ALPN; an outbound one no mesh TLS.
+        for ok in [
+            "{name: in, address: '127.0.0.1:0', direction: inbound, protocol: tcp, tcp_cluster: a}",
+            "{name: in, address: '127.0.0.1:0', direction: inbound, protocol: http1}",
+            "{name: out, address: '127.0.0.1:0', protocol: http2}",
+        ] {
+            let p = problems(&format!("{C}{tls}listeners: [{ok}]"));
+            assert!(p.is_empty(), "{ok}: {p:?}");
+        }
+    }
+
+    #[test]
+    fn rejects_a_cluster_endpoint_on_the_admin_port_of_loopback() {
+        assert_refused(
+            "admin: {address: '0.0.0.0:15020'}\nclusters: [{name: a, endpoints: ['127.0.0.1:15020']}]",
+            "the sidecar's own admin port on loopback",
+        );
+        assert!(
+            problems("admin: {address: '0.0.0.0:15020'}\nclusters: [{name: a, endpoints: ['10.0.0.1:15020', '127.0.0.1:8080']}]")
+                .is_empty()
         );
     }
 

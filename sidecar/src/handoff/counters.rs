@@ -2,18 +2,16 @@
 //!
 //! The old process exports every counter series from its Prometheus text
 //! exposition (so counters other layers registered travel too); the new
-//! process adds those values to its own families before it serves, so no
-//! counter ever goes backwards across an upgrade. Export is generic; import
-//! knows the data plane's typed families and reports series it could not
-//! place (they are logged, never silently dropped).
+//! process keeps them in a carried store and adds them to the same series of
+//! its own exposition, so no counter ever goes backwards across an upgrade.
+//! Both directions are generic (by series name): a family registered late
+//! (the TLS layer's, once it is attached) or added to the code later
+//! continues like any other. Export reads the exposition with the carried
+//! values included, so a chain of handoffs keeps counting.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-
-use crate::metrics::{ConnLabels, Metrics, RequestLabels, StatusClass};
+use crate::metrics::Metrics;
 
 /// `series → value` for every counter sample, e.g.
 /// `baton_sidecar_requests_total{route="r",status_class="2xx"} → 5`.
@@ -95,141 +93,146 @@ pub fn parse_series(series: &str) -> Option<(&str, Vec<(String, String)>)> {
     Some((name, labels))
 }
 
-/// Label values of the `&'static str` families come from a bounded set
-/// (directions, classes, reasons); interning keeps them `'static` without
-/// leaking per import.
-fn intern(s: &str) -> &'static str {
-    use std::sync::Mutex;
-    static TABLE: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
-    let mut t = TABLE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(x) = t.iter().find(|x| **x == s) {
-        return x;
-    }
-    let leaked: &'static str = Box::leak(s.to_string().into_boxed_str());
-    t.push(leaked);
-    leaked
+/// Adds `counters` to `metrics` (see [`Metrics::carry`]): every series
+/// continues from the old process's value, whichever module registers its
+/// family in this process and whenever, with no per-family code here (a
+/// family added later cannot be forgotten).
+pub fn import(metrics: &Metrics, counters: &BTreeMap<String, u64>) {
+    metrics.carry(counters);
 }
 
-type StaticLabels = Vec<(&'static str, &'static str)>;
-
-fn static_labels(labels: &[(String, String)]) -> StaticLabels {
-    labels.iter().map(|(k, v)| (intern(k), intern(v))).collect()
-}
-
-fn status_class(s: &str) -> Option<StatusClass> {
-    Some(match s {
-        "1xx" => StatusClass::C1xx,
-        "2xx" => StatusClass::C2xx,
-        "3xx" => StatusClass::C3xx,
-        "4xx" => StatusClass::C4xx,
-        "5xx" => StatusClass::C5xx,
-        _ => return None,
-    })
-}
-
-fn label<'a>(labels: &'a [(String, String)], key: &str) -> Option<&'a str> {
-    labels
-        .iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v.as_str())
-}
-
-/// Extra families (the handoff's own) the import should also restore.
-pub type ExtraFamilies<'a> = &'a [(&'a str, &'a Family<StaticLabels, Counter>)];
-
-/// Adds `counters` to `metrics`. Returns the series it could not place.
-pub fn import(
-    metrics: &Metrics,
-    extra: ExtraFamilies<'_>,
-    counters: &BTreeMap<String, u64>,
-) -> Vec<String> {
-    let mut skipped = Vec::new();
-    let labelled: [(&str, &Family<StaticLabels, Counter>); 7] = [
-        ("baton_sidecar_bytes_total", &metrics.bytes),
-        (
-            "baton_sidecar_upstream_errors_total",
-            &metrics.upstream_errors,
-        ),
-        ("baton_sidecar_retries_total", &metrics.retries),
-        ("baton_sidecar_mirror_requests_total", &metrics.mirror),
-        (
-            "baton_sidecar_config_apply_errors_total",
-            &metrics.config_apply_errors,
-        ),
-        (
-            "baton_sidecar_local_responses_total",
-            &metrics.local_responses,
-        ),
-        (
-            "baton_sidecar_h1_fast_path_fallbacks_total",
-            &metrics.h1_fast_path_fallbacks,
-        ),
-    ];
-    for (series, &v) in counters {
-        let Some((name, labels)) = parse_series(series) else {
-            skipped.push(series.clone());
-            continue;
-        };
-        let placed = match name {
-            "baton_sidecar_requests_total" => {
-                match (label(&labels, "route"), label(&labels, "status_class")) {
-                    (Some(r), Some(c)) => status_class(c).map(|c| {
-                        metrics
-                            .requests
-                            .get_or_create(&RequestLabels {
-                                route: Arc::from(r),
-                                status_class: c,
-                            })
-                            .inc_by(v);
-                    }),
-                    _ => None,
-                }
-            }
-            "baton_sidecar_connections_total" => {
-                match (label(&labels, "listener"), label(&labels, "protocol")) {
-                    (Some(l), Some(p)) => {
-                        metrics
-                            .connections
-                            .get_or_create(&ConnLabels {
-                                listener: Arc::from(l),
-                                protocol: intern(p),
-                            })
-                            .inc_by(v);
-                        Some(())
-                    }
-                    _ => None,
-                }
-            }
-            "baton_sidecar_outlier_ejections_total" => {
-                metrics.outlier_ejections.inc_by(v);
-                Some(())
-            }
-            "baton_sidecar_config_applies_total" => {
-                metrics.config_applies.inc_by(v);
-                Some(())
-            }
-            "baton_sidecar_h1_fast_path_requests_total" => {
-                metrics.h1_fast_path_requests.inc_by(v);
-                Some(())
-            }
-            other => labelled
-                .iter()
-                .chain(extra.iter())
-                .find(|(n, _)| *n == other)
-                .map(|(_, fam)| {
-                    fam.get_or_create(&static_labels(&labels)).inc_by(v);
-                }),
-        };
-        if placed.is_none() {
-            skipped.push(series.clone());
+/// Pure: `text` (an OpenMetrics exposition) with each `carried` counter
+/// series added to its sample, and the carried series this process has not
+/// produced yet shown with the carried value: inside their family's block,
+/// or, for a registered counter family (`families`: full name → help) that
+/// has no series here yet (the exposition omits such a family), in a block
+/// of its own before `# EOF`. Series of families not registered are left out
+/// (see [`unplaced`]); gauges and histograms are never touched.
+pub fn add_carried(
+    text: &str,
+    carried: &BTreeMap<String, u64>,
+    families: &BTreeMap<String, String>,
+) -> String {
+    // Family name (as in `# TYPE`) → its carried series, in order.
+    let mut by_family: BTreeMap<&str, Vec<(&str, u64)>> = BTreeMap::new();
+    for (series, v) in carried {
+        if let Some(family) = family_of(series) {
+            by_family.entry(family).or_default().push((series, *v));
         }
     }
-    skipped
+    let mut out = String::with_capacity(text.len() + 64 * carried.len());
+    let mut present = std::collections::HashSet::new();
+    // The counter family whose samples are being read, and which of its
+    // carried series were already added to a sample.
+    let mut current: Option<(&str, Vec<bool>)> = None;
+    // At the end of a family's block: its carried series not seen yet.
+    fn flush(
+        out: &mut String,
+        current: &mut Option<(&str, Vec<bool>)>,
+        by_family: &BTreeMap<&str, Vec<(&str, u64)>>,
+    ) {
+        if let Some((family, seen)) = current.take() {
+            for ((series, v), seen) in by_family[family].iter().zip(seen) {
+                if !seen {
+                    out.push_str(&format!("{series} {v}\n"));
+                }
+            }
+        }
+    }
+    // Registered counter families with carried series but no block.
+    let absent = |out: &mut String, present: &std::collections::HashSet<&str>| {
+        for (family, series) in &by_family {
+            if present.contains(family) {
+                continue;
+            }
+            if let Some(help) = families.get(*family) {
+                out.push_str(&format!(
+                    "# HELP {family} {help}.\n# TYPE {family} counter\n"
+                ));
+                for (series, v) in series {
+                    out.push_str(&format!("{series} {v}\n"));
+                }
+            }
+        }
+    };
+    let mut eof = false;
+    for line in text.lines() {
+        if line.starts_with('#') {
+            let family_line = line
+                .strip_prefix("# TYPE ")
+                .or_else(|| line.strip_prefix("# HELP "))
+                .or_else(|| line.strip_prefix("# UNIT "));
+            let family = family_line.and_then(|r| r.split_whitespace().next());
+            if family != current.as_ref().map(|(f, _)| *f) {
+                flush(&mut out, &mut current, &by_family);
+            }
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let mut it = rest.split_whitespace();
+                if let Some(name) = it.next()
+                    && let Some((family, series)) = by_family.get_key_value(name)
+                {
+                    present.insert(*family);
+                    if it.next() == Some("counter") {
+                        current = Some((*family, vec![false; series.len()]));
+                    }
+                }
+            }
+            if line == "# EOF" {
+                absent(&mut out, &present);
+                eof = true;
+            }
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
+        if let Some((family, seen)) = current.as_mut()
+            && let Some((series, value)) = line.rsplit_once(' ')
+            && let Some(i) = by_family[*family].iter().position(|(s, _)| *s == series)
+            && let Some(local) = value
+                .parse::<u64>()
+                .ok()
+                .or_else(|| value.parse::<f64>().ok().map(|f| f as u64))
+        {
+            seen[i] = true;
+            let total = local.saturating_add(by_family[*family][i].1);
+            out.push_str(&format!("{series} {total}\n"));
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    flush(&mut out, &mut current, &by_family);
+    if !eof {
+        absent(&mut out, &present);
+    }
+    out
+}
+
+/// `name_total{...}` → `name` (a counter sample's family).
+fn family_of(series: &str) -> Option<&str> {
+    series.split('{').next()?.strip_suffix("_total")
+}
+
+/// Pure: the carried series whose family is not a registered counter family.
+pub fn unplaced(
+    carried: &BTreeMap<String, u64>,
+    families: &BTreeMap<String, String>,
+) -> Vec<String> {
+    carried
+        .keys()
+        .filter(|s| family_of(s).is_none_or(|f| !families.contains_key(f)))
+        .cloned()
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
+    use crate::handoff::HandoffMetrics;
+    use crate::metrics::{ConnLabels, RequestLabels, RouteMetrics, StatusClass};
+    use crate::tls::TlsMetrics;
 
     #[test]
     fn series_with_labels_and_escapes_parse() {
@@ -287,8 +290,8 @@ mod tests {
                 status_class: StatusClass::C2xx,
             })
             .inc();
-        let skipped = import(&new, &[], &exported);
-        assert!(skipped.is_empty(), "{skipped:?}");
+        import(&new, &exported);
+        assert!(new.carried_unplaced().is_empty());
         let after = export(&new);
         assert_eq!(
             after[r#"baton_sidecar_requests_total{route="r1",status_class="2xx"}"#],
@@ -298,16 +301,165 @@ mod tests {
             assert!(after[k] >= *v, "{k} went backwards");
         }
         assert!(!new.encode().contains("config_version 9"));
+
+        // A second handoff carries the sum on (export includes the carried).
+        let third = Metrics::new();
+        import(&third, &after);
+        assert_eq!(
+            export(&third)[r#"baton_sidecar_requests_total{route="r1",status_class="2xx"}"#],
+            42
+        );
     }
 
     #[test]
-    fn unknown_series_are_reported_not_dropped_silently() {
-        let m = Metrics::new();
-        let mut c = BTreeMap::new();
-        c.insert("some_other_total{x=\"1\"}".to_string(), 5);
+    fn a_family_registered_after_the_import_continues_from_the_carried_value() {
+        let old = Metrics::new();
+        let old_tls = TlsMetrics::default();
+        old.register(|r| old_tls.register_into(r));
+        for _ in 0..20 {
+            old_tls.handshake("server", "ok");
+        }
+        let exported = export(&old);
+        let series = r#"baton_sidecar_tls_handshakes_total{side="server",result="ok"}"#;
+        assert_eq!(exported[series], 20);
+
+        let new = Metrics::new();
+        import(&new, &exported);
+        // Not registered yet: held, not shown, reported as unplaced.
+        assert!(!new.encode().contains("tls_handshakes"));
+        assert_eq!(new.carried_unplaced(), vec![series.to_string()]);
+        let tls = TlsMetrics::default();
+        new.register(|r| tls.register_into(r));
+        // Registered but no handshake yet: the series shows the carried value.
+        assert_eq!(export(&new)[series], 20);
+        tls.handshake("server", "ok");
+        assert_eq!(export(&new)[series], 21);
+        assert!(new.carried_unplaced().is_empty());
+    }
+
+    #[test]
+    fn carried_series_are_added_inside_their_family_block_and_empty_registered_families_get_one() {
+        let text = "# HELP a_x X.\n# TYPE a_x counter\na_x_total{k=\"1\"} 2\n\
+                    # HELP a_g G.\n# TYPE a_g gauge\na_g 7\n\
+                    # HELP a_y Y.\n# TYPE a_y counter\na_y_total 1\n# EOF\n";
+        let mut carried = BTreeMap::new();
+        carried.insert(r#"a_x_total{k="1"}"#.to_string(), 5);
+        carried.insert(r#"a_x_total{k="2"}"#.to_string(), 3);
+        carried.insert("a_y_total".to_string(), 10);
+        // A gauge of the same name is never changed; an unknown family is left out.
+        carried.insert("a_g_total".to_string(), 100);
+        carried.insert("a_z_total".to_string(), 1);
+        let mut families = BTreeMap::new();
+        for f in ["a_x", "a_y", "a_w"] {
+            families.insert(f.to_string(), format!("{f} help"));
+        }
+        carried.insert("a_w_total".to_string(), 4);
+        let out = add_carried(text, &carried, &families);
         assert_eq!(
-            import(&m, &[], &c),
-            vec!["some_other_total{x=\"1\"}".to_string()]
+            out,
+            "# HELP a_x X.\n# TYPE a_x counter\na_x_total{k=\"1\"} 7\na_x_total{k=\"2\"} 3\n\
+             # HELP a_g G.\n# TYPE a_g gauge\na_g 7\n\
+             # HELP a_y Y.\n# TYPE a_y counter\na_y_total 11\n\
+             # HELP a_w a_w help.\n# TYPE a_w counter\na_w_total 4\n# EOF\n"
         );
+        assert_eq!(
+            unplaced(&carried, &families),
+            vec!["a_g_total", "a_z_total"]
+        );
+    }
+
+    /// Every counter family the process can export (the data plane's, the
+    /// handoff's, the TLS layer's), each with a series: all of them continue
+    /// in a new process that registers its layers after the import, as the
+    /// sidecar does. A family added without a series in `populate` fails the
+    /// first assertion, so it cannot be forgotten.
+    #[test]
+    fn every_counter_series_the_process_exports_continues_after_a_handoff() {
+        fn layers(m: &Metrics) -> (HandoffMetrics, TlsMetrics) {
+            let hm = HandoffMetrics::register(m);
+            let tls = TlsMetrics::default();
+            m.register(|r| tls.register_into(r));
+            (hm, tls)
+        }
+        fn populate(m: &Metrics, hm: &HandoffMetrics, tls: &TlsMetrics) {
+            RouteMetrics::resolve(m, &Arc::from("r")).record(200, 0.001);
+            m.connections
+                .get_or_create(&ConnLabels {
+                    listener: Arc::from("in"),
+                    protocol: "http1",
+                })
+                .inc();
+            m.bytes
+                .get_or_create(&vec![("direction", "downstream_rx")])
+                .inc_by(10);
+            m.upstream_error("connect");
+            m.retries.get_or_create(&vec![("outcome", "sent")]).inc();
+            m.outlier_ejections.inc();
+            m.mirror.get_or_create(&vec![("outcome", "sent")]).inc();
+            m.config_applies.inc();
+            m.config_apply_errors
+                .get_or_create(&vec![("reason", "invalid")])
+                .inc();
+            m.local_response("no_route");
+            m.h1_fast_path_requests.inc();
+            m.h1_fast_path_fallback(crate::h1fast::Fallback::Head);
+            m.admin_refused("/shutdown");
+            hm.handoffs
+                .get_or_create(&vec![("role", "old"), ("result", "complete")])
+                .inc();
+            hm.connections
+                .get_or_create(&vec![("outcome", "moved")])
+                .inc();
+            let e = tls.engine("software");
+            e.errors.inc();
+            e.signatures.inc();
+            e.jobs.inc();
+            tls.fallback("engine_unavailable");
+            tls.handshake("server", "ok");
+            tls.plaintext_refused.inc();
+            tls.plaintext_accepted.inc();
+        }
+        let old = Metrics::new();
+        let (hm, tls) = layers(&old);
+        populate(&old, &hm, &tls);
+        let text = old.encode();
+        let exported = parse_counters(&text);
+        for family in text.lines().filter_map(|l| {
+            let rest = l.strip_prefix("# TYPE ")?;
+            rest.ends_with(" counter")
+                .then(|| rest.split_whitespace().next().unwrap_or_default())
+        }) {
+            assert!(
+                exported.iter().any(|(s, v)| *v > 0
+                    && s.split('{').next() == Some(format!("{family}_total").as_str())),
+                "counter family {family} has no series: give it one in populate()"
+            );
+        }
+
+        let new = Metrics::new();
+        import(&new, &exported);
+        let (hm2, tls2) = layers(&new);
+        assert!(
+            new.carried_unplaced().is_empty(),
+            "{:?}",
+            new.carried_unplaced()
+        );
+        // Before this process touches any of them: every series is there,
+        // with the old value.
+        let nonzero: BTreeMap<String, u64> = exported
+            .iter()
+            .filter(|(_, v)| **v > 0)
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        assert_eq!(export(&new), nonzero);
+        populate(&new, &hm2, &tls2);
+        let after = export(&new);
+        for (series, v) in &exported {
+            assert_eq!(
+                after.get(series),
+                Some(&(2 * v)),
+                "{series} did not continue"
+            );
+        }
     }
 }

@@ -150,6 +150,9 @@ pub struct HandoffConfig {
     pub test_step_delay: Duration,
     /// Carries the certificate and key across (the TLS layer).
     pub identity: Option<Arc<dyn IdentityCarrier>>,
+    /// UIDs besides this process's effective UID that may take over on the
+    /// handoff socket (see [`peer_allowed`]); empty in the injected Pod.
+    pub peer_uids: Vec<u32>,
 }
 
 impl std::fmt::Debug for HandoffConfig {
@@ -161,6 +164,7 @@ impl std::fmt::Debug for HandoffConfig {
             .field("park_timeout", &self.park_timeout)
             .field("versions", &self.versions)
             .field("identity", &self.identity.is_some())
+            .field("peer_uids", &self.peer_uids)
             .finish_non_exhaustive()
     }
 }
@@ -195,6 +199,9 @@ impl HandoffConfig {
             sidecar_version: env!("CARGO_PKG_VERSION").to_string(),
             test_step_delay: ms(contract::env::HANDOFF_TEST_STEP_DELAY_MS, 0),
             identity: None,
+            peer_uids: var(contract::env::HANDOFF_PEER_UIDS)
+                .map(|v| parse_uids(&v))
+                .unwrap_or_default(),
         }
     }
 
@@ -204,6 +211,35 @@ impl HandoffConfig {
     }
 }
 
+/// Pure: the UIDs of `BATON_HANDOFF_PEER_UIDS`. An entry that is not a
+/// number is logged and ignored (it can only narrow who may take over).
+fn parse_uids(v: &str) -> Vec<u32> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| match s.parse() {
+            Ok(uid) => Some(uid),
+            Err(_) => {
+                tracing::warn!(
+                    entry = s,
+                    "{}: not a UID; ignored",
+                    contract::env::HANDOFF_PEER_UIDS
+                );
+                None
+            }
+        })
+        .collect()
+}
+
+/// Pure: whether a process with `peer_uid` may take over from a sidecar
+/// running as `own_uid`. Whoever completes a handoff receives every live
+/// connection, the TLS session keys and the mesh private key, so only the
+/// sidecar's own UID (and UIDs listed explicitly) may; an application
+/// container that mounts the shared volume runs under another UID.
+pub fn peer_allowed(peer_uid: u32, own_uid: u32, extra: &[u32]) -> bool {
+    peer_uid == own_uid || extra.contains(&peer_uid)
+}
+
 type StaticLabels = Vec<(&'static str, &'static str)>;
 
 /// The handoff's metric families (same registry, `baton_sidecar_` prefix).
@@ -211,7 +247,8 @@ type StaticLabels = Vec<(&'static str, &'static str)>;
 pub struct HandoffMetrics {
     /// 1 once this process completed adopting from a previous one.
     pub complete: Gauge,
-    /// `role` = old/new, `result` = complete/refused/failed.
+    /// `role` = old/new, `result` = complete/refused/refused_peer/failed
+    /// (`refused_peer`: the connecting process runs under another UID).
     pub handoffs: Family<StaticLabels, Counter>,
     /// `outcome` = moved (acknowledged by the new process), kept (resumed
     /// here: not movable or the handoff failed), drained (HTTP/2: GOAWAY).
@@ -874,6 +911,20 @@ pub fn bind(path: &Path) -> Option<UnixListener> {
     }
 }
 
+/// [`bind`], then make the socket connectable by its owner only (unless
+/// other UIDs are allowed): processes of other users in the Pod cannot even
+/// connect. Root bypasses file modes, hence the SO_PEERCRED check on every
+/// connection as well (see `hand_off_here`).
+fn bind_restricted(path: &Path, peer_uids: &[u32]) -> Option<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    let l = bind(path)?;
+    let mode = if peer_uids.is_empty() { 0o600 } else { 0o666 };
+    if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)) {
+        tracing::warn!(path = %path.display(), error = %e, "cannot restrict the handoff socket's mode");
+    }
+    Some(l)
+}
+
 /// New process: take over from the sidecar at the other end of `stream`.
 /// Returns the running data plane (phase `Serving`) once the old process
 /// has handed over everything.
@@ -910,6 +961,18 @@ async fn adopt_here(
     serving: tokio::runtime::Handle,
 ) -> Result<Running, HandoffError> {
     let started = Instant::now();
+    // The other way round too: whoever can replace the socket file on the
+    // shared volume must not be able to feed us listeners and config.
+    let own = nix::unistd::geteuid().as_raw();
+    let server = stream.peer_cred()?;
+    if !peer_allowed(server.uid(), own, &cfg.peer_uids) {
+        hm.handoff("new", "refused_peer");
+        return Err(ProtocolError::Refused(format!(
+            "the handoff socket is served by uid {}, not by a sidecar (uid {own}); not adopting",
+            server.uid()
+        ))
+        .into());
+    }
     let (tx, mut rx) = Channel::new(stream).split();
     tx.send(
         &Message::Hello {
@@ -986,14 +1049,9 @@ async fn adopt_here(
             Err(e) => tracing::warn!(error = %e, "handoff: carried mesh certificate refused"),
         }
     }
-    let extra = [
-        ("baton_sidecar_handoffs_total", &hm.handoffs),
-        ("baton_sidecar_handoff_connections_total", &hm.connections),
-    ];
-    let skipped = counters::import(metrics, &extra, &state.counters);
-    if !skipped.is_empty() {
-        tracing::warn!(series = ?skipped, "handoff: counters this build does not know were not carried over");
-    }
+    // Carried by series name: families registered later (the TLS layer's,
+    // once attached) continue too.
+    counters::import(metrics, &state.counters);
 
     opts.adopting = true;
     step_delay(cfg).await;
@@ -1050,10 +1108,7 @@ async fn adopt_here(
                     counters: delta,
                 } => {
                     // Every connection before `Done` is acknowledged above.
-                    let skipped = counters::import(metrics, &extra, &delta);
-                    if !skipped.is_empty() {
-                        tracing::warn!(series = ?skipped, "handoff: counters this build does not know were not carried over");
-                    }
+                    counters::import(metrics, &delta);
                     tracing::info!(
                         offered = connections,
                         moved,
@@ -1199,7 +1254,28 @@ async fn hand_off_here(
     hm: &HandoffMetrics,
 ) -> Result<bool, HandoffError> {
     let started = Instant::now();
+    // Before reading a byte: only the sidecar's own UID may take over.
+    let own = nix::unistd::geteuid().as_raw();
+    let refusal = match stream.peer_cred() {
+        Ok(c) if peer_allowed(c.uid(), own, &cfg.peer_uids) => None,
+        Ok(c) => Some(format!(
+            "peer uid {} (pid {}) is not the sidecar's uid {own}",
+            c.uid(),
+            c.pid().map_or_else(|| "?".to_string(), |p| p.to_string())
+        )),
+        Err(e) => Some(format!("peer credentials unavailable: {e}")),
+    };
     let (tx, mut rx) = Channel::new(stream).split();
+    if let Some(reason) = refusal {
+        tracing::warn!(%reason, "handoff refused: the peer is not a sidecar of this Pod; still serving");
+        let _ = tx.send(&Message::Refuse { reason }, b"", &[]).await;
+        hm.handoff("old", "refused_peer");
+        // Let the peer finish writing its Hello before we close (a close
+        // under its write would turn our answer into EPIPE on its side);
+        // bounded, and whatever it sent is dropped unread.
+        let _ = tokio::time::timeout(Duration::from_secs(1), rx.recv()).await;
+        return Ok(false);
+    }
     let hello = recv_within(&mut rx, cfg.step_timeout).await?;
     let Message::Hello {
         versions,
@@ -1694,16 +1770,22 @@ pub async fn run(
         Some(stream) => {
             let running = adopt(stream, snapshot, opts, &cfg, &hm, &metrics).await?;
             // The path is ours now: the next sidecar asks us.
-            (running, bind(&cfg.socket))
+            (running, bind_restricted(&cfg.socket, &cfg.peer_uids))
         }
         None => {
             // Bind first, so a successor started right behind us waits for
             // us instead of finding no one and colliding on the ports.
-            let listener = bind(&cfg.socket);
+            let listener = bind_restricted(&cfg.socket, &cfg.peer_uids);
             (crate::server::start(snapshot, opts).await?, listener)
         }
     };
     on_start(&running);
+    // Every layer has registered its metric families by now: a carried
+    // series still without a family belongs to a family this build lacks.
+    let unplaced = metrics.carried_unplaced();
+    if !unplaced.is_empty() {
+        tracing::warn!(series = ?unplaced, "handoff: carried counters whose family this build does not export");
+    }
     // Shared with the handoff's thread while one runs.
     let running = Arc::new(running);
     let lifecycle = running.shared.lifecycle.clone();
@@ -1790,6 +1872,27 @@ mod tests {
             .unwrap(),
             parked_at_ns: 0,
         }
+    }
+
+    #[test]
+    fn only_the_sidecars_own_uid_and_listed_uids_may_take_over() {
+        assert!(peer_allowed(1337, 1337, &[]));
+        assert!(!peer_allowed(1000, 1337, &[]));
+        // Root is no exception: an application container running as root
+        // is exactly who must not pull the keys out.
+        assert!(!peer_allowed(0, 1337, &[]));
+        assert!(peer_allowed(1338, 1337, &[1338]));
+        assert!(!peer_allowed(1000, 1337, &[1338]));
+        assert_eq!(parse_uids(" 1338, x,,0 "), vec![1338, 0]);
+    }
+
+    #[tokio::test]
+    async fn a_socket_from_this_process_carries_its_own_uid_so_a_successor_passes() {
+        // Our own UID passes the check; the refusal path is covered with a
+        // real process under another UID in tests/admin_access.rs.
+        let (a, _b) = UnixStream::pair().unwrap();
+        let c = a.peer_cred().unwrap();
+        assert!(peer_allowed(c.uid(), nix::unistd::geteuid().as_raw(), &[]));
     }
 
     #[tokio::test]

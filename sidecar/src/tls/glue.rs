@@ -437,6 +437,10 @@ impl TlsTerminator for MeshTls {
         })
     }
 
+    fn terminates(&self) -> bool {
+        matches!(self.mode(), Some(TlsMode::Strict | TlsMode::Permissive))
+    }
+
     fn plaintext_allowed(&self, listener: &str) -> bool {
         match self.mode() {
             Some(TlsMode::Strict) => {

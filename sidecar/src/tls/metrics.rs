@@ -12,7 +12,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+
+use crate::metrics::Registrar;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EngineLabel {
@@ -140,8 +141,8 @@ impl TlsMetrics {
 
     /// Adds every family to `registry` (names are prefixed `tls_`; the
     /// caller's sub-registry adds the component prefix).
-    pub fn register_into(&self, registry: &mut Registry) {
-        let r = registry.sub_registry_with_prefix("tls");
+    pub fn register_into(&self, registry: &mut Registrar<'_>) {
+        let mut r = registry.sub_registry_with_prefix("tls");
         r.register(
             "offload_queue_depth",
             "Handshake steps waiting for a crypto worker",
@@ -217,7 +218,7 @@ impl TlsMetrics {
 
 /// Registers the process-wide TLS metrics; the admin `/metrics` registry
 /// calls this once at startup.
-pub fn register(registry: &mut Registry) {
+pub fn register(registry: &mut Registrar<'_>) {
     TlsMetrics::global().register_into(registry);
 }
 
@@ -228,13 +229,12 @@ mod tests {
     #[test]
     fn registered_metrics_appear_in_the_text_exposition() {
         let m = TlsMetrics::default();
-        let mut reg = Registry::with_prefix("baton_sidecar");
-        m.register_into(&mut reg);
+        let reg = crate::metrics::Metrics::new();
+        reg.register(|r| m.register_into(r));
         m.engine("software").sign_seconds.observe(0.0001);
         m.fallback("engine_unavailable");
         m.plaintext_refused.inc();
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
+        let out = reg.encode();
         assert!(
             out.contains("baton_sidecar_tls_offload_sign_seconds_count{engine=\"software\"} 1"),
             "{out}"
