@@ -524,7 +524,24 @@ mod tests {
                     if s.method == Method::GET && s.uri.starts_with("/api/v1/pods?") {
                         (200, json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": pods}))
                     } else {
-                        (200, s.body.clone())
+                        // Echo the write; a status apply answers the whole
+                        // release with that status.
+                        let mut echoed = s.body.clone();
+                        if s.method == Method::PATCH && s.uri.contains("/pods/") {
+                            // A patched pod answers the pod (null annotation
+                            // values in the patch are removals).
+                            if let Some(p) = pods.iter().find(|p| {
+                                s.uri.contains(&format!("/pods/{}?", p["metadata"]["name"].as_str().unwrap_or_default()))
+                            }) {
+                                echoed = p.clone();
+                            }
+                        }
+                        if s.uri.contains("/sidecarreleases/") {
+                            let mut r = serde_json::to_value(release(json!({}))).unwrap();
+                            r["status"] = s.body["status"].clone();
+                            echoed = r;
+                        }
+                        (200, echoed)
                     }
                 });
                 let response = Response::builder()
@@ -638,7 +655,7 @@ mod tests {
         assert_eq!((rec.slot, rec.version.as_str(), rec.idle_image.as_str()), (Slot::B, "2", "empty:1"));
 
         let events = find(&seen, Method::POST, "/apis/events.k8s.io/v1/namespaces/shop/events");
-        assert_eq!(events.len(), 1);
+        assert_eq!(events.len(), 1, "{:#?}", seen.iter().map(|s| (&s.method, &s.uri)).collect::<Vec<_>>());
         assert_eq!(events[0].body["reason"], "HandoffStarted");
         assert_eq!(events[0].body["regarding"]["name"], "web-0");
 

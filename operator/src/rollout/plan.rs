@@ -1266,7 +1266,7 @@ mod tests {
                         .map(|k| state(combo / STATES.pow(k) % STATES, &format!("p{k}")))
                         .collect();
                     let p = plan(&r, &pods, NOW);
-                    let ctx = format!("paused={paused} max={max} pods={:?}", pods.iter().map(|p| (&p.key, &p.upgrade.is_some(), p.terminating)).collect::<Vec<_>>());
+                    let ctx = format!("paused={paused} max={max} pods={:?}", pods.iter().map(|p| (&p.key, p.upgrade.is_some(), p.terminating)).collect::<Vec<_>>());
                     let by_key = |k: &str| pods.iter().find(|p| p.key == k).unwrap();
                     let fresh = p.actions.iter().filter(|a| matches!(a, Action::Start { .. } | Action::Evict { .. })).count();
                     if paused {

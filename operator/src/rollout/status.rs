@@ -16,7 +16,7 @@ const MAX_FAILED_LISTED: usize = 10;
 pub fn overlay(status: &mut SidecarReleaseStatus, release: &SidecarRelease, plan: &Plan, now: &Time) {
     let spec = &release.spec;
     let generation = release.metadata.generation;
-    let mut set = |c: &mut Vec<_>, type_: &str, value: bool, reason: &str, message: String| {
+    let set = |c: &mut Vec<_>, type_: &str, value: bool, reason: &str, message: String| {
         conditions::upsert(c, type_, value, reason, &message, generation, now);
     };
 
