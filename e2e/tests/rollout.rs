@@ -66,7 +66,13 @@ struct ReleaseGuard(String);
 
 impl Drop for ReleaseGuard {
     fn drop(&mut self) {
-        let out = kubectl(&["delete", "sidecarrelease", &self.0, "--ignore-not-found", "--wait=false"]);
+        let out = kubectl(&[
+            "delete",
+            "sidecarrelease",
+            &self.0,
+            "--ignore-not-found",
+            "--wait=false",
+        ]);
         if !out.success {
             eprintln!("cannot delete SidecarRelease {}: {}", self.0, out.stderr);
         }
@@ -127,8 +133,16 @@ fn pki() -> Pki {
 /// The demo app: HTTP/1.1 + HTTP/2 echo, TCP echo, and a TCP echo speaking
 /// TLS itself (certificate from a Secret).
 fn deployment(ns: &str) -> Deployment {
-    let http = container("http", "demo-http-echo", &["--listen", &format!("0.0.0.0:{HTTP_PORT}")]);
-    let tcp = container("tcp", "demo-tcp-echo", &["--listen", &format!("0.0.0.0:{TCP_PORT}")]);
+    let http = container(
+        "http",
+        "demo-http-echo",
+        &["--listen", &format!("0.0.0.0:{HTTP_PORT}")],
+    );
+    let tcp = container(
+        "tcp",
+        "demo-tcp-echo",
+        &["--listen", &format!("0.0.0.0:{TCP_PORT}")],
+    );
     let mut tls = container(
         "tls",
         "demo-tcp-echo",
@@ -141,7 +155,10 @@ fn deployment(ns: &str) -> Deployment {
             "/tls/tls.key",
         ],
     );
-    tls.volume_mounts = Some(vec![serde_json::from_value(json!({"name": "tls", "mountPath": "/tls", "readOnly": true})).unwrap()]);
+    tls.volume_mounts = Some(vec![
+        serde_json::from_value(json!({"name": "tls", "mountPath": "/tls", "readOnly": true}))
+            .unwrap(),
+    ]);
     let mut http = serde_json::to_value(http).unwrap();
     http["readinessProbe"] = json!({"tcpSocket": {"port": HTTP_PORT}, "periodSeconds": 1});
     serde_json::from_value(json!({
@@ -173,7 +190,10 @@ async fn create_app(client: &Client, ns: &str, pki: &Pki) {
         "stringData": {"tls.crt": pki.cert_pem, "tls.key": pki.key_pem}
     }))
     .unwrap();
-    secrets.create(&PostParams::default(), &secret).await.unwrap();
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
     deployments
         .create(&PostParams::default(), &deployment(ns))
@@ -184,37 +204,58 @@ async fn create_app(client: &Client, ns: &str, pki: &Pki) {
 /// The deployment's pods once all `REPLICAS` are Ready, injected with `version`.
 async fn ready_pods(client: &Client, ns: &str, version: &str) -> Vec<Pod> {
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    wait_for(&format!("{REPLICAS} ready pods on {version}"), Duration::from_secs(180), || async {
-        let pods = match api.list(&ListParams::default().labels("app=echo")).await {
-            Ok(l) => l.items,
-            Err(e) => return Check::NotYet(e.to_string()),
-        };
-        let live: Vec<Pod> = pods
-            .into_iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .collect();
-        let good = live.iter().filter(|p| {
-            annotation(p, annotations::VERSION) == Some(version)
-                && p.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
-                    cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
-                })
-        });
-        if live.len() == REPLICAS && good.count() == REPLICAS {
-            Check::Done(live)
-        } else {
-            Check::NotYet(live.iter().map(baton_e2e::wait::pod_state).collect::<Vec<_>>().join("; "))
-        }
-    })
+    wait_for(
+        &format!("{REPLICAS} ready pods on {version}"),
+        Duration::from_secs(180),
+        || async {
+            let pods = match api.list(&ListParams::default().labels("app=echo")).await {
+                Ok(l) => l.items,
+                Err(e) => return Check::NotYet(e.to_string()),
+            };
+            let live: Vec<Pod> = pods
+                .into_iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .collect();
+            let good = live.iter().filter(|p| {
+                annotation(p, annotations::VERSION) == Some(version)
+                    && p.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|cs| {
+                            cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                        })
+            });
+            if live.len() == REPLICAS && good.count() == REPLICAS {
+                Check::Done(live)
+            } else {
+                Check::NotYet(
+                    live.iter()
+                        .map(baton_e2e::wait::pod_state)
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                )
+            }
+        },
+    )
     .await
     .unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn annotation<'a>(p: &'a Pod, key: &str) -> Option<&'a str> {
-    p.metadata.annotations.as_ref()?.get(key).map(String::as_str)
+    p.metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
 }
 
 fn pod_ip(p: &Pod) -> std::net::IpAddr {
-    p.status.as_ref().and_then(|s| s.pod_ip.as_deref()).expect("pod IP").parse().unwrap()
+    p.status
+        .as_ref()
+        .and_then(|s| s.pod_ip.as_deref())
+        .expect("pod IP")
+        .parse()
+        .unwrap()
 }
 
 /// Restart counts of every container, by `pod/container`.
@@ -245,20 +286,39 @@ struct Totals {
 
 /// Continuous traffic to every pod on every protocol until `stop`, bounded
 /// by `MAX_ROUNDS` runs per (pod, protocol) and 15 minutes overall.
-fn start_traffic(pods: &[Pod], pki: &Pki, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<Totals> {
+fn start_traffic(
+    pods: &[Pod],
+    pki: &Pki,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<Totals> {
     const MAX_ROUNDS: usize = 5_000;
     let mut targets: Vec<(SocketAddr, Load)> = Vec::new();
     for p in pods {
         let ip = pod_ip(p);
-        targets.push((SocketAddr::new(ip, HTTP_PORT), Load::new(Protocol::Http1).exchanges(10).concurrency(2)));
-        targets.push((SocketAddr::new(ip, HTTP_PORT), Load::new(Protocol::Http2).exchanges(20).concurrency(4)));
-        targets.push((SocketAddr::new(ip, TCP_PORT), Load::new(Protocol::Tcp).exchanges(10).concurrency(2).payload_bytes(64 * 1024)));
+        targets.push((
+            SocketAddr::new(ip, HTTP_PORT),
+            Load::new(Protocol::Http1).exchanges(10).concurrency(2),
+        ));
+        targets.push((
+            SocketAddr::new(ip, HTTP_PORT),
+            Load::new(Protocol::Http2).exchanges(20).concurrency(4),
+        ));
+        targets.push((
+            SocketAddr::new(ip, TCP_PORT),
+            Load::new(Protocol::Tcp)
+                .exchanges(10)
+                .concurrency(2)
+                .payload_bytes(64 * 1024),
+        ));
         targets.push((
             SocketAddr::new(ip, TLS_PORT),
-            Load::new(Protocol::Tcp).exchanges(10).concurrency(2).tls(Tls {
-                config: pki.client.clone(),
-                server_name: rustls_pki_types::ServerName::try_from(TLS_NAME).unwrap(),
-            }),
+            Load::new(Protocol::Tcp)
+                .exchanges(10)
+                .concurrency(2)
+                .tls(Tls {
+                    config: pki.client.clone(),
+                    server_name: rustls_pki_types::ServerName::try_from(TLS_NAME).unwrap(),
+                }),
         ));
     }
     tokio::spawn(async move {
@@ -280,7 +340,12 @@ fn start_traffic(pods: &[Pod], pki: &Pki, stop: Arc<AtomicBool>) -> tokio::task:
                         t.exchanges += report.attempted;
                         t.ok += report.succeeded;
                         t.bytes += report.bytes_echoed;
-                        t.failures.extend(report.failures.iter().map(|f| format!("{addr} {}: {f:?}", load.protocol)));
+                        t.failures.extend(
+                            report
+                                .failures
+                                .iter()
+                                .map(|f| format!("{addr} {}: {f:?}", load.protocol)),
+                        );
                     }
                     t
                 })
@@ -311,7 +376,13 @@ fn patch_version(name: &str, version: &str) {
 }
 
 /// Waits until the release's status satisfies `pred`.
-async fn wait_release(client: &Client, name: &str, what: &str, within: Duration, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+async fn wait_release(
+    client: &Client,
+    name: &str,
+    what: &str,
+    within: Duration,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
     let api: Api<SidecarRelease> = Api::all(client.clone());
     wait_for(what, within, || async {
         match api.get(name).await {
@@ -331,14 +402,19 @@ async fn wait_release(client: &Client, name: &str, what: &str, within: Duration,
 }
 
 fn condition<'a>(status: &'a serde_json::Value, type_: &str) -> Option<&'a serde_json::Value> {
-    status["conditions"].as_array()?.iter().find(|c| c["type"] == type_)
+    status["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
 }
 
 fn complete_on(status: &serde_json::Value, version: &str) -> bool {
     status["updated"] == REPLICAS
         && status["inFlight"] == 0
         && condition(status, "Complete").is_some_and(|c| c["status"] == "True")
-        && status["versions"].as_array().is_some_and(|v| v.len() == 1 && v[0]["version"] == version)
+        && status["versions"]
+            .as_array()
+            .is_some_and(|v| v.len() == 1 && v[0]["version"] == version)
 }
 
 fn injected() -> BTreeMap<String, String> {
@@ -423,9 +499,15 @@ fn sorted<T: Ord>(mut v: Vec<T>) -> Vec<T> {
 async fn rollout_of_a_broken_version_pauses_degraded_while_pods_keep_serving() {
     baton_e2e::cluster::require_component("operator");
     baton_e2e::cluster::require_component("webhook");
-    tag_image(&format!("{IMAGE_REPO}/sidecar:{}", tag()), &sidecar_image("v1"));
+    tag_image(
+        &format!("{IMAGE_REPO}/sidecar:{}", tag()),
+        &sidecar_image("v1"),
+    );
     // nettools' entrypoint is a shell: `sh run` exits at once.
-    tag_image(&format!("{IMAGE_REPO}/nettools:{}", tag()), &sidecar_image("v3"));
+    tag_image(
+        &format!("{IMAGE_REPO}/nettools:{}", tag()),
+        &sidecar_image("v3"),
+    );
     with_temp_ns_labelled(injected(), |client, ns| async move {
         let pki = pki();
         let _release = create_release(&client, &ns, "v1").await;
@@ -437,11 +519,18 @@ async fn rollout_of_a_broken_version_pauses_degraded_while_pods_keep_serving() {
         tokio::time::sleep(Duration::from_secs(3)).await;
 
         patch_version(&ns, "v3");
-        let status = wait_release(&client, &ns, "release paused by failures", Duration::from_secs(180), |s| {
-            condition(s, "Paused").is_some_and(|c| c["status"] == "True" && c["reason"] == "FailureThresholdExceeded")
-                && condition(s, "Degraded").is_some_and(|c| c["status"] == "True")
-                && s["inFlight"] == 0
-        })
+        let status = wait_release(
+            &client,
+            &ns,
+            "release paused by failures",
+            Duration::from_secs(180),
+            |s| {
+                condition(s, "Paused").is_some_and(|c| {
+                    c["status"] == "True" && c["reason"] == "FailureThresholdExceeded"
+                }) && condition(s, "Degraded").is_some_and(|c| c["status"] == "True")
+                    && s["inFlight"] == 0
+            },
+        )
         .await;
         assert!(status["failed"].as_i64().unwrap_or(0) >= 1, "{status}");
         assert_eq!(status["rollout"], "Paused");
@@ -450,17 +539,28 @@ async fn rollout_of_a_broken_version_pauses_degraded_while_pods_keep_serving() {
         let now = ready_pods(&client, &ns, "v1").await;
         for p in &now {
             let spec = p.spec.as_ref().unwrap();
-            let b = spec.containers.iter().find(|c| c.name == containers::SLOT_B).and_then(|c| c.image.clone());
+            let b = spec
+                .containers
+                .iter()
+                .find(|c| c.name == containers::SLOT_B)
+                .and_then(|c| c.image.clone());
             assert_eq!(b, Some(image("empty")), "{:?}", p.metadata.name);
         }
         let described = kubectl_ok(&["describe", "sidecarrelease", &ns]);
-        assert!(described.contains("FailureThresholdExceeded"), "{described}");
+        assert!(
+            described.contains("FailureThresholdExceeded"),
+            "{described}"
+        );
         assert!(described.contains("HandoffFailed"), "{described}");
 
         stop.store(true, Ordering::Relaxed);
         let totals = traffic.await.unwrap();
         assert!(totals.exchanges > 0);
-        assert!(totals.failures.is_empty(), "{:#?}", &totals.failures[..totals.failures.len().min(20)]);
+        assert!(
+            totals.failures.is_empty(),
+            "{:#?}",
+            &totals.failures[..totals.failures.len().min(20)]
+        );
         let restarts_after = restarts(&now);
         for (k, n) in &restarts_after {
             if !is_sidecar(k) {

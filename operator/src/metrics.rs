@@ -57,8 +57,9 @@ impl Default for Metrics {
         );
         // 1 ms .. ~16 s: a handoff of a few connections takes milliseconds,
         // 10,000 take a quarter of a second.
-        let handoff_duration =
-            Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 15));
+        let handoff_duration = Histogram::new(
+            prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 15),
+        );
         registry.register(
             "handoff_duration_seconds",
             "Per-pod handoff duration of completed in-place upgrades, as the new sidecar measured it",
@@ -119,7 +120,9 @@ mod tests {
         m.handoff_completed(12);
         let text = m.encode();
         assert!(
-            text.contains("baton_operator_rollout_actions_total{action=\"finish\",result=\"ok\"} 1"),
+            text.contains(
+                "baton_operator_rollout_actions_total{action=\"finish\",result=\"ok\"} 1"
+            ),
             "{text}"
         );
         assert!(

@@ -213,13 +213,19 @@ impl Retirement {
     }
 
     fn marker(&self, slot: &str) -> PathBuf {
-        self.dir
-            .join(format!("{}{slot}", contract::volumes::RETIRED_MARKER_PREFIX))
+        self.dir.join(format!(
+            "{}{slot}",
+            contract::volumes::RETIRED_MARKER_PREFIX
+        ))
     }
 
     /// Whether this process's slot was retired by an earlier handoff.
     pub fn is_retired(&self) -> bool {
-        self.enabled() && self.slot.as_deref().is_some_and(|s| self.marker(s).exists())
+        self.enabled()
+            && self
+                .slot
+                .as_deref()
+                .is_some_and(|s| self.marker(s).exists())
     }
 
     /// Leaves this slot's marker (pid and time, for people reading it).
@@ -284,7 +290,10 @@ mod tests {
         assert!(a.is_retired() && !b.is_retired());
         assert_eq!(b.retired_slots(), vec!["a"]);
         let marker = std::fs::read_to_string(dir.path().join("retired-a")).unwrap();
-        assert!(marker.contains(&format!("\"pid\":{}", std::process::id())), "{marker}");
+        assert!(
+            marker.contains(&format!("\"pid\":{}", std::process::id())),
+            "{marker}"
+        );
         a.clear().unwrap();
         a.clear().unwrap();
         assert!(!a.is_retired() && b.retired_slots().is_empty());

@@ -67,7 +67,9 @@ async fn a_handed_off_sidecar_idles_in_its_slot_and_a_restart_there_takes_nothin
     tokio::time::sleep(Duration::from_millis(100)).await;
 
     let new = world.spawn(&[idle, ("BATON_SLOT", "b")]);
-    world.wait_complete(new.pid(), Duration::from_secs(30)).await;
+    world
+        .wait_complete(new.pid(), Duration::from_secs(30))
+        .await;
     // The successor serves, and reports the old slot idle once the old
     // process has drained and left its marker.
     let doc = wait_handoff(&world, Duration::from_secs(20), |d| {
@@ -90,7 +92,10 @@ async fn a_handed_off_sidecar_idles_in_its_slot_and_a_restart_there_takes_nothin
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(restarted.alive(), "{}", restarted.log_tail());
     let doc = handoff_doc(&world).await;
-    assert_eq!((doc["slot"].as_str(), doc["pid"].as_u64()), (Some("b"), Some(u64::from(new.pid()))));
+    assert_eq!(
+        (doc["slot"].as_str(), doc["pid"].as_u64()),
+        (Some("b"), Some(u64::from(new.pid())))
+    );
     assert!(
         restarted.log_all().contains("handed off already"),
         "{}",
@@ -101,7 +106,11 @@ async fn a_handed_off_sidecar_idles_in_its_slot_and_a_restart_there_takes_nothin
     // idle process at once, and baton-empty clears the marker.
     restarted.signal(nix::sys::signal::Signal::SIGTERM);
     let exit = restarted.wait_exit(Duration::from_secs(10));
-    assert!(exit.is_some_and(|s| s.success()), "{exit:?}: {}", restarted.log_tail());
+    assert!(
+        exit.is_some_and(|s| s.success()),
+        "{exit:?}: {}",
+        restarted.log_tail()
+    );
     let mut empty = std::process::Command::new(BATON_EMPTY)
         .env("BATON_SLOT", "a")
         .env("BATON_HANDOFF_SOCKET", &world.socket)
@@ -121,7 +130,9 @@ async fn a_handed_off_sidecar_idles_in_its_slot_and_a_restart_there_takes_nothin
 
     // The next upgrade goes into slot a again: it takes over normally.
     let next = world.spawn(&[idle, ("BATON_SLOT", "a")]);
-    world.wait_complete(next.pid(), Duration::from_secs(30)).await;
+    world
+        .wait_complete(next.pid(), Duration::from_secs(30))
+        .await;
     let doc = wait_handoff(&world, Duration::from_secs(20), |d| {
         d["retired"] == serde_json::json!(["b"])
     })
@@ -139,8 +150,14 @@ async fn without_the_webhook_s_setting_the_old_process_still_exits() {
     let mut old = world.spawn(&[("BATON_SLOT", "a")]);
     world.wait_ready(Duration::from_secs(20)).await;
     let new = world.spawn(&[("BATON_SLOT", "b")]);
-    world.wait_complete(new.pid(), Duration::from_secs(30)).await;
+    world
+        .wait_complete(new.pid(), Duration::from_secs(30))
+        .await;
     let exit = old.wait_exit(Duration::from_secs(20));
-    assert!(exit.is_some_and(|s| s.success()), "{exit:?}: {}", old.log_tail());
+    assert!(
+        exit.is_some_and(|s| s.success()),
+        "{exit:?}: {}",
+        old.log_tail()
+    );
     assert!(!world.dir.path().join("retired-a").exists());
 }

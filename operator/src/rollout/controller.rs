@@ -83,7 +83,12 @@ pub struct Context {
 }
 
 impl Context {
-    pub fn new(client: Client, metrics: Arc<Metrics>, probe: Probe, instance: Option<String>) -> Self {
+    pub fn new(
+        client: Client,
+        metrics: Arc<Metrics>,
+        probe: Probe,
+        instance: Option<String>,
+    ) -> Self {
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -104,12 +109,14 @@ impl Context {
 /// [`PROBE_TIMEOUT`]. Any failure is "no answer" (the planner decides what
 /// that means).
 pub fn http_probe() -> Probe {
-    Arc::new(|addr| Box::pin(async move {
-        tokio::time::timeout(PROBE_TIMEOUT, get_handoff(addr))
-            .await
-            .ok()
-            .flatten()
-    }))
+    Arc::new(|addr| {
+        Box::pin(async move {
+            tokio::time::timeout(PROBE_TIMEOUT, get_handoff(addr))
+                .await
+                .ok()
+                .flatten()
+        })
+    })
 }
 
 async fn get_handoff(addr: SocketAddr) -> Option<Observed> {
@@ -153,8 +160,18 @@ fn slot_container(slot: Slot) -> &'static str {
 /// The strategic-merge patch of one action (pure). `None` for evictions.
 /// Images and annotations change in one patch, so the pod never says one
 /// thing and runs another; `resourceVersion` makes it conditional.
-pub fn patch_for(action: &Action, resource_version: Option<&str>, now: i64) -> Option<serde_json::Value> {
-    let list = |native: bool| if native { "initContainers" } else { "containers" };
+pub fn patch_for(
+    action: &Action,
+    resource_version: Option<&str>,
+    now: i64,
+) -> Option<serde_json::Value> {
+    let list = |native: bool| {
+        if native {
+            "initContainers"
+        } else {
+            "containers"
+        }
+    };
     let (native, container, image, annotations) = match action {
         Action::Start { native, record, .. } => (
             *native,
@@ -220,7 +237,10 @@ fn event_for(action: &Action) -> (EventType, &'static str, String) {
                 record.version,
                 record.slot.as_str(),
                 record.image,
-                record.from_version.as_deref().unwrap_or("the serving sidecar")
+                record
+                    .from_version
+                    .as_deref()
+                    .unwrap_or("the serving sidecar")
             ),
         ),
         Action::Finish {
@@ -257,7 +277,13 @@ fn event_for(action: &Action) -> (EventType, &'static str, String) {
     }
 }
 
-async fn publish(ctx: &Context, reference: &ObjectReference, type_: EventType, reason: &str, note: String) {
+async fn publish(
+    ctx: &Context,
+    reference: &ObjectReference,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
     let event = Event {
         type_,
         reason: reason.to_owned(),
@@ -272,7 +298,12 @@ async fn publish(ctx: &Context, reference: &ObjectReference, type_: EventType, r
 
 /// Executes one action. `Err` carries why it could not (the pod is then
 /// reported as blocked; the next reconcile plans again).
-async fn execute(ctx: &Context, release: &SidecarRelease, pod: &Pod, action: &Action) -> Result<(), String> {
+async fn execute(
+    ctx: &Context,
+    release: &SidecarRelease,
+    pod: &Pod,
+    action: &Action,
+) -> Result<(), String> {
     let name = pod.name_any();
     let namespace = pod.namespace().unwrap_or_default();
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -281,7 +312,10 @@ async fn execute(ctx: &Context, release: &SidecarRelease, pod: &Pod, action: &Ac
             Ok(_) => {}
             // A PodDisruptionBudget says not now.
             Err(kube::Error::Api(s)) if s.code == 429 => {
-                return Err(format!("eviction refused by a PodDisruptionBudget: {}", s.message));
+                return Err(format!(
+                    "eviction refused by a PodDisruptionBudget: {}",
+                    s.message
+                ));
             }
             Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
             Err(e) => return Err(format!("eviction failed: {e}")),
@@ -359,9 +393,7 @@ pub async fn reconcile(release: Arc<SidecarRelease>, ctx: Arc<Context>) -> Resul
             }
             _ => None,
         };
-        let mid_upgrade = pod
-            .annotations()
-            .contains_key(annotations::UPGRADE);
+        let mid_upgrade = pod.annotations().contains_key(annotations::UPGRADE);
         let ip = pod
             .status
             .as_ref()
@@ -386,17 +418,22 @@ pub async fn reconcile(release: Arc<SidecarRelease>, ctx: Arc<Context>) -> Resul
         plan::plan(&release, &states, now)
     };
     for action in plan.actions.clone() {
-        let Some(pod) = pods
-            .iter()
-            .find(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()) == action.pod())
-        else {
+        let Some(pod) = pods.iter().find(|p| {
+            format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()) == action.pod()
+        }) else {
             continue;
         };
         let result = execute(&ctx, &release, pod, &action).await;
-        ctx.metrics
-            .rollout_action(action.metric_label(), if result.is_ok() { "ok" } else { "error" });
+        ctx.metrics.rollout_action(
+            action.metric_label(),
+            if result.is_ok() { "ok" } else { "error" },
+        );
         match result {
-            Ok(()) => tracing::info!(pod = action.pod(), action = action.metric_label(), "rollout step"),
+            Ok(()) => tracing::info!(
+                pod = action.pod(),
+                action = action.metric_label(),
+                "rollout step"
+            ),
             Err(why) => {
                 tracing::warn!(pod = action.pod(), action = action.metric_label(), %why, "rollout step not taken");
                 plan.blocked.push((action.pod().to_owned(), why));
@@ -503,7 +540,11 @@ mod tests {
 
     /// Serves until the client is dropped; `answer` may claim a request
     /// (status, body); unclaimed writes echo their body, events are created.
-    fn fake_api(mut handle: Handle, pods: Vec<serde_json::Value>, answer: Answer) -> Arc<Mutex<Vec<Seen>>> {
+    fn fake_api(
+        mut handle: Handle,
+        pods: Vec<serde_json::Value>,
+        answer: Answer,
+    ) -> Arc<Mutex<Vec<Seen>>> {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let log = seen.clone();
         tokio::spawn(async move {
@@ -518,7 +559,12 @@ mod tests {
                     .to_owned();
                 let bytes = request.into_body().collect_bytes().await.unwrap();
                 let body = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
-                let s = Seen { method, uri, content_type, body };
+                let s = Seen {
+                    method,
+                    uri,
+                    content_type,
+                    body,
+                };
                 log.lock().unwrap().push(s.clone());
                 let (code, value) = answer(&s).unwrap_or_else(|| {
                     if s.method == Method::GET && s.uri.starts_with("/api/v1/pods?") {
@@ -574,14 +620,31 @@ mod tests {
     }
 
     /// A pod on `version` in slot a with slot b idle; `annotations` added.
-    fn pod(name: &str, version: &str, b_image: Option<&str>, annotations: serde_json::Value, b_waiting: Option<&str>) -> serde_json::Value {
+    fn pod(
+        name: &str,
+        version: &str,
+        b_image: Option<&str>,
+        annotations: serde_json::Value,
+        b_waiting: Option<&str>,
+    ) -> serde_json::Value {
         let mut ann = json!({annotations::VERSION: version, annotations::ACTIVE_SLOT: "a"});
         json_patch::merge(&mut ann, &annotations);
-        let mut containers = vec![json!({"name": containers::SLOT_A, "image": format!("sidecar:{version}")})];
-        let mut statuses = vec![status_of(&format!("sidecar:{version}"), true, None, containers::SLOT_A)];
+        let mut containers =
+            vec![json!({"name": containers::SLOT_A, "image": format!("sidecar:{version}")})];
+        let mut statuses = vec![status_of(
+            &format!("sidecar:{version}"),
+            true,
+            None,
+            containers::SLOT_A,
+        )];
         if let Some(b) = b_image {
             containers.push(json!({"name": containers::SLOT_B, "image": b}));
-            statuses.push(status_of(b, b_waiting.is_none(), b_waiting, containers::SLOT_B));
+            statuses.push(status_of(
+                b,
+                b_waiting.is_none(),
+                b_waiting,
+                containers::SLOT_B,
+            ));
         }
         containers.push(json!({"name": "app", "image": "app:1"}));
         json!({
@@ -595,15 +658,17 @@ mod tests {
     }
 
     fn record(started_at: i64) -> serde_json::Value {
-        json!(serde_json::to_string(&UpgradeRecord {
-            version: "2".into(),
-            image: "sidecar:2".into(),
-            slot: Slot::B,
-            from_version: Some("1".into()),
-            started_at,
-            idle_image: "empty:1".into(),
-        })
-        .unwrap())
+        json!(
+            serde_json::to_string(&UpgradeRecord {
+                version: "2".into(),
+                image: "sidecar:2".into(),
+                slot: Slot::B,
+                from_version: Some("1".into()),
+                started_at,
+                idle_image: "empty:1".into(),
+            })
+            .unwrap()
+        )
     }
 
     fn no_probe() -> Probe {
@@ -618,13 +683,23 @@ mod tests {
         })
     }
 
-    fn context(service: tower_test::mock::Mock<Request<Body>, Response<Body>>, probe: Probe) -> Arc<Context> {
+    fn context(
+        service: tower_test::mock::Mock<Request<Body>, Response<Body>>,
+        probe: Probe,
+    ) -> Arc<Context> {
         let client = Client::new(service, "default");
-        Arc::new(Context::new(client, Arc::new(Metrics::default()), probe, Some("op-0".into())))
+        Arc::new(Context::new(
+            client,
+            Arc::new(Metrics::default()),
+            probe,
+            Some("op-0".into()),
+        ))
     }
 
     fn find<'a>(seen: &'a [Seen], method: Method, prefix: &str) -> Vec<&'a Seen> {
-        seen.iter().filter(|s| s.method == method && s.uri.starts_with(prefix)).collect()
+        seen.iter()
+            .filter(|s| s.method == method && s.uri.starts_with(prefix))
+            .collect()
     }
 
     #[tokio::test]
@@ -636,41 +711,84 @@ mod tests {
         ];
         let seen = fake_api(handle, pods, Box::new(|_| None));
         let ctx = context(service, no_probe());
-        let requeue = reconcile(Arc::new(release(json!({}))), ctx.clone()).await.unwrap();
+        let requeue = reconcile(Arc::new(release(json!({}))), ctx.clone())
+            .await
+            .unwrap();
         assert_eq!(requeue, Requeue::requeue(WAITING_REQUEUE));
         let seen = seen.lock().unwrap().clone();
 
         let patches = find(&seen, Method::PATCH, "/api/v1/namespaces/shop/pods/");
         assert_eq!(patches.len(), 1, "maxUnavailable 1: {seen:#?}");
         let p = patches[0];
-        assert!(p.uri.starts_with("/api/v1/namespaces/shop/pods/web-0?"), "{}", p.uri);
+        assert!(
+            p.uri.starts_with("/api/v1/namespaces/shop/pods/web-0?"),
+            "{}",
+            p.uri
+        );
         assert_eq!(p.content_type, "application/strategic-merge-patch+json");
         assert_eq!(p.body["metadata"]["resourceVersion"], "41");
         assert_eq!(
             p.body["spec"]["containers"],
             json!([{"name": containers::SLOT_B, "image": "sidecar:2"}])
         );
-        let rec: UpgradeRecord =
-            serde_json::from_str(p.body["metadata"]["annotations"][annotations::UPGRADE].as_str().unwrap()).unwrap();
-        assert_eq!((rec.slot, rec.version.as_str(), rec.idle_image.as_str()), (Slot::B, "2", "empty:1"));
+        let rec: UpgradeRecord = serde_json::from_str(
+            p.body["metadata"]["annotations"][annotations::UPGRADE]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            (rec.slot, rec.version.as_str(), rec.idle_image.as_str()),
+            (Slot::B, "2", "empty:1")
+        );
 
-        let events = find(&seen, Method::POST, "/apis/events.k8s.io/v1/namespaces/shop/events");
-        assert_eq!(events.len(), 1, "{:#?}", seen.iter().map(|s| (&s.method, &s.uri)).collect::<Vec<_>>());
+        let events = find(
+            &seen,
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/shop/events",
+        );
+        assert_eq!(
+            events.len(),
+            1,
+            "{:#?}",
+            seen.iter().map(|s| (&s.method, &s.uri)).collect::<Vec<_>>()
+        );
         assert_eq!(events[0].body["reason"], "HandoffStarted");
         assert_eq!(events[0].body["regarding"]["name"], "web-0");
 
-        let status = find(&seen, Method::PATCH, "/apis/baton.dev/v1alpha1/sidecarreleases/default/status?");
+        let status = find(
+            &seen,
+            Method::PATCH,
+            "/apis/baton.dev/v1alpha1/sidecarreleases/default/status?",
+        );
         assert_eq!(status.len(), 1);
         let st = &status[0].body["status"];
-        assert_eq!((st["total"].as_i64(), st["inFlight"].as_i64(), st["updated"].as_i64()), (Some(2), Some(1), Some(0)));
+        assert_eq!(
+            (
+                st["total"].as_i64(),
+                st["inFlight"].as_i64(),
+                st["updated"].as_i64()
+            ),
+            (Some(2), Some(1), Some(0))
+        );
         assert_eq!(st["rollout"], "RollingOut");
-        assert!(ctx.metrics.encode().contains("action=\"start\",result=\"ok\"} 1"));
+        assert!(
+            ctx.metrics
+                .encode()
+                .contains("action=\"start\",result=\"ok\"} 1")
+        );
     }
 
     #[tokio::test]
     async fn reconcile_finishes_a_completed_handoff_and_records_its_duration() {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let pods = vec![pod("web-0", "1", Some("sidecar:2"), json!({annotations::UPGRADE: record(now_secs() - 2)}), None)];
+        let pods = vec![pod(
+            "web-0",
+            "1",
+            Some("sidecar:2"),
+            json!({annotations::UPGRADE: record(now_secs() - 2)}),
+            None,
+        )];
         let seen = fake_api(handle, pods, Box::new(|_| None));
         let ctx = context(
             service,
@@ -682,29 +800,55 @@ mod tests {
                 retired: vec![Slot::A],
             }),
         );
-        reconcile(Arc::new(release(json!({}))), ctx.clone()).await.unwrap();
+        reconcile(Arc::new(release(json!({}))), ctx.clone())
+            .await
+            .unwrap();
         let seen = seen.lock().unwrap().clone();
         let patches = find(&seen, Method::PATCH, "/api/v1/namespaces/shop/pods/web-0");
         assert_eq!(patches.len(), 1);
         let body = &patches[0].body;
-        assert_eq!(body["spec"]["containers"], json!([{"name": containers::SLOT_A, "image": "empty:1"}]));
+        assert_eq!(
+            body["spec"]["containers"],
+            json!([{"name": containers::SLOT_A, "image": "empty:1"}])
+        );
         let ann = &body["metadata"]["annotations"];
         assert_eq!(ann[annotations::UPGRADE], serde_json::Value::Null);
         assert_eq!(ann[annotations::ACTIVE_SLOT], "b");
         assert_eq!(ann[annotations::VERSION], "2");
-        let events = find(&seen, Method::POST, "/apis/events.k8s.io/v1/namespaces/shop/events");
+        let events = find(
+            &seen,
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/shop/events",
+        );
         assert_eq!(events[0].body["reason"], "HandoffComplete");
-        assert!(events[0].body["note"].as_str().unwrap().contains("in 37 ms"));
+        assert!(
+            events[0].body["note"]
+                .as_str()
+                .unwrap()
+                .contains("in 37 ms")
+        );
         let m = ctx.metrics.encode();
-        assert!(m.contains("baton_operator_handoff_duration_seconds_count 1"), "{m}");
-        assert!(m.contains("baton_operator_handoff_duration_seconds_sum 0.037"), "{m}");
+        assert!(
+            m.contains("baton_operator_handoff_duration_seconds_count 1"),
+            "{m}"
+        );
+        assert!(
+            m.contains("baton_operator_handoff_duration_seconds_sum 0.037"),
+            "{m}"
+        );
     }
 
     #[tokio::test]
     async fn a_failed_handoff_returns_the_slot_to_idle_and_pauses_the_rollout_with_the_reason() {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let pods = vec![
-            pod("web-0", "1", Some("sidecar:2"), json!({annotations::UPGRADE: record(now_secs())}), Some("CrashLoopBackOff")),
+            pod(
+                "web-0",
+                "1",
+                Some("sidecar:2"),
+                json!({annotations::UPGRADE: record(now_secs())}),
+                Some("CrashLoopBackOff"),
+            ),
             pod("web-1", "1", Some("empty:1"), json!({}), None),
         ];
         let seen = fake_api(handle, pods, Box::new(|_| None));
@@ -714,9 +858,14 @@ mod tests {
         let patches = find(&seen, Method::PATCH, "/api/v1/namespaces/shop/pods/");
         assert_eq!(patches.len(), 1, "nothing new starts: {seen:#?}");
         let body = &patches[0].body;
-        assert_eq!(body["spec"]["containers"], json!([{"name": containers::SLOT_B, "image": "empty:1"}]));
+        assert_eq!(
+            body["spec"]["containers"],
+            json!([{"name": containers::SLOT_B, "image": "empty:1"}])
+        );
         let failure: FailureRecord = serde_json::from_str(
-            body["metadata"]["annotations"][annotations::UPGRADE_FAILED].as_str().unwrap(),
+            body["metadata"]["annotations"][annotations::UPGRADE_FAILED]
+                .as_str()
+                .unwrap(),
         )
         .unwrap();
         assert_eq!(failure.version, "2");
@@ -727,16 +876,42 @@ mod tests {
             .filter(|s| s.body["type"] == "Warning")
             .collect();
         assert_eq!(warnings.len(), 2);
-        assert!(warnings.iter().any(|w| w.body["regarding"]["kind"] == "SidecarRelease"));
-        let st = &find(&seen, Method::PATCH, "/apis/baton.dev/v1alpha1/sidecarreleases/default/status?")[0].body["status"];
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.body["regarding"]["kind"] == "SidecarRelease")
+        );
+        let st = &find(
+            &seen,
+            Method::PATCH,
+            "/apis/baton.dev/v1alpha1/sidecarreleases/default/status?",
+        )[0]
+        .body["status"];
         assert_eq!(st["failed"], 1);
         assert_eq!(st["rollout"], "Paused");
         assert_eq!(st["failedPods"][0]["pod"], "shop/web-0");
         let cond = |t: &str| {
-            st["conditions"].as_array().unwrap().iter().find(|c| c["type"] == t).unwrap().clone()
+            st["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["type"] == t)
+                .unwrap()
+                .clone()
         };
-        assert_eq!((cond("Degraded")["status"].as_str(), cond("Paused")["reason"].as_str()), (Some("True"), Some("FailureThresholdExceeded")));
-        assert!(cond("Degraded")["message"].as_str().unwrap().contains("CrashLoopBackOff"));
+        assert_eq!(
+            (
+                cond("Degraded")["status"].as_str(),
+                cond("Paused")["reason"].as_str()
+            ),
+            (Some("True"), Some("FailureThresholdExceeded"))
+        );
+        assert!(
+            cond("Degraded")["message"]
+                .as_str()
+                .unwrap()
+                .contains("CrashLoopBackOff")
+        );
     }
 
     #[tokio::test]
@@ -754,15 +929,44 @@ mod tests {
             }),
         );
         let ctx = context(service, no_probe());
-        reconcile(Arc::new(release(json!({}))), ctx.clone()).await.unwrap();
+        reconcile(Arc::new(release(json!({}))), ctx.clone())
+            .await
+            .unwrap();
         let seen = seen.lock().unwrap().clone();
-        let evictions = find(&seen, Method::POST, "/api/v1/namespaces/shop/pods/web-0/eviction");
+        let evictions = find(
+            &seen,
+            Method::POST,
+            "/api/v1/namespaces/shop/pods/web-0/eviction",
+        );
         assert_eq!(evictions.len(), 1);
-        assert!(find(&seen, Method::POST, "/apis/events.k8s.io/").is_empty(), "no event for a step not taken");
-        let st = &find(&seen, Method::PATCH, "/apis/baton.dev/v1alpha1/sidecarreleases/default/status?")[0].body["status"];
-        let progressing = st["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Progressing").unwrap();
-        assert!(progressing["message"].as_str().unwrap().contains("PodDisruptionBudget"), "{progressing}");
-        assert!(ctx.metrics.encode().contains("action=\"evict\",result=\"error\"} 1"));
+        assert!(
+            find(&seen, Method::POST, "/apis/events.k8s.io/").is_empty(),
+            "no event for a step not taken"
+        );
+        let st = &find(
+            &seen,
+            Method::PATCH,
+            "/apis/baton.dev/v1alpha1/sidecarreleases/default/status?",
+        )[0]
+        .body["status"];
+        let progressing = st["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Progressing")
+            .unwrap();
+        assert!(
+            progressing["message"]
+                .as_str()
+                .unwrap()
+                .contains("PodDisruptionBudget"),
+            "{progressing}"
+        );
+        assert!(
+            ctx.metrics
+                .encode()
+                .contains("action=\"evict\",result=\"error\"} 1")
+        );
     }
 
     #[tokio::test]
@@ -813,7 +1017,10 @@ mod tests {
         let seen = seen.lock().unwrap().clone();
         assert_eq!(find(&seen, Method::GET, "/api/v1/nodes/node-1").len(), 1);
         let patch = &find(&seen, Method::PATCH, "/api/v1/namespaces/shop/pods/web-0")[0].body;
-        assert_eq!(patch["spec"]["initContainers"], json!([{"name": containers::SLOT_B, "image": "sidecar:2"}]));
+        assert_eq!(
+            patch["spec"]["initContainers"],
+            json!([{"name": containers::SLOT_B, "image": "sidecar:2"}])
+        );
     }
 
     #[tokio::test]
@@ -822,7 +1029,12 @@ mod tests {
         let pods = vec![pod("web-0", "1", Some("empty:1"), json!({}), None)];
         let seen = fake_api(handle, pods, Box::new(|_| None));
         let ctx = context(service, no_probe());
-        reconcile(Arc::new(release(json!({"upgrade": {"partition": -1}}))), ctx).await.unwrap();
+        reconcile(
+            Arc::new(release(json!({"upgrade": {"partition": -1}}))),
+            ctx,
+        )
+        .await
+        .unwrap();
         let seen = seen.lock().unwrap().clone();
         assert!(find(&seen, Method::PATCH, "/api/v1/").is_empty());
         let st = &find(&seen, Method::PATCH, "/apis/baton.dev/")[0].body["status"];
@@ -836,12 +1048,14 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move {
             let (stream, _) = listener.accept().await.unwrap();
-            let svc = hyper::service::service_fn(|req: Request<hyper::body::Incoming>| async move {
-                assert_eq!(req.uri().path(), "/handoff");
-                Ok::<_, std::convert::Infallible>(Response::new(Full::new(hyper::body::Bytes::from_static(
+            let svc = hyper::service::service_fn(
+                |req: Request<hyper::body::Incoming>| async move {
+                    assert_eq!(req.uri().path(), "/handoff");
+                    Ok::<_, std::convert::Infallible>(Response::new(Full::new(hyper::body::Bytes::from_static(
                     br#"{"phase":"serving","complete":true,"slot":"b","retired":["a"],"lastHandoff":{"durationMs":9}}"#,
                 ))))
-            });
+                },
+            );
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
                 .await;
@@ -864,7 +1078,10 @@ mod tests {
 
     #[test]
     fn an_eviction_has_no_patch_and_a_patch_without_resource_version_is_unconditional() {
-        let evict = Action::Evict { pod: "a/b".into(), reason: plan::EvictReason::Recreate };
+        let evict = Action::Evict {
+            pod: "a/b".into(),
+            reason: plan::EvictReason::Recreate,
+        };
         assert_eq!(patch_for(&evict, Some("1"), 0), None);
         let fail = Action::Fail {
             pod: "a/b".into(),

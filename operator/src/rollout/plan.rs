@@ -312,8 +312,7 @@ pub fn plan(release: &SidecarRelease, pods: &[PodState], now: i64) -> Plan {
     let max_unavailable = resolve_max_unavailable(&up.max_unavailable, total).unwrap_or(1);
     let up_to_date = |p: &PodState| -> bool {
         p.version.as_deref() == Some(spec.version.as_str())
-            && p
-                .slot(p.active_slot())
+            && p.slot(p.active_slot())
                 .is_none_or(|s| s.image == spec.image)
     };
 
@@ -336,8 +335,8 @@ pub fn plan(release: &SidecarRelease, pods: &[PodState], now: i64) -> Plan {
                     Step::Finish { duration_ms } => {
                         // Available again only once the patch has landed.
                         unavailable += 1;
-                        let finished_version = record.version == spec.version
-                            && record.image == spec.image;
+                        let finished_version =
+                            record.version == spec.version && record.image == spec.image;
                         if finished_version {
                             out.updated += 1;
                         }
@@ -508,10 +507,13 @@ fn in_flight_step(pod: &PodState, record: &UpgradeRecord, timeout_s: i32, now: i
         ));
     }
     let observed = pod.observed.as_ref();
-    let took_over = observed.is_some_and(|o| {
-        o.slot == Some(record.slot) && o.complete && o.phase == "serving"
-    }) && new.running
-        && new.running_image.as_deref().is_none_or(|i| i == record.image);
+    let took_over = observed
+        .is_some_and(|o| o.slot == Some(record.slot) && o.complete && o.phase == "serving")
+        && new.running
+        && new
+            .running_image
+            .as_deref()
+            .is_none_or(|i| i == record.image);
     if took_over {
         let old_idle = observed.is_some_and(|o| o.retired.contains(&old));
         // The old process finishes its drain (HTTP/2 streams, requests past
@@ -571,7 +573,11 @@ enum Move {
     Evict(EvictReason),
 }
 
-fn how_to_move(pod: &PodState, strategy: UpgradeStrategy, empty: Option<&str>) -> Result<Move, String> {
+fn how_to_move(
+    pod: &PodState,
+    strategy: UpgradeStrategy,
+    empty: Option<&str>,
+) -> Result<Move, String> {
     if strategy == UpgradeStrategy::Recreate {
         return Ok(Move::Evict(EvictReason::Recreate));
     }
@@ -637,7 +643,10 @@ mod tests {
         SidecarRelease::new("default", spec)
     }
 
-    fn with(mut r: SidecarRelease, f: impl FnOnce(&mut baton_crds::sidecar_release::UpgradeSpec)) -> SidecarRelease {
+    fn with(
+        mut r: SidecarRelease,
+        f: impl FnOnce(&mut baton_crds::sidecar_release::UpgradeSpec),
+    ) -> SidecarRelease {
         f(&mut r.spec.upgrade);
         r
     }
@@ -774,7 +783,10 @@ mod tests {
 
     #[test]
     fn max_unavailable_bounds_the_pods_started_at_once_in_the_stable_order() {
-        let pods: Vec<_> = ["e", "c", "a", "d", "b"].iter().map(|n| pod(n, "1")).collect();
+        let pods: Vec<_> = ["e", "c", "a", "d", "b"]
+            .iter()
+            .map(|n| pod(n, "1"))
+            .collect();
         let r = with(release("2"), |u| u.max_unavailable = IntOrString::Int(2));
         let p = plan(&r, &pods, NOW);
         assert_eq!(starts(&p), vec![("shop/a", Slot::B), ("shop/b", Slot::B)]);
@@ -806,7 +818,11 @@ mod tests {
         assert!(starts(&p).is_empty(), "{:?}", p.actions);
         assert_eq!(p.in_flight, 1);
 
-        let pods = vec![upgrading("a", "1", "2", Slot::B, NOW), pod("c", "1"), pod("d", "1")];
+        let pods = vec![
+            upgrading("a", "1", "2", Slot::B, NOW),
+            pod("c", "1"),
+            pod("d", "1"),
+        ];
         assert_eq!(starts(&plan(&r, &pods, NOW)), vec![("shop/c", Slot::B)]);
     }
 
@@ -831,7 +847,12 @@ mod tests {
         assert_eq!(p.held_by_partition, 2);
 
         // Pods already on the target (or on their way) count against it.
-        let pods = vec![pod("a", "2"), upgrading("b", "1", "2", Slot::B, NOW), pod("c", "1"), pod("d", "1")];
+        let pods = vec![
+            pod("a", "2"),
+            upgrading("b", "1", "2", Slot::B, NOW),
+            pod("c", "1"),
+            pod("d", "1"),
+        ];
         let p = plan(&r, &pods, NOW);
         assert!(starts(&p).is_empty());
         assert_eq!(p.held_by_partition, 2);
@@ -870,7 +891,9 @@ mod tests {
         let mut p0 = upgrading("a", "1", "2", Slot::B, NOW - 3);
         p0.observed = observed(Slot::B, "serving", true, &[Slot::A]);
         let p = plan(&release("2"), &[p0.clone()], NOW);
-        let Some(Ok(record)) = p0.upgrade.clone() else { unreachable!() };
+        let Some(Ok(record)) = p0.upgrade.clone() else {
+            unreachable!()
+        };
         assert_eq!(
             p.actions,
             vec![Action::Finish {
@@ -893,7 +916,10 @@ mod tests {
         assert_eq!(p.in_flight, 1);
         // Past handoffTimeoutSeconds (30) it is finished anyway.
         p0.upgrade.as_mut().unwrap().as_mut().unwrap().started_at = NOW - 30;
-        assert_eq!(names(&plan(&release("2"), &[p0], NOW), "finish"), vec!["shop/a"]);
+        assert_eq!(
+            names(&plan(&release("2"), &[p0], NOW), "finish"),
+            vec!["shop/a"]
+        );
     }
 
     #[test]
@@ -966,7 +992,10 @@ mod tests {
         p0.observed = observed(Slot::A, "serving", false, &[]);
         let p = plan(&release("2"), &[p0.clone()], NOW);
         let why = fail_reason(&p).unwrap();
-        assert!(why.contains("within 30 s") && why.contains("slot a still serves"), "{why}");
+        assert!(
+            why.contains("within 30 s") && why.contains("slot a still serves"),
+            "{why}"
+        );
         p0.observed = None;
         let p = plan(&release("2"), &[p0], NOW);
         assert!(fail_reason(&p).unwrap().contains("did not answer"));
@@ -986,7 +1015,11 @@ mod tests {
     fn a_slot_changed_outside_baton_fails_the_upgrade() {
         let mut p0 = upgrading("a", "1", "2", Slot::B, NOW);
         p0.slot_b.as_mut().unwrap().image = "someone/else:1".into();
-        assert!(fail_reason(&plan(&release("2"), &[p0], NOW)).unwrap().contains("outside Baton"));
+        assert!(
+            fail_reason(&plan(&release("2"), &[p0], NOW))
+                .unwrap()
+                .contains("outside Baton")
+        );
     }
 
     #[test]
@@ -1002,16 +1035,29 @@ mod tests {
         };
         let r = with(release("2"), |u| u.max_unavailable = IntOrString::Int(5));
         let p = plan(&r, &[failed("a"), pod("b", "1")], NOW);
-        assert_eq!(p.pause, Some(Pause::FailureThreshold { failed: 1, threshold: 0 }));
+        assert_eq!(
+            p.pause,
+            Some(Pause::FailureThreshold {
+                failed: 1,
+                threshold: 0
+            })
+        );
         assert!(p.actions.is_empty());
         assert_eq!(p.failed.len(), 1);
 
         let r = with(r, |u| u.failure_threshold = 1);
         let p = plan(&r, &[failed("a"), pod("b", "1")], NOW);
         assert_eq!(p.pause, None);
-        assert_eq!(starts(&p), vec![("shop/b", Slot::B)], "a failed pod is not retried");
+        assert_eq!(
+            starts(&p),
+            vec![("shop/b", Slot::B)],
+            "a failed pod is not retried"
+        );
         let p = plan(&r, &[failed("a"), failed("b"), pod("c", "1")], NOW);
-        assert!(matches!(p.pause, Some(Pause::FailureThreshold { failed: 2, .. })));
+        assert!(matches!(
+            p.pause,
+            Some(Pause::FailureThreshold { failed: 2, .. })
+        ));
     }
 
     #[test]
@@ -1070,8 +1116,14 @@ mod tests {
         assert_eq!(
             p.actions,
             vec![
-                Action::Evict { pod: "shop/a".into(), reason: EvictReason::NoStandbySlot },
-                Action::Evict { pod: "shop/b".into(), reason: EvictReason::NoStandbySlot },
+                Action::Evict {
+                    pod: "shop/a".into(),
+                    reason: EvictReason::NoStandbySlot
+                },
+                Action::Evict {
+                    pod: "shop/b".into(),
+                    reason: EvictReason::NoStandbySlot
+                },
             ]
         );
         // The evicted pods terminate, then come back unready: still unavailable.
@@ -1089,7 +1141,10 @@ mod tests {
         let p = plan(&r, &[pod("a", "1")], NOW);
         assert_eq!(
             p.actions,
-            vec![Action::Evict { pod: "shop/a".into(), reason: EvictReason::Recreate }]
+            vec![Action::Evict {
+                pod: "shop/a".into(),
+                reason: EvictReason::Recreate
+            }]
         );
     }
 
@@ -1099,7 +1154,11 @@ mod tests {
         bare.has_controller = false;
         bare.slot_b = None;
         let p = plan(&release("2"), &[bare, pod("b", "1")], NOW);
-        assert_eq!(starts(&p), vec![("shop/b", Slot::B)], "the budget goes to the next pod");
+        assert_eq!(
+            starts(&p),
+            vec![("shop/b", Slot::B)],
+            "the budget goes to the next pod"
+        );
         assert_eq!(p.blocked.len(), 1);
         assert!(p.blocked[0].1.contains("no controller"));
     }
@@ -1113,7 +1172,10 @@ mod tests {
             p
         };
         let p = plan(&release("2"), &[native(Some((1, 32)))], NOW);
-        assert!(matches!(&p.actions[..], [Action::Start { native: true, .. }]));
+        assert!(matches!(
+            &p.actions[..],
+            [Action::Start { native: true, .. }]
+        ));
         let p = plan(&release("2"), &[native(Some((1, 31)))], NOW);
         assert_eq!(
             p.actions,
@@ -1129,7 +1191,10 @@ mod tests {
         let mut up = upgrading("a", "1", "2", Slot::B, NOW);
         up.native = true;
         up.slot_b.as_mut().unwrap().waiting_reason = Some("ErrImagePull".into());
-        assert!(matches!(&plan(&release("2"), &[up], NOW).actions[..], [Action::Fail { native: true, .. }]));
+        assert!(matches!(
+            &plan(&release("2"), &[up], NOW).actions[..],
+            [Action::Fail { native: true, .. }]
+        ));
     }
 
     #[test]
@@ -1153,7 +1218,10 @@ mod tests {
     #[test]
     fn the_plan_does_not_depend_on_the_order_pods_are_listed_in() {
         let r = with(release("2"), |u| u.max_unavailable = IntOrString::Int(2));
-        let mut pods: Vec<_> = ["d", "a", "c", "b", "e"].iter().map(|n| pod(n, "1")).collect();
+        let mut pods: Vec<_> = ["d", "a", "c", "b", "e"]
+            .iter()
+            .map(|n| pod(n, "1"))
+            .collect();
         let first = plan(&r, &pods, NOW);
         pods.reverse();
         assert_eq!(plan(&r, &pods, NOW), first);
@@ -1204,7 +1272,10 @@ mod tests {
             // Never more than maxUnavailable under way.
             assert!(pods.iter().filter(|p| p.upgrade.is_some()).count() <= 2);
         }
-        assert!(pods.iter().all(|p| p.version.as_deref() == Some("2") && p.active == Some(Slot::B)));
+        assert!(
+            pods.iter()
+                .all(|p| p.version.as_deref() == Some("2") && p.active == Some(Slot::B))
+        );
         assert!(started.values().all(|n| *n == 1), "{started:?}");
         assert_eq!(started.len(), 5);
     }
@@ -1231,7 +1302,11 @@ mod tests {
                 }
                 5 => {
                     let mut p = pod(name, "1");
-                    p.failure = Some(FailureRecord { version: "2".into(), reason: "x".into(), at: NOW });
+                    p.failure = Some(FailureRecord {
+                        version: "2".into(),
+                        reason: "x".into(),
+                        at: NOW,
+                    });
                     p
                 }
                 6 => {
@@ -1266,9 +1341,18 @@ mod tests {
                         .map(|k| state(combo / STATES.pow(k) % STATES, &format!("p{k}")))
                         .collect();
                     let p = plan(&r, &pods, NOW);
-                    let ctx = format!("paused={paused} max={max} pods={:?}", pods.iter().map(|p| (&p.key, p.upgrade.is_some(), p.terminating)).collect::<Vec<_>>());
+                    let ctx = format!(
+                        "paused={paused} max={max} pods={:?}",
+                        pods.iter()
+                            .map(|p| (&p.key, p.upgrade.is_some(), p.terminating))
+                            .collect::<Vec<_>>()
+                    );
                     let by_key = |k: &str| pods.iter().find(|p| p.key == k).unwrap();
-                    let fresh = p.actions.iter().filter(|a| matches!(a, Action::Start { .. } | Action::Evict { .. })).count();
+                    let fresh = p
+                        .actions
+                        .iter()
+                        .filter(|a| matches!(a, Action::Start { .. } | Action::Evict { .. }))
+                        .count();
                     if paused {
                         assert_eq!(fresh, 0, "{ctx}");
                     }
@@ -1276,7 +1360,11 @@ mod tests {
                         .iter()
                         .filter(|x| x.terminating || !x.ready() || x.upgrade.is_some())
                         .count();
-                    assert!(fresh <= usize::try_from(max).unwrap().saturating_sub(busy), "{ctx}: {:?}", p.actions);
+                    assert!(
+                        fresh <= usize::try_from(max).unwrap().saturating_sub(busy),
+                        "{ctx}: {:?}",
+                        p.actions
+                    );
                     for a in &p.actions {
                         let pod = by_key(a.pod());
                         match a {

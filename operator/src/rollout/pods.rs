@@ -28,7 +28,9 @@ fn slot_state(spec: &Container, status: Option<&ContainerStatus>) -> SlotState {
         waiting_reason: state
             .and_then(|s| s.waiting.as_ref())
             .and_then(|w| w.reason.clone()),
-        terminated_exit_code: state.and_then(|s| s.terminated.as_ref()).map(|t| t.exit_code),
+        terminated_exit_code: state
+            .and_then(|s| s.terminated.as_ref())
+            .map(|t| t.exit_code),
     }
 }
 
@@ -163,8 +165,13 @@ mod tests {
         assert_eq!(b.image, "s:2");
         assert_eq!(b.waiting_reason.as_deref(), Some("CrashLoopBackOff"));
         assert!(!b.running);
-        let Some(Ok(rec)) = &s.upgrade else { panic!("{:?}", s.upgrade) };
-        assert_eq!((rec.slot, rec.started_at, rec.idle_image.as_str()), (Slot::B, 5, "e:1"));
+        let Some(Ok(rec)) = &s.upgrade else {
+            panic!("{:?}", s.upgrade)
+        };
+        assert_eq!(
+            (rec.slot, rec.started_at, rec.idle_image.as_str()),
+            (Slot::B, 5, "e:1")
+        );
     }
 
     #[test]
@@ -198,7 +205,8 @@ mod tests {
 
     #[test]
     fn the_handoff_document_of_the_sidecar_is_understood() {
-        let body = br#"{"phase":"serving","complete":true,"slot":"b","version":"0.1.0","retired":["a"],
+        let body =
+            br#"{"phase":"serving","complete":true,"slot":"b","version":"0.1.0","retired":["a"],
             "lastHandoff":{"result":"complete","durationMs":17}}"#;
         assert_eq!(
             parse_observed(body),
@@ -211,7 +219,8 @@ mod tests {
             })
         );
         // A build that reports neither slot nor retired slots.
-        let old = parse_observed(br#"{"phase":"serving","complete":false,"lastHandoff":null}"#).unwrap();
+        let old =
+            parse_observed(br#"{"phase":"serving","complete":false,"lastHandoff":null}"#).unwrap();
         assert_eq!((old.slot, old.retired.len()), (None, 0));
         assert_eq!(parse_observed(b"not json"), None);
         assert_eq!(parse_observed(br#"{"complete":true}"#), None);

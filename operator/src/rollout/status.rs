@@ -13,7 +13,12 @@ use super::plan::{Pause, Plan};
 const MAX_FAILED_LISTED: usize = 10;
 
 /// Applies `plan` to `status` (computed from the same pods).
-pub fn overlay(status: &mut SidecarReleaseStatus, release: &SidecarRelease, plan: &Plan, now: &Time) {
+pub fn overlay(
+    status: &mut SidecarReleaseStatus,
+    release: &SidecarRelease,
+    plan: &Plan,
+    now: &Time,
+) {
     let spec = &release.spec;
     let generation = release.metadata.generation;
     let set = |c: &mut Vec<_>, type_: &str, value: bool, reason: &str, message: String| {
@@ -187,7 +192,10 @@ mod tests {
         }
     }
 
-    fn condition<'a>(s: &'a SidecarReleaseStatus, t: &str) -> &'a baton_crds::conditions::Condition {
+    fn condition<'a>(
+        s: &'a SidecarReleaseStatus,
+        t: &str,
+    ) -> &'a baton_crds::conditions::Condition {
         s.conditions.iter().find(|c| c.type_ == t).unwrap()
     }
 
@@ -197,16 +205,32 @@ mod tests {
         let mut s = compute(&r, &[view("shop/a", "2"), view("shop/b", "2")], &now());
         let plan = Plan {
             total: 2,
-            failed: vec![("shop/a".into(), "the new sidecar in slot b is CrashLoopBackOff".into())],
-            pause: Some(Pause::FailureThreshold { failed: 1, threshold: 0 }),
+            failed: vec![(
+                "shop/a".into(),
+                "the new sidecar in slot b is CrashLoopBackOff".into(),
+            )],
+            pause: Some(Pause::FailureThreshold {
+                failed: 1,
+                threshold: 0,
+            }),
             ..Plan::default()
         };
         overlay(&mut s, &r, &plan, &now());
         let degraded = condition(&s, cond::DEGRADED);
-        assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", cond::reasons::HANDOFF_FAILED));
-        assert!(degraded.message.contains("shop/a: the new sidecar in slot b is CrashLoopBackOff"));
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", cond::reasons::HANDOFF_FAILED)
+        );
+        assert!(
+            degraded
+                .message
+                .contains("shop/a: the new sidecar in slot b is CrashLoopBackOff")
+        );
         let paused = condition(&s, cond::PAUSED);
-        assert_eq!((paused.status.as_str(), paused.reason.as_str()), ("True", cond::reasons::FAILURE_THRESHOLD));
+        assert_eq!(
+            (paused.status.as_str(), paused.reason.as_str()),
+            ("True", cond::reasons::FAILURE_THRESHOLD)
+        );
         assert_eq!(condition(&s, cond::PROGRESSING).status, "False");
         assert_eq!(s.failed, 1);
         assert_eq!(s.failed_pods[0].version, "3");
@@ -228,20 +252,41 @@ mod tests {
         overlay(&mut s, &r, &plan, &now());
         assert_eq!(s.in_flight, 1);
         assert_eq!(s.rollout.as_deref(), Some("RollingOut"));
-        assert!(condition(&s, cond::PROGRESSING).message.contains("shop/c: no controller"));
+        assert!(
+            condition(&s, cond::PROGRESSING)
+                .message
+                .contains("shop/c: no controller")
+        );
     }
 
     #[test]
     fn a_finished_rollout_reads_complete_and_a_canary_hold_reads_held() {
         let r = release();
         let mut s = compute(&r, &[view("shop/a", "3")], &now());
-        overlay(&mut s, &r, &Plan { total: 1, updated: 1, ..Plan::default() }, &now());
+        overlay(
+            &mut s,
+            &r,
+            &Plan {
+                total: 1,
+                updated: 1,
+                ..Plan::default()
+            },
+            &now(),
+        );
         assert_eq!(s.rollout.as_deref(), Some("Complete"));
 
         let mut s = compute(&r, &[view("shop/a", "3"), view("shop/b", "2")], &now());
-        let plan = Plan { total: 2, updated: 1, held_by_canary: 1, ..Plan::default() };
+        let plan = Plan {
+            total: 2,
+            updated: 1,
+            held_by_canary: 1,
+            ..Plan::default()
+        };
         overlay(&mut s, &r, &plan, &now());
-        assert_eq!(condition(&s, cond::COMPLETE).reason, cond::reasons::CANARY_HELD);
+        assert_eq!(
+            condition(&s, cond::COMPLETE).reason,
+            cond::reasons::CANARY_HELD
+        );
         assert_eq!(s.rollout.as_deref(), Some("Held"));
     }
 }
