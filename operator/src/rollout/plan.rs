@@ -549,7 +549,10 @@ fn in_flight_step(pod: &PodState, record: &UpgradeRecord, timeout_s: i32, now: i
         // acknowledged some already, and killing it would lose them (G9).
         // The sidecars' own step timeout ends a stalled one.
         let moving = observed.is_some_and(|o| o.phase == "adopting" || o.phase == "handing_off");
-        if moving {
+        // A build that does not say its slot may be the one that took over:
+        // returning "its" slot to idle could stop the serving process.
+        let unknown_taker = observed.is_some_and(|o| o.complete && o.slot.is_none());
+        if moving || unknown_taker {
             return Step::Wait;
         }
         return Step::Fail(format!(
@@ -1009,6 +1012,20 @@ mod tests {
             let p = plan(&release("2"), &[p0], NOW);
             assert!(p.actions.is_empty() && p.waiting, "{phase}");
         }
+    }
+
+    #[test]
+    fn a_completed_handoff_by_a_process_that_does_not_say_its_slot_is_never_failed() {
+        let mut p0 = upgrading("a", "1", "2", Slot::B, NOW - 300);
+        p0.observed = Some(Observed {
+            slot: None,
+            phase: "serving".into(),
+            complete: true,
+            duration_ms: None,
+            retired: vec![],
+        });
+        let p = plan(&release("2"), &[p0], NOW);
+        assert!(p.actions.is_empty() && p.waiting, "{:?}", p.actions);
     }
 
     #[test]
