@@ -38,6 +38,11 @@ pub mod sidecar_release {
         pub const PAUSED_BY_USER: &str = "PausedByUser";
         pub const NOT_PAUSED: &str = "NotPaused";
         pub const INVALID_SPEC: &str = "InvalidSpec";
+        /// More pods failed their handoff than `failureThreshold` allows:
+        /// the rollout paused itself.
+        pub const FAILURE_THRESHOLD: &str = "FailureThresholdExceeded";
+        /// Every pod the canary selector allows runs `spec.version`.
+        pub const CANARY_HELD: &str = "CanaryHeld";
     }
 }
 

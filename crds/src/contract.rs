@@ -58,6 +58,14 @@ pub mod annotations {
     pub const OFFLOAD_FALLBACK_REASON: &str = "baton.dev/offload-fallback-reason";
     /// AcceleratorPool that granted the device, if any.
     pub const ACCELERATOR_POOL: &str = "baton.dev/accelerator-pool";
+    /// A hot upgrade in progress on the pod, written by the operator in the
+    /// same patch that swaps the standby slot's image (JSON: `version`,
+    /// `image`, `slot`, `fromVersion`, `startedAt`). It is what a new
+    /// leader resumes from: the pod itself says what is under way.
+    pub const UPGRADE: &str = "baton.dev/upgrade";
+    /// The last failed hot upgrade (JSON: `version`, `reason`, `at`). A pod
+    /// is not tried again for that version; removing the annotation retries.
+    pub const UPGRADE_FAILED: &str = "baton.dev/upgrade-failed";
 }
 
 pub mod containers {
@@ -82,6 +90,11 @@ pub mod volumes {
     pub const HANDOFF_SOCKET: &str = "/var/run/baton/handoff.sock";
     /// JSON file the new sidecar writes when a handoff completes.
     pub const HANDOFF_STATUS_FILE: &str = "/var/run/baton/handoff-status.json";
+    /// Prefix of the marker a handed-off sidecar leaves while it idles
+    /// (`retired-a` / `retired-b` next to the handoff socket): a process
+    /// the kubelet restarts in a retired slot idles instead of taking the
+    /// connections back; `baton-empty` removes its slot's marker.
+    pub const RETIRED_MARKER_PREFIX: &str = "retired-";
     /// Projected ServiceAccount token with the mesh audience.
     pub const TOKEN: &str = "baton-token";
     pub const TOKEN_MOUNT_PATH: &str = "/var/run/secrets/baton.dev/identity";
@@ -141,6 +154,12 @@ pub mod env {
     /// UIDs (comma-separated) allowed to take over on the handoff socket in
     /// addition to the sidecar's own effective UID (checked with SO_PEERCRED).
     pub const HANDOFF_PEER_UIDS: &str = "BATON_HANDOFF_PEER_UIDS";
+    /// `1` (the webhook sets it on both slots): after handing off, the old
+    /// process stays alive and idle instead of exiting, so the kubelet does
+    /// not restart it into a second sidecar that would take the connections
+    /// back; the operator then swaps its slot back to the idle image.
+    /// Unset (standalone use): the old process exits.
+    pub const IDLE_AFTER_HANDOFF: &str = "BATON_IDLE_AFTER_HANDOFF";
     /// Testing knob: advertise protocol versions `MIN-MAX` instead of this build's.
     pub const HANDOFF_PROTOCOL_RANGE: &str = "BATON_HANDOFF_PROTOCOL_RANGE";
     /// Testing knob: the new process waits this long before each step, so

@@ -61,6 +61,18 @@ use crate::validation::{Errors, FieldError, Validate};
         description = "Pods whose sidecar is ready"
     ),
     printcolumn(
+        name = "Failed",
+        type_ = "integer",
+        json_path = ".status.failed",
+        description = "Pods whose handoff to spec.version failed"
+    ),
+    printcolumn(
+        name = "Rollout",
+        type_ = "string",
+        json_path = ".status.rollout",
+        description = "Rollout state at a glance: RollingOut, Complete, Paused, Degraded, Held"
+    ),
+    printcolumn(
         name = "Paused",
         type_ = "boolean",
         json_path = ".spec.upgrade.paused",
@@ -156,6 +168,20 @@ pub struct UpgradeSpec {
     #[serde(default = "default_handoff_timeout")]
     #[schemars(range(min = 1, max = 3600))]
     pub handoff_timeout_seconds: i32,
+
+    /// Canary: when set, only selected pods that also match this selector
+    /// move to `version`; the others keep theirs until the selector is
+    /// widened or removed (Kruise `SidecarSet.updateStrategy.selector`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary_selector: Option<LabelSelector>,
+
+    /// Pods whose handoff to `version` may fail before the rollout pauses
+    /// itself (Degraded and Paused, reason FailureThresholdExceeded): it
+    /// pauses once more than this many have failed. 0 pauses at the first
+    /// failure.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub failure_threshold: i32,
 }
 
 impl Default for UpgradeSpec {
@@ -166,6 +192,8 @@ impl Default for UpgradeSpec {
             partition: 0,
             paused: false,
             handoff_timeout_seconds: default_handoff_timeout(),
+            canary_selector: None,
+            failure_threshold: 0,
         }
     }
 }
@@ -211,9 +239,33 @@ pub struct SidecarReleaseStatus {
     /// Pod counts per sidecar version currently serving.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub versions: Vec<VersionCount>,
+    /// Pods mid-handoff (standby slot started on `spec.version`) or evicted
+    /// and not yet replaced.
+    #[serde(default)]
+    pub in_flight: i32,
+    /// One word for `kubectl get`: `RollingOut`, `Complete`, `Held`
+    /// (partition or canary), `Paused`, `Degraded` or `Invalid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<String>,
+    /// Pods whose handoff to `spec.version` failed, with the reason (at
+    /// most 10, by name).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_pods: Vec<FailedPod>,
     /// Progressing, Complete, Degraded, Paused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+/// A pod whose handoff failed, and why.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailedPod {
+    /// `namespace/name`.
+    pub pod: String,
+    /// Version the handoff was moving to.
+    pub version: String,
+    /// Why it failed (the operator's words; also in the pod's Events).
+    pub reason: String,
 }
 
 /// Pods serving one sidecar version.
@@ -334,6 +386,15 @@ impl Validate for SidecarRelease {
             e.push(
                 "spec.upgrade.partition",
                 "must be >= 0 (the number of pods kept on their current version)",
+            );
+        }
+        if let Some(sel) = &u.canary_selector {
+            selector::check(&mut e, "spec.upgrade.canarySelector", sel);
+        }
+        if u.failure_threshold < 0 {
+            e.push(
+                "spec.upgrade.failureThreshold",
+                "must be >= 0 (failed pods tolerated before the rollout pauses)",
             );
         }
         if !(1..=3600).contains(&u.handoff_timeout_seconds) {

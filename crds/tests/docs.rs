@@ -13,6 +13,7 @@ use support::schema_of;
 const EMBEDDED: &[&str] = &[
     "namespaceSelector",
     "podSelector",
+    "canarySelector",
     "nodeSelector",
     "resources",
     "conditions",

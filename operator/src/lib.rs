@@ -8,19 +8,25 @@
 //!          └─ per-version counts, conditions ◄┘
 //! ```
 //!
-//! Today the operator runs one controller: it keeps every SidecarRelease's
-//! status true to the pods the webhook injected for it (counts per version and
-//! the Progressing / Complete / Degraded / Paused conditions `kubectl get sr`
-//! shows). It runs replicated; a Lease elects the one replica that writes.
+//! Today the operator runs one controller, the rollout: for every
+//! SidecarRelease it moves the pods the webhook injected to `spec.version`
+//! (a hot upgrade through the standby slot, or an eviction), and keeps the
+//! release's status true to them (counts per version, failures with their
+//! reasons, the Progressing / Complete / Degraded / Paused conditions
+//! `kubectl get sr` shows). It runs replicated; a Lease elects the one
+//! replica that acts and writes.
 //!
-//! Layout follows controller-rs: [`release::status`] is a pure function from
-//! (release, pods) to status, [`release::controller`] only reads, computes and
-//! writes; [`leader`] and [`admin`] are the process plumbing.
+//! Layout follows controller-rs: [`rollout::plan`] is a pure function from
+//! (release, pods, what their sidecars say) to actions, [`release::status`]
+//! a pure function from (release, pods) to status, [`rollout::controller`]
+//! only reads, plans, acts and writes; [`leader`] and [`admin`] are the
+//! process plumbing.
 
 pub mod admin;
 pub mod leader;
 pub mod metrics;
 pub mod release;
+pub mod rollout;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -84,8 +90,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let leadership = elector.acquire(metrics.clone()).await?;
     tracing::info!(%identity, "leading; starting controllers");
 
+    let ctx = Arc::new(rollout::controller::Context::new(
+        client,
+        metrics.clone(),
+        rollout::controller::http_probe(),
+        Some(identity.clone()),
+    ));
     tokio::select! {
-        result = release::controller::run(client, metrics.clone()) => result,
+        result = rollout::controller::run(ctx) => result,
         lost = leadership => {
             // Like client-go's OnStoppedLeading: exit, let the pod restart and
             // rejoin as a candidate, so two replicas never write at once.

@@ -1,9 +1,12 @@
 //! The operator's Prometheus metrics (prefix `baton_operator_`).
 
+use std::time::Duration;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -13,12 +16,22 @@ pub struct ReconcileLabels {
     pub result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RolloutLabels {
+    /// `start`, `finish`, `fail`, `evict`.
+    pub action: &'static str,
+    /// `ok` or `error` (not taken: conflict, PDB, API error).
+    pub result: &'static str,
+}
+
 /// One registry per process; handles are cheap clones into it.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
     reconciles: Family<ReconcileLabels, Counter>,
     leader: Gauge,
+    rollout_actions: Family<RolloutLabels, Counter>,
+    handoff_duration: Histogram,
 }
 
 impl Default for Metrics {
@@ -36,10 +49,28 @@ impl Default for Metrics {
             "1 while this replica holds the leader Lease",
             leader.clone(),
         );
+        let rollout_actions = Family::<RolloutLabels, Counter>::default();
+        registry.register(
+            "rollout_actions",
+            "Rollout steps by action and result",
+            rollout_actions.clone(),
+        );
+        // 1 ms .. ~16 s: a handoff of a few connections takes milliseconds,
+        // 10,000 take a quarter of a second.
+        let handoff_duration = Histogram::new(
+            prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 15),
+        );
+        registry.register(
+            "handoff_duration_seconds",
+            "Per-pod handoff duration of completed in-place upgrades, as the new sidecar measured it",
+            handoff_duration.clone(),
+        );
         Self {
             registry,
             reconciles,
             leader,
+            rollout_actions,
+            handoff_duration,
         }
     }
 }
@@ -49,6 +80,17 @@ impl Metrics {
         self.reconciles
             .get_or_create(&ReconcileLabels { kind, result })
             .inc();
+    }
+
+    pub fn rollout_action(&self, action: &'static str, result: &'static str) {
+        self.rollout_actions
+            .get_or_create(&RolloutLabels { action, result })
+            .inc();
+    }
+
+    pub fn handoff_completed(&self, duration_ms: u64) {
+        self.handoff_duration
+            .observe(Duration::from_millis(duration_ms).as_secs_f64());
     }
 
     pub fn set_leader(&self, leading: bool) {
@@ -74,7 +116,19 @@ mod tests {
         m.reconciled("SidecarRelease", "ok");
         m.reconciled("SidecarRelease", "ok");
         m.set_leader(true);
+        m.rollout_action("finish", "ok");
+        m.handoff_completed(12);
         let text = m.encode();
+        assert!(
+            text.contains(
+                "baton_operator_rollout_actions_total{action=\"finish\",result=\"ok\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("baton_operator_handoff_duration_seconds_count 1"),
+            "{text}"
+        );
         assert!(
             text.contains(
                 "baton_operator_reconciles_total{kind=\"SidecarRelease\",result=\"ok\"} 2"

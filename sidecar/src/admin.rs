@@ -215,10 +215,18 @@ impl Admin {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .clone();
+                // `slot` and `retired` tell the operator which slot serves
+                // and whether the one it left idles (its image can be
+                // swapped back without cutting anything).
+                let retirement = crate::lifecycle::Retirement::from_env();
                 json(&serde_json::json!({
                     "phase": phase.as_str(),
                     "complete": last.is_some(),
                     "lastHandoff": last,
+                    "slot": retirement.slot(),
+                    "version": env!("CARGO_PKG_VERSION"),
+                    "pid": std::process::id(),
+                    "retired": retirement.retired_slots(),
                 }))
             }
             (&Method::GET, "/connections") => {

@@ -287,22 +287,47 @@ fn run_proxy(args: RunArgs) -> Result<(), CliError> {
         .map_err(ConfigError::Tls)?;
     // TLS 1.3 traffic secrets for the handoff (KeyUpdate after a move).
     tls.set_key_log(crate::handoff::tls_record::secret_capture());
+    // In a pod, a slot this process already handed off from stays idle
+    // (see `lifecycle::Retirement`): the kubelet restarted it, and taking
+    // the connections back from the successor would start a ping-pong.
+    let retirement = crate::lifecycle::Retirement::from_env();
+    if retirement.is_retired() {
+        runtime.block_on(crate::lifecycle::idle_until_terminated(
+            "this slot handed off already; waiting for the operator to swap it back to the idle image",
+        ));
+        return Ok(());
+    }
     // With handoff: adopt from a live sidecar on the shared volume, or
     // start fresh and answer the next one's handoff request.
-    runtime.block_on(crate::handoff::run(
-        snapshot,
-        StartOptions {
-            watch,
-            log_level,
-            tls: Some(tls.clone()),
-            ..Default::default()
-        },
-        // The certificate and key travel with the handoff.
-        crate::handoff::HandoffConfig::from_env().with_identity(tls.clone()),
-        // Reloaded `tls` sections are checked and applied, /ready reflects
-        // the offload engine, and /metrics carries the TLS series.
-        |running| tls.attach(running),
-    ))?;
+    runtime.block_on(async {
+        let ending = crate::handoff::run(
+            snapshot,
+            StartOptions {
+                watch,
+                log_level,
+                tls: Some(tls.clone()),
+                ..Default::default()
+            },
+            // The certificate and key travel with the handoff.
+            crate::handoff::HandoffConfig::from_env().with_identity(tls.clone()),
+            // Reloaded `tls` sections are checked and applied, /ready reflects
+            // the offload engine, and /metrics carries the TLS series.
+            |running| tls.attach(running),
+        )
+        .await?;
+        if ending == crate::lifecycle::Ending::HandedOff && retirement.enabled() {
+            if let Err(e) = retirement.retire() {
+                // Still idle: exiting would let the kubelet restart us into
+                // a second sidecar. Only the restart guard is lost.
+                tracing::warn!(error = %e, "cannot leave the retired marker");
+            }
+            crate::lifecycle::idle_until_terminated(
+                "handed off; waiting for the operator to swap this slot back to the idle image",
+            )
+            .await;
+        }
+        Ok::<(), CliError>(())
+    })?;
     Ok(())
 }
 

@@ -5,8 +5,10 @@
 //! and exported as `baton_sidecar_lifecycle_phase{phase}` so an operator can
 //! see where a process is without reading logs.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use baton_crds::contract;
 use tokio::sync::watch;
 
 use crate::metrics::Metrics;
@@ -144,9 +146,167 @@ pub async fn wait_until<T>(rx: &mut watch::Receiver<T>, pred: impl FnMut(&T) -> 
     let _ = rx.wait_for(pred).await;
 }
 
+/// How a process's serving life ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// A signal, `/shutdown`, or the end of the data plane.
+    Stopped,
+    /// Everything went to a successor through a handoff.
+    HandedOff,
+}
+
+/// The old process of an in-pod handoff idles instead of exiting.
+///
+/// In a pod the kubelet restarts a container whose process exits, and a
+/// sidecar restarted in the slot it just left would find the successor on
+/// the handoff socket and take everything back (then the successor's slot
+/// would do the same: ping-pong). So when the webhook asked for it
+/// (`BATON_IDLE_AFTER_HANDOFF=1`), the old process leaves a marker
+/// `retired-<slot>` next to the handoff socket and stays alive, idle,
+/// until the operator swaps its slot back to the idle image (SIGTERM). A
+/// process the kubelet starts in a slot that has a marker (the idle one was
+/// killed some other way) idles too rather than take over. `baton-empty`,
+/// the idle image, removes its slot's marker: from then on the slot may
+/// host the next upgrade.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retirement {
+    dir: PathBuf,
+    slot: Option<String>,
+    idle: bool,
+}
+
+impl Retirement {
+    /// `dir` holds the handoff socket; `slot` is this process's (`a`/`b`).
+    pub fn new(dir: impl Into<PathBuf>, slot: Option<String>, idle: bool) -> Self {
+        Self {
+            dir: dir.into(),
+            slot: slot.filter(|s| matches!(s.as_str(), "a" | "b")),
+            idle,
+        }
+    }
+
+    /// From the environment the webhook sets (`BATON_SLOT`,
+    /// `BATON_IDLE_AFTER_HANDOFF`, `BATON_HANDOFF_SOCKET`).
+    pub fn from_env() -> Self {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let socket = var(contract::env::HANDOFF_SOCKET)
+            .unwrap_or_else(|| contract::volumes::HANDOFF_SOCKET.to_owned());
+        let dir = Path::new(&socket)
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        Self::new(
+            dir,
+            var(contract::env::SLOT),
+            var(contract::env::IDLE_AFTER_HANDOFF).as_deref() == Some("1"),
+        )
+    }
+
+    /// This process's slot, if it runs in one.
+    pub fn slot(&self) -> Option<&str> {
+        self.slot.as_deref()
+    }
+
+    /// Idling after a handoff was asked for, and the slot is known.
+    pub fn enabled(&self) -> bool {
+        self.idle && self.slot.is_some()
+    }
+
+    fn marker(&self, slot: &str) -> PathBuf {
+        self.dir.join(format!(
+            "{}{slot}",
+            contract::volumes::RETIRED_MARKER_PREFIX
+        ))
+    }
+
+    /// Whether this process's slot was retired by an earlier handoff.
+    pub fn is_retired(&self) -> bool {
+        self.enabled()
+            && self
+                .slot
+                .as_deref()
+                .is_some_and(|s| self.marker(s).exists())
+    }
+
+    /// Leaves this slot's marker (pid and time, for people reading it).
+    pub fn retire(&self) -> std::io::Result<()> {
+        let Some(slot) = self.slot.as_deref() else {
+            return Ok(());
+        };
+        let since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        std::fs::write(
+            self.marker(slot),
+            format!("{{\"pid\":{},\"since\":{since}}}\n", std::process::id()),
+        )
+    }
+
+    /// Removes this slot's marker (the idle image does, at start).
+    pub fn clear(&self) -> std::io::Result<()> {
+        let Some(slot) = self.slot.as_deref() else {
+            return Ok(());
+        };
+        match std::fs::remove_file(self.marker(slot)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Slots whose handed-off process idles (for `GET /handoff`).
+    pub fn retired_slots(&self) -> Vec<&'static str> {
+        ["a", "b"]
+            .into_iter()
+            .filter(|s| self.marker(s).exists())
+            .collect()
+    }
+}
+
+/// Idles until SIGTERM or SIGINT (the operator swapping the slot's image,
+/// or the pod going away). The data plane is gone by then; this only keeps
+/// the container from being restarted into a second sidecar.
+pub async fn idle_until_terminated(why: &str) {
+    tracing::info!(why, "idle until terminated");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("terminated while idle");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_retired_slot_is_marked_listed_and_cleared_by_the_idle_image() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Retirement::new(dir.path(), Some("a".into()), true);
+        let b = Retirement::new(dir.path(), Some("b".into()), true);
+        assert!(!a.is_retired() && a.retired_slots().is_empty());
+        a.retire().unwrap();
+        assert!(a.is_retired() && !b.is_retired());
+        assert_eq!(b.retired_slots(), vec!["a"]);
+        let marker = std::fs::read_to_string(dir.path().join("retired-a")).unwrap();
+        assert!(
+            marker.contains(&format!("\"pid\":{}", std::process::id())),
+            "{marker}"
+        );
+        a.clear().unwrap();
+        a.clear().unwrap();
+        assert!(!a.is_retired() && b.retired_slots().is_empty());
+    }
+
+    #[test]
+    fn without_the_webhook_s_setting_or_a_slot_nothing_idles() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("retired-a"), "{}").unwrap();
+        assert!(!Retirement::new(dir.path(), Some("a".into()), false).is_retired());
+        assert!(!Retirement::new(dir.path(), None, true).enabled());
+        assert!(!Retirement::new(dir.path(), Some("../x".into()), true).enabled());
+    }
 
     #[tokio::test]
     async fn phases_are_observed_in_order_and_exported() {

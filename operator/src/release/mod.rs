@@ -1,4 +1,4 @@
-//! SidecarRelease: status from the pods a release injected.
+//! SidecarRelease: status from the pods a release injected (pure; written
+//! by the rollout controller, `crate::rollout::controller`).
 
-pub mod controller;
 pub mod status;

@@ -220,6 +220,7 @@ pub fn compute(release: &SidecarRelease, pods: &[PodView], now: &Time) -> Sideca
         failed,
         versions: by_version.into_values().collect(),
         conditions: c,
+        ..Default::default()
     }
 }
 

@@ -7,10 +7,18 @@
 //! disposition would be ignored by the kernel and pod deletion would wait for
 //! the full grace period. So the signals are blocked and waited for
 //! synchronously with `sigwait`.
+//!
+//! At start it removes its slot's retired marker (see
+//! `baton_sidecar::lifecycle::Retirement`).
 
 use nix::sys::signal::{SigSet, Signal};
 
 fn main() {
+    // This slot is idle again: it may host the next upgrade, so the marker a
+    // handed-off sidecar left here (`lifecycle::Retirement`) goes.
+    if let Err(error) = baton_sidecar::lifecycle::Retirement::from_env().clear() {
+        eprintln!("baton-empty: cannot remove the retired marker: {error}");
+    }
     let mut set = SigSet::empty();
     for signal in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGQUIT] {
         set.add(signal);

@@ -1759,7 +1759,7 @@ pub async fn run(
     mut opts: StartOptions,
     cfg: HandoffConfig,
     on_start: impl FnOnce(&crate::server::Running),
-) -> Result<(), RunError> {
+) -> Result<crate::lifecycle::Ending, RunError> {
     let metrics = opts
         .metrics
         .get_or_insert_with(|| Arc::new(Metrics::new()))
@@ -1843,7 +1843,11 @@ pub async fn run(
             tracing::debug!(error = %e, "cannot lower priority for exit");
         }
     }
-    Ok(())
+    Ok(if handed_off {
+        crate::lifecycle::Ending::HandedOff
+    } else {
+        crate::lifecycle::Ending::Stopped
+    })
 }
 
 #[cfg(test)]

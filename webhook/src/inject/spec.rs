@@ -114,6 +114,10 @@ fn common_env(slot: &str, version: &str, offload_mode: &str, engine: &str) -> Ve
         env_value(env::VERSION, version),
         env_value(env::OFFLOAD_MODE, offload_mode),
         env_value(env::OFFLOAD_ENGINE, engine),
+        // After a hot upgrade the old process idles until the operator
+        // swaps its slot back to the idle image; exiting would make the
+        // kubelet restart it into a second sidecar (docs/upgrade.md).
+        env_value(env::IDLE_AFTER_HANDOFF, "1"),
     ]
 }
 

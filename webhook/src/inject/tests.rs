@@ -533,6 +533,39 @@ fn sidecars_run_non_root_with_a_read_only_root_and_no_capabilities() {
 }
 
 #[test]
+fn both_slots_ask_the_old_process_to_idle_after_a_handoff() {
+    let (_, p) = Fixture::new().inject(&app_pod());
+    for (slot, name) in [("a", containers::SLOT_A), ("b", containers::SLOT_B)] {
+        let c = container(&p, name);
+        assert_eq!(env_of(c, env::IDLE_AFTER_HANDOFF), Some("1"), "{name}");
+        assert_eq!(env_of(c, env::SLOT), Some(slot), "{name}");
+    }
+}
+
+#[test]
+fn a_new_pod_gets_the_version_the_release_names_now() {
+    // A rollout in progress (or a rollback) changes spec.version: pods
+    // created from then on start on it, whatever their siblings run.
+    let mut f = Fixture::new();
+    f.releases = vec![release(
+        "r",
+        json!({"version": "0.9.0", "image": "baton/sidecar:0.9.0"}),
+    )];
+    let (inj, p) = f.inject(&app_pod());
+    assert_eq!(inj.version, "0.9.0");
+    assert_eq!(annotation(&p, annotations::VERSION), Some("0.9.0"));
+    assert_eq!(annotation(&p, annotations::ACTIVE_SLOT), Some("a"));
+    assert_eq!(
+        container(&p, containers::SLOT_A).image.as_deref(),
+        Some("baton/sidecar:0.9.0")
+    );
+    assert_eq!(
+        container(&p, containers::SLOT_B).image.as_deref(),
+        Some("baton/empty:1")
+    );
+}
+
+#[test]
 fn the_standby_slot_never_doubles_the_pods_requests() {
     let (_, p) = Fixture::new().inject(&app_pod());
     let a = container(&p, containers::SLOT_A).resources.clone().unwrap();
