@@ -136,6 +136,8 @@ pub struct Metrics {
     pub config_apply_errors: Family<Labels, Counter>,
     pub phase: Family<Labels, Gauge>,
     pub local_responses: Family<Labels, Counter>,
+    /// HTTP/1 request heads refused by `h1valid::validate`, by reason.
+    pub request_refusals: Family<Labels, Counter>,
     /// Requests served on the HTTP/1 fast path.
     pub h1_fast_path_requests: Counter,
     /// HTTP/1 connections the fast path handed to hyper, by reason.
@@ -169,6 +171,7 @@ impl Metrics {
             config_apply_errors: Family::default(),
             phase: Family::default(),
             local_responses: Family::default(),
+            request_refusals: Family::default(),
             h1_fast_path_requests: Counter::default(),
             h1_fast_path_fallbacks: Family::default(),
             event_loop_lag: crate::loop_lag::histogram(),
@@ -240,6 +243,11 @@ impl Metrics {
             m.local_responses.clone(),
         );
         r.register(
+            "http1_request_refusals",
+            "HTTP/1 requests refused by the request-head validation (400/501/505, connection closed, nothing forwarded), by reason",
+            m.request_refusals.clone(),
+        );
+        r.register(
             "h1_fast_path_requests",
             "HTTP/1 requests served on the fast path (without hyper)",
             m.h1_fast_path_requests.clone(),
@@ -280,6 +288,12 @@ impl Metrics {
     pub fn h1_fast_path_fallback(&self, why: crate::h1fast::Fallback) {
         self.h1_fast_path_fallbacks
             .get_or_create(&vec![("reason", why.label())])
+            .inc();
+    }
+
+    pub fn request_refusal(&self, reason: &'static str) {
+        self.request_refusals
+            .get_or_create(&vec![("reason", reason)])
             .inc();
     }
 
