@@ -60,10 +60,17 @@ pub fn detect(buf: &[u8]) -> Detection {
     // ` HTTP/<digit>.<digit>` (any method bytes, any version), or a known
     // method, a space and `/` (HTTP/0.9's version-less `GET /`, a bare CR).
     // Bytes that cannot be in a text protocol's first line (a control
-    // character, a non-ASCII byte) decide raw TCP at once, so binary
-    // protocols are not kept waiting for a line end.
-    if !buf[0].is_ascii_alphabetic() {
-        return Detection::Done(Protocol::Tcp);
+    // character, a non-ASCII byte, a space or an empty line first) decide
+    // raw TCP at once, so binary protocols are not kept waiting for a line
+    // end.
+    // Empty lines before a request line are skipped (RFC 9112 §2.2), as
+    // both HTTP/1 parsers do.
+    let skipped = buf.iter().take_while(|b| matches!(b, b'\r' | b'\n')).count();
+    let buf = &buf[skipped..];
+    match buf.first() {
+        None if skipped < 8 => return Detection::NeedMore,
+        Some(b) if b.is_ascii_graphic() => {}
+        _ => return Detection::Done(Protocol::Tcp),
     }
     let window = &buf[..buf.len().min(MAX_DETECT_BYTES)];
     let eol = window.iter().position(|b| *b == b'\n');
@@ -117,6 +124,9 @@ mod tests {
         assert_eq!(d(b"GET / HTTP/1.1\r\n"), Detection::Done(Protocol::Http1));
         assert_eq!(d(b"POST /x?y HTTP/1.0\n"), Detection::Done(Protocol::Http1));
         assert_eq!(d(b"G"), Detection::NeedMore);
+        assert_eq!(d(b"\r\n"), Detection::NeedMore);
+        assert_eq!(d(b"\r\nGET / HTTP/1.1\r\n"), Detection::Done(Protocol::Http1));
+        assert_eq!(d(b"\r\n\r\n\r\n\r\n\r\n"), Detection::Done(Protocol::Tcp));
         assert_eq!(d(b"GET /"), Detection::NeedMore);
         assert_eq!(d(b"GET / HTTP/1.1"), Detection::NeedMore);
     }
