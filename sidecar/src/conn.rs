@@ -962,7 +962,8 @@ impl<T: AsyncRead + Unpin> AsyncRead for FramingGuard<T> {
                     end,
                     head_len,
                 } => {
-                    this.held.extend_from_slice(&buf.filled()[before..before + end]);
+                    this.held
+                        .extend_from_slice(&buf.filled()[before..before + end]);
                     buf.set_filled(before);
                     let start = this.held.len() - head_len;
                     let head_request = this.held[start..].starts_with(b"HEAD ");
@@ -1008,7 +1009,10 @@ mod tests {
         let mut offset = 0;
         for piece in stream.chunks(step) {
             if let FramingVerdict::Refuse { index, end, .. } = f.feed(piece) {
-                assert!(end > 0, "a refusal always ends in the chunk that completes the head");
+                assert!(
+                    end > 0,
+                    "a refusal always ends in the chunk that completes the head"
+                );
                 return (Some((index, offset + end)), f.heads);
             }
             offset += piece.len();
@@ -1054,7 +1058,9 @@ mod tests {
             "POST /c HTTP/1.1\nHost: x\nTransfer-Encoding: chunked\n\n{:x} ;ext=1\r\n{fake}\r\n0\r\nX-Trailer: y\r\n\r\n",
             fake.len()
         );
-        let stream = format!("\r\n{fixed}{chunked}GET /last HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
+        let stream = format!(
+            "\r\n{fixed}{chunked}GET /last HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+        );
         assert_eq!(shadow_any_split(stream.as_bytes()), (None, 3));
         // ...and a conflict after them is found at the right request.
         let stream = format!(
@@ -1077,14 +1083,31 @@ mod tests {
         // Heads hyper would refuse by itself are refused here, with a reason,
         // before hyper sees them.
         for (refused, why) in [
-            (&b"GET / HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n"[..], Refusal::ObsFold),
-            (b"GET / HTTP/1.1\r\nHost: x\r\nBad Header Line\r\n\r\n", Refusal::HeaderLine),
-            (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", Refusal::ContentLength),
-            (b"CONNECT h:1 HTTP/1.1\r\nHost: h:1\r\n\r\n", Refusal::Connect),
+            (
+                &b"GET / HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n"[..],
+                Refusal::ObsFold,
+            ),
+            (
+                b"GET / HTTP/1.1\r\nHost: x\r\nBad Header Line\r\n\r\n",
+                Refusal::HeaderLine,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+                Refusal::ContentLength,
+            ),
+            (
+                b"CONNECT h:1 HTTP/1.1\r\nHost: h:1\r\n\r\n",
+                Refusal::Connect,
+            ),
         ] {
             let mut f = H1Framing::new(8192);
             match f.feed(refused) {
-                FramingVerdict::Refuse { index: 0, why: w, end, head_len } => {
+                FramingVerdict::Refuse {
+                    index: 0,
+                    why: w,
+                    end,
+                    head_len,
+                } => {
                     assert_eq!((w, end, head_len), (why, refused.len(), refused.len()));
                 }
                 other => panic!("{refused:?}: {other:?}"),
@@ -1095,6 +1118,63 @@ mod tests {
         assert_eq!(f.feed(&[b'G'; 100]), FramingVerdict::Pass);
         assert!(!f.following());
         assert_eq!(f.withheld(), 0, "hyper gets the bytes and answers 431");
+    }
+
+    /// The `h1_framing` fuzz target's property over a fixed-seed stream of
+    /// mutated request streams (bounded, so it runs in `cargo test`): the
+    /// shadow never panics, never withholds more than it was fed, and its
+    /// verdict does not depend on how the stream is split into reads.
+    #[test]
+    fn mutated_streams_get_the_same_verdict_however_they_are_split() {
+        use rand::{Rng, SeedableRng};
+        let pieces: [&[u8]; 6] = [
+            b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc",
+            b"POST /c HTTP/1.1\nHost: x\nTransfer-Encoding: chunked\n\n3;e\r\nabc\r\n0\r\nT: 1\r\n\r\n",
+            b"POST /d HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            b"GET /e HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: h2c\r\n\r\n",
+            b"\r\nGET /f HTTP/1.0\r\n\r\n",
+        ];
+        let alphabet = b" \t\r\n:;0123456789abcdefxHT/.-";
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x6832_3366);
+        let run = |data: &[u8], step: usize| {
+            let mut f = H1Framing::new(512);
+            let mut offset = 0;
+            for piece in data.chunks(step) {
+                if let FramingVerdict::Refuse {
+                    index,
+                    why,
+                    end,
+                    head_len,
+                } = f.feed(piece)
+                {
+                    assert!(end >= 1 && end <= piece.len());
+                    assert!(head_len >= 1 && head_len <= offset + end);
+                    return Some((index, why, offset + end));
+                }
+                offset += piece.len();
+                assert!(f.withheld() <= offset);
+            }
+            None
+        };
+        for _ in 0..3_000 {
+            let mut data = Vec::new();
+            for _ in 0..rng.random_range(1..4) {
+                data.extend_from_slice(pieces[rng.random_range(0..pieces.len())]);
+            }
+            for _ in 0..rng.random_range(0..3) {
+                let at = rng.random_range(0..data.len());
+                data[at] = alphabet[rng.random_range(0..alphabet.len())];
+            }
+            let whole = run(&data, data.len());
+            let step = rng.random_range(1..16);
+            assert_eq!(
+                run(&data, step),
+                whole,
+                "{:?} in steps of {step}",
+                String::from_utf8_lossy(&data)
+            );
+        }
     }
 
     #[test]
@@ -1114,9 +1194,18 @@ mod tests {
         let head = b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
         assert_eq!(f.feed(head), FramingVerdict::Pass);
         assert!(f.following());
-        assert_eq!(f.withheld(), head.len(), "held until the first size line is read");
+        assert_eq!(
+            f.withheld(),
+            head.len(),
+            "held until the first size line is read"
+        );
         match f.feed(b"1ffffffffffffffff\r\n") {
-            FramingVerdict::Refuse { index: 0, why: Refusal::ChunkSize, end: 17, head_len } => {
+            FramingVerdict::Refuse {
+                index: 0,
+                why: Refusal::ChunkSize,
+                end: 17,
+                head_len,
+            } => {
                 assert_eq!(head_len, head.len() + 17);
             }
             other => panic!("{other:?}"),
@@ -1157,9 +1246,16 @@ mod tests {
         writer.await.unwrap();
         let mut expected = first.to_vec();
         expected.extend_from_slice(STAND_IN);
-        assert_eq!(seen, expected, "the refused head is replaced, nothing after it passes");
+        assert_eq!(
+            seen, expected,
+            "the refused head is replaced, nothing after it passes"
+        );
         assert_eq!(refusal.next_is_refused(), None, "request 0 passes");
-        assert_eq!(refusal.next_is_refused(), Some(Refusal::Smuggling), "request 1 is refused");
+        assert_eq!(
+            refusal.next_is_refused(),
+            Some(Refusal::Smuggling),
+            "request 1 is refused"
+        );
         assert_eq!(refusal.next_is_refused(), None);
     }
 

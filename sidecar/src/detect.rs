@@ -65,7 +65,10 @@ pub fn detect(buf: &[u8]) -> Detection {
     // end.
     // Empty lines before a request line are skipped (RFC 9112 §2.2), as
     // both HTTP/1 parsers do.
-    let skipped = buf.iter().take_while(|b| matches!(b, b'\r' | b'\n')).count();
+    let skipped = buf
+        .iter()
+        .take_while(|b| matches!(b, b'\r' | b'\n'))
+        .count();
     let buf = &buf[skipped..];
     match buf.first() {
         None if skipped < 8 => return Detection::NeedMore,
@@ -125,7 +128,10 @@ mod tests {
         assert_eq!(d(b"POST /x?y HTTP/1.0\n"), Detection::Done(Protocol::Http1));
         assert_eq!(d(b"G"), Detection::NeedMore);
         assert_eq!(d(b"\r\n"), Detection::NeedMore);
-        assert_eq!(d(b"\r\nGET / HTTP/1.1\r\n"), Detection::Done(Protocol::Http1));
+        assert_eq!(
+            d(b"\r\nGET / HTTP/1.1\r\n"),
+            Detection::Done(Protocol::Http1)
+        );
         assert_eq!(d(b"\r\n\r\n\r\n\r\n\r\n"), Detection::Done(Protocol::Tcp));
         assert_eq!(d(b"GET /"), Detection::NeedMore);
         assert_eq!(d(b"GET / HTTP/1.1"), Detection::NeedMore);
@@ -158,7 +164,11 @@ mod tests {
             "not an HTTP request line"
         );
         assert_eq!(d(b"PING\r\n"), Detection::Done(Protocol::Tcp));
-        assert_eq!(d(b"get key\r\n"), Detection::Done(Protocol::Tcp), "memcached");
+        assert_eq!(
+            d(b"get key\r\n"),
+            Detection::Done(Protocol::Tcp),
+            "memcached"
+        );
         assert_eq!(d(b"A\x00\x00\x00binary"), Detection::Done(Protocol::Tcp));
         assert_eq!(d(b"ABCDEFGHIJKLMNOPQ"), Detection::NeedMore);
     }

@@ -247,10 +247,7 @@ pub fn validate(head: &[u8]) -> Result<Accepted, Refusal> {
             return Err(Refusal::HeaderLine);
         }
         let value = &line[colon + 1..];
-        if value
-            .iter()
-            .any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f)
-        {
+        if value.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
             return Err(Refusal::HeaderValue);
         }
         let value = value.trim_ascii();
@@ -537,7 +534,9 @@ mod tests {
         assert_eq!(v("GET / HTTP/1.0\r\n\r\n").unwrap().minor_version, 0);
         assert!(v("\r\n\r\nPOST /p HTTP/1.1\nHost: x\nContent-Length: 3\n\n").is_ok());
         assert!(v("OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n").is_ok());
-        assert!(v("PROPFIND /dav HTTP/1.1\r\nHost: x\r\nX-Empty:\r\nX-Obs: caf\u{e9}\r\n\r\n").is_ok());
+        assert!(
+            v("PROPFIND /dav HTTP/1.1\r\nHost: x\r\nX-Empty:\r\nX-Obs: caf\u{e9}\r\n\r\n").is_ok()
+        );
         assert!(
             v("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n").is_ok(),
             "a single chunked coding"
@@ -549,9 +548,18 @@ mod tests {
     fn the_request_line_must_be_method_target_and_an_http_1_version() {
         assert_eq!(refused("GET /\r\n\r\n"), Refusal::VersionMissing);
         assert_eq!(refused("GET\r\n\r\n"), Refusal::RequestLine);
-        assert_eq!(refused("GET / HTTP/2.0\r\nHost: x\r\n\r\n"), Refusal::VersionUnsupported);
-        assert_eq!(refused("GET / HTTP/1.2\r\nHost: x\r\n\r\n"), Refusal::VersionUnsupported);
-        assert_eq!(refused("GET / HTTP/0.9\r\n\r\n"), Refusal::VersionUnsupported);
+        assert_eq!(
+            refused("GET / HTTP/2.0\r\nHost: x\r\n\r\n"),
+            Refusal::VersionUnsupported
+        );
+        assert_eq!(
+            refused("GET / HTTP/1.2\r\nHost: x\r\n\r\n"),
+            Refusal::VersionUnsupported
+        );
+        assert_eq!(
+            refused("GET / HTTP/0.9\r\n\r\n"),
+            Refusal::VersionUnsupported
+        );
         for bad in [
             "GET / http/1.1\r\nHost: x\r\n\r\n",
             "GET / HTTP/1.1 \r\nHost: x\r\n\r\n",
@@ -562,23 +570,54 @@ mod tests {
         ] {
             assert_eq!(refused(bad), Refusal::RequestLine, "{bad:?}");
         }
-        for bad in ["G(T / HTTP/1.1\r\nHost: x\r\n\r\n", "GE\u{0}T / HTTP/1.1\r\nHost: x\r\n\r\n", "G\"T / HTTP/1.1\r\n\r\n"] {
+        for bad in [
+            "G(T / HTTP/1.1\r\nHost: x\r\n\r\n",
+            "GE\u{0}T / HTTP/1.1\r\nHost: x\r\n\r\n",
+            "G\"T / HTTP/1.1\r\n\r\n",
+        ] {
             assert_eq!(refused(bad), Refusal::Method, "{bad:?}");
         }
-        assert_eq!(refused("CONNECT x:443 HTTP/1.1\r\nHost: x:443\r\n\r\n"), Refusal::Connect);
+        assert_eq!(
+            refused("CONNECT x:443 HTTP/1.1\r\nHost: x:443\r\n\r\n"),
+            Refusal::Connect
+        );
         assert_eq!(Refusal::Connect.status(), StatusCode::NOT_IMPLEMENTED);
-        assert_eq!(Refusal::VersionUnsupported.status(), StatusCode::HTTP_VERSION_NOT_SUPPORTED);
+        assert_eq!(
+            Refusal::VersionUnsupported.status(),
+            StatusCode::HTTP_VERSION_NOT_SUPPORTED
+        );
     }
 
     #[test]
     fn targets_must_suit_the_method_and_parse_as_hyper_parses_them() {
-        assert_eq!(refused("GET * HTTP/1.1\r\nHost: x\r\n\r\n"), Refusal::Target);
-        assert_eq!(refused("GET x.example:80 HTTP/1.1\r\nHost: x\r\n\r\n"), Refusal::Target);
-        assert_eq!(refused("GET /a#frag HTTP/1.1\r\nHost: x\r\n\r\n"), Refusal::Target);
-        assert_eq!(refused("GET /a<b HTTP/1.1\r\nHost: x\r\n\r\n"), Refusal::Target);
-        assert_eq!(refused("GET ftp://x/ HTTP/1.1\r\nHost: x\r\n\r\n"), Refusal::Target);
-        assert_eq!(refused("GET http://u@x/ HTTP/1.1\r\nHost: x\r\n\r\n"), Refusal::Target);
-        assert_eq!(refused("GET http:/// HTTP/1.1\r\nHost: x\r\n\r\n"), Refusal::Target);
+        assert_eq!(
+            refused("GET * HTTP/1.1\r\nHost: x\r\n\r\n"),
+            Refusal::Target
+        );
+        assert_eq!(
+            refused("GET x.example:80 HTTP/1.1\r\nHost: x\r\n\r\n"),
+            Refusal::Target
+        );
+        assert_eq!(
+            refused("GET /a#frag HTTP/1.1\r\nHost: x\r\n\r\n"),
+            Refusal::Target
+        );
+        assert_eq!(
+            refused("GET /a<b HTTP/1.1\r\nHost: x\r\n\r\n"),
+            Refusal::Target
+        );
+        assert_eq!(
+            refused("GET ftp://x/ HTTP/1.1\r\nHost: x\r\n\r\n"),
+            Refusal::Target
+        );
+        assert_eq!(
+            refused("GET http://u@x/ HTTP/1.1\r\nHost: x\r\n\r\n"),
+            Refusal::Target
+        );
+        assert_eq!(
+            refused("GET http:/// HTTP/1.1\r\nHost: x\r\n\r\n"),
+            Refusal::Target
+        );
         let abs = v("GET http://a.example:8080/p?q HTTP/1.1\r\nHost: b.example\r\n\r\n").unwrap();
         assert!(abs.absolute_form, "the target's authority wins over Host");
     }
@@ -591,8 +630,14 @@ mod tests {
             Refusal::HostMissing,
             "absolute form does not make Host optional"
         );
-        assert_eq!(refused("GET / HTTP/1.1\r\nHost: a\r\nhost: a\r\n\r\n"), Refusal::HostDuplicate);
-        assert_eq!(refused("GET / HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n"), Refusal::HostDuplicate);
+        assert_eq!(
+            refused("GET / HTTP/1.1\r\nHost: a\r\nhost: a\r\n\r\n"),
+            Refusal::HostDuplicate
+        );
+        assert_eq!(
+            refused("GET / HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n"),
+            Refusal::HostDuplicate
+        );
         for bad in ["", "a b", "u@a", "a:x", "a/b", ":80"] {
             assert_eq!(
                 refused(&format!("GET / HTTP/1.1\r\nHost: {bad}\r\n\r\n")),
@@ -604,41 +649,83 @@ mod tests {
 
     #[test]
     fn header_lines_that_parsers_read_differently_are_refused() {
-        assert_eq!(refused("GET / HTTP/1.1\r\nHost: x\r\nX: 1\r\n folded\r\n\r\n"), Refusal::ObsFold);
-        assert_eq!(refused("GET / HTTP/1.1\r\nHost: x\r\nX : 1\r\n\r\n"), Refusal::HeaderLine);
-        assert_eq!(refused("GET / HTTP/1.1\r\nHost: x\r\nNo colon\r\n\r\n"), Refusal::HeaderLine);
-        assert_eq!(refused("GET / HTTP/1.1\r\nHost: x\r\n: empty\r\n\r\n"), Refusal::HeaderLine);
-        assert_eq!(refused("GET / HTTP/1.1\r\nHost: x\r\nX\u{1}Y: 1\r\n\r\n"), Refusal::HeaderLine);
-        assert_eq!(refused("GET / HTTP/1.1\r\nHost: x\r\nX: a\u{0}b\r\n\r\n"), Refusal::HeaderValue);
-        assert_eq!(refused("GET / HTTP/1.1\r\nHost: x\r\nX: a\u{7f}\r\n\r\n"), Refusal::HeaderValue);
-        assert_eq!(refused("GET / HTTP/1.1\r\nHost: x\r\nX: a\rb\r\n\r\n"), Refusal::BareCr);
+        assert_eq!(
+            refused("GET / HTTP/1.1\r\nHost: x\r\nX: 1\r\n folded\r\n\r\n"),
+            Refusal::ObsFold
+        );
+        assert_eq!(
+            refused("GET / HTTP/1.1\r\nHost: x\r\nX : 1\r\n\r\n"),
+            Refusal::HeaderLine
+        );
+        assert_eq!(
+            refused("GET / HTTP/1.1\r\nHost: x\r\nNo colon\r\n\r\n"),
+            Refusal::HeaderLine
+        );
+        assert_eq!(
+            refused("GET / HTTP/1.1\r\nHost: x\r\n: empty\r\n\r\n"),
+            Refusal::HeaderLine
+        );
+        assert_eq!(
+            refused("GET / HTTP/1.1\r\nHost: x\r\nX\u{1}Y: 1\r\n\r\n"),
+            Refusal::HeaderLine
+        );
+        assert_eq!(
+            refused("GET / HTTP/1.1\r\nHost: x\r\nX: a\u{0}b\r\n\r\n"),
+            Refusal::HeaderValue
+        );
+        assert_eq!(
+            refused("GET / HTTP/1.1\r\nHost: x\r\nX: a\u{7f}\r\n\r\n"),
+            Refusal::HeaderValue
+        );
+        assert_eq!(
+            refused("GET / HTTP/1.1\r\nHost: x\r\nX: a\rb\r\n\r\n"),
+            Refusal::BareCr
+        );
         assert_eq!(refused("GET / HTTP/1.1\rHost: x\r\n\r\n"), Refusal::BareCr);
     }
 
     #[test]
     fn framing_conflicts_are_refused_with_the_rfc_status() {
-        let r = refused("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n");
+        let r = refused(
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
+        );
         assert_eq!(r, Refusal::Smuggling);
-        assert_eq!(refused("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n"), Refusal::ContentLength);
+        assert_eq!(
+            refused("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n"),
+            Refusal::ContentLength
+        );
         for bad in ["+1", "-1", "1,1", "0x10", "1 2", ""] {
             assert_eq!(
-                refused(&format!("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: {bad}\r\n\r\n")),
+                refused(&format!(
+                    "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: {bad}\r\n\r\n"
+                )),
                 Refusal::ContentLength,
                 "{bad:?}"
             );
         }
         let te = |v: &str, version: &str| {
-            validate(format!("POST / HTTP/{version}\r\nHost: x\r\nTransfer-Encoding: {v}\r\n\r\n").as_bytes())
+            validate(
+                format!("POST / HTTP/{version}\r\nHost: x\r\nTransfer-Encoding: {v}\r\n\r\n")
+                    .as_bytes(),
+            )
         };
         assert_eq!(te("gzip", "1.1"), Err(Refusal::TransferEncoding));
         assert_eq!(te("chunked, gzip", "1.1"), Err(Refusal::TransferEncoding));
         assert_eq!(te("gzip, chunked", "1.1"), Err(Refusal::TransferCoding));
-        assert_eq!(te("chunked, chunked", "1.1"), Err(Refusal::TransferEncoding));
+        assert_eq!(
+            te("chunked, chunked", "1.1"),
+            Err(Refusal::TransferEncoding)
+        );
         assert_eq!(te("", "1.1"), Err(Refusal::TransferEncoding));
         assert_eq!(te("chunked", "1.0"), Err(Refusal::TransferEncoding));
-        assert_eq!(Refusal::TransferCoding.status(), StatusCode::NOT_IMPLEMENTED);
         assert_eq!(
-            refused("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            Refusal::TransferCoding.status(),
+            StatusCode::NOT_IMPLEMENTED
+        );
+        assert_eq!(
+            refused(
+                "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n"
+            ),
             Refusal::TransferEncoding
         );
     }
@@ -667,10 +754,17 @@ mod tests {
         for r in Refusal::ALL {
             assert_eq!(Refusal::from_code(r.code()), Some(r));
             let resp = String::from_utf8(r.response(false)).unwrap();
-            assert!(resp.starts_with(&format!("HTTP/1.1 {} ", r.status().as_u16())), "{resp}");
+            assert!(
+                resp.starts_with(&format!("HTTP/1.1 {} ", r.status().as_u16())),
+                "{resp}"
+            );
             assert!(resp.contains("\r\nconnection: close\r\n"), "{resp}");
             assert!(resp.ends_with(&format!("{r}\n")), "{resp}");
-            assert!(String::from_utf8(r.response(true)).unwrap().ends_with("\r\n\r\n"));
+            assert!(
+                String::from_utf8(r.response(true))
+                    .unwrap()
+                    .ends_with("\r\n\r\n")
+            );
         }
         assert_eq!(Refusal::from_code(0), None);
     }

@@ -308,7 +308,11 @@ async fn sidecar(fast_path: bool, upstream: SocketAddr) -> Running {
 /// Send `bytes` on a new connection; read `want` responses (or until the
 /// sidecar closes). Returns the responses and whether the connection was
 /// closed after them.
-async fn exchange(addr: SocketAddr, bytes: &[u8], want: usize) -> (Vec<(u16, Option<String>, bool)>, bool) {
+async fn exchange(
+    addr: SocketAddr,
+    bytes: &[u8],
+    want: usize,
+) -> (Vec<(u16, Option<String>, bool)>, bool) {
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(bytes).await.unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -330,7 +334,11 @@ async fn exchange(addr: SocketAddr, bytes: &[u8], want: usize) -> (Vec<(u16, Opt
             Err(_) => break,
         }
     }
-    assert!(buf.is_empty(), "trailing bytes after the responses: {:?}", String::from_utf8_lossy(&buf));
+    assert!(
+        buf.is_empty(),
+        "trailing bytes after the responses: {:?}",
+        String::from_utf8_lossy(&buf)
+    );
     (out, closed)
 }
 
@@ -448,7 +456,10 @@ async fn a_malformed_later_chunk_aborts_the_upstream_request_on_both_paths() {
             usize::MAX,
         )
         .await;
-        assert!(closed, "fast path {fast_path}: the connection ends: {responses:?}");
+        assert!(
+            closed,
+            "fast path {fast_path}: the connection ends: {responses:?}"
+        );
         assert!(
             responses.iter().all(|r| r.0 >= 400),
             "fast path {fast_path}: no success for a malformed body: {responses:?}"
@@ -457,7 +468,11 @@ async fn a_malformed_later_chunk_aborts_the_upstream_request_on_both_paths() {
         assert_eq!(sentinel[0].0, 200);
         let seen = up.take();
         let got: Vec<&str> = seen.requests.iter().map(|(t, _)| t.as_str()).collect();
-        assert_eq!(got, [SENTINEL_SEEN], "fast path {fast_path}: only the sentinel is complete");
+        assert_eq!(
+            got,
+            [SENTINEL_SEEN],
+            "fast path {fast_path}: only the sentinel is complete"
+        );
         sc.stop().await;
     }
 }
