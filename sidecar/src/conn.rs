@@ -29,6 +29,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{Notify, oneshot};
 
 use crate::filters::ConnMeta;
+use crate::h1valid::Refusal;
 
 /// Object-safe async stream (TLS streams are passed around boxed).
 /// `Any` so a parked `BoxIo` can be downcast to its concrete stream (the
@@ -417,13 +418,15 @@ impl Drop for ConnGuard {
 }
 
 /// Shared by a [`FramingGuard`] (the read side) and its connection's HTTP
-/// service: which request, if any, the service must refuse. hyper serves
-/// HTTP/1 requests one at a time, in order, so the service finds the refused
-/// one by counting.
+/// service: which request, if any, the service must refuse, and why. hyper
+/// serves HTTP/1 requests one at a time, in order, so the service finds the
+/// refused one by counting.
 #[derive(Debug)]
 pub struct H1Refusal {
     /// Index of the refused request on this connection; `u64::MAX` while none.
     at: AtomicU64,
+    /// The [`Refusal`] code (set before `at`).
+    reason: AtomicU8,
     /// Requests the service has been called for.
     served: AtomicU64,
 }
@@ -432,16 +435,26 @@ impl H1Refusal {
     pub fn new() -> Arc<Self> {
         Arc::new(Self {
             at: AtomicU64::new(u64::MAX),
+            reason: AtomicU8::new(0),
             served: AtomicU64::new(0),
         })
     }
 
-    /// Called by the service once per request, in order: whether this one is
-    /// the refused request. The guard marks it before hyper can parse its
-    /// head, so the mark is always there in time.
-    pub fn next_is_refused(&self) -> bool {
+    fn mark(&self, index: u64, why: Refusal) {
+        self.reason.store(why.code(), Ordering::Relaxed);
+        self.at.store(index, Ordering::Release);
+    }
+
+    /// Called by the service once per request, in order: why this one is
+    /// refused, if it is. The guard marks it before hyper can see even its
+    /// stand-in head, so the mark is always there in time.
+    pub fn next_is_refused(&self) -> Option<Refusal> {
         let n = self.served.fetch_add(1, Ordering::Relaxed);
-        n == self.at.load(Ordering::Relaxed)
+        if n == self.at.load(Ordering::Acquire) {
+            Refusal::from_code(self.reason.load(Ordering::Relaxed))
+        } else {
+            None
+        }
     }
 }
 
@@ -481,34 +494,43 @@ enum ChunkState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum HeadScan {
     Next(Frame),
-    /// Both `Content-Length` and `Transfer-Encoding`.
-    Conflict,
+    /// The head fails [`crate::h1valid::validate`].
+    Refuse(Refusal),
+    /// As `Next`, but the client waits for `100 Continue` before it sends
+    /// the body: its head cannot wait for the first chunk-size line.
+    AwaitsContinue(Frame),
 }
 
 /// What [`H1Framing::feed`] found in a chunk of bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FramingVerdict {
-    /// Nothing to refuse; every byte may go to the HTTP parser.
+    /// Nothing to refuse. Every byte fed so far may go to the HTTP parser
+    /// except the last [`H1Framing::withheld`] ones: the start of a head not
+    /// yet complete, so not yet validated.
     Pass,
-    /// Request number `index` (0-based on this connection) carries both
-    /// `Content-Length` and `Transfer-Encoding`. Only the first `deliver`
-    /// bytes of the chunk (ending with that request's head) may reach the
-    /// parser: its body and anything after it are the would-be smuggled
-    /// payload.
-    Refuse { index: u64, deliver: usize },
+    /// Request number `index` (0-based on this connection) is refused for
+    /// `why`. Its head is the `head_len` bytes (counted across reads) ending
+    /// after the first `end` bytes of this chunk; none of it, nor anything
+    /// after it, may reach the parser.
+    Refuse {
+        index: u64,
+        why: Refusal,
+        end: usize,
+        head_len: usize,
+    },
 }
 
 /// A shadow of HTTP/1 request framing over the raw downstream bytes.
 ///
-/// hyper resolves a request carrying both `Content-Length` and
-/// `Transfer-Encoding` the way RFC 9112 §6.3 allows (chunked wins, the length
-/// is dropped from the header map, the connection closes after the response)
-/// but leaves the service no trace of the conflict, so it cannot refuse it.
-/// This shadow sees the raw heads: it finds each head's end, reads the
-/// framing headers, and skips each body exactly as hyper's decoder does, so
-/// it finds the next head where hyper does. It only ever *adds* a refusal:
-/// wherever it could disagree with hyper it stops following and hyper's own
-/// handling stands.
+/// hyper parses a head before the service sees it and keeps no trace of
+/// what it resolved on its own (both `Content-Length` and
+/// `Transfer-Encoding`, duplicate `Host` lines, a fragment), so the service
+/// cannot refuse what RFC 9112 says to refuse. This shadow sees the raw
+/// heads: it finds each head's end, runs [`crate::h1valid::validate`] on it
+/// (the same check as the fast path's), reads the framing headers, and skips
+/// each body exactly as hyper's decoder does, so it finds the next head where
+/// hyper does. It only ever *adds* a refusal: wherever it could disagree with
+/// hyper about framing it stops following and hyper's own handling stands.
 #[derive(Debug)]
 pub struct H1Framing {
     frame: Frame,
@@ -516,6 +538,10 @@ pub struct H1Framing {
     heads: u64,
     /// A head split across reads, collected until its end arrives.
     partial: Vec<u8>,
+    /// While a chunked request's first chunk-size line is read: the bytes of
+    /// its head and of that line so far, withheld until the line is valid
+    /// (0 otherwise).
+    gate: usize,
     max_head: usize,
 }
 
@@ -527,6 +553,7 @@ impl H1Framing {
             frame: Frame::Head,
             heads: 0,
             partial: Vec::new(),
+            gate: 0,
             max_head,
         }
     }
@@ -543,14 +570,24 @@ impl H1Framing {
             match self.frame {
                 Frame::Off => break,
                 Frame::Head => match self.head(data, at) {
-                    Some((end, HeadScan::Conflict)) => {
+                    Some((end, head_len, HeadScan::Refuse(why))) => {
                         self.frame = Frame::Off;
                         return FramingVerdict::Refuse {
                             index: self.heads,
-                            deliver: end,
+                            why,
+                            end,
+                            head_len,
                         };
                     }
-                    Some((end, HeadScan::Next(frame))) => {
+                    Some((end, head_len, HeadScan::Next(frame))) => {
+                        if let Frame::Chunk(_) = frame {
+                            self.gate = head_len;
+                        }
+                        self.heads += 1;
+                        self.frame = frame;
+                        at = end;
+                    }
+                    Some((end, _, HeadScan::AwaitsContinue(frame))) => {
                         self.heads += 1;
                         self.frame = frame;
                         at = end;
@@ -576,18 +613,56 @@ impl H1Framing {
                     });
                 }
                 Frame::Chunk(state) => {
-                    self.frame = chunk_step(state, data[at]);
+                    let next = chunk_step(state, data[at]);
                     at += 1;
+                    if self.gate > 0 {
+                        use ChunkState::*;
+                        match next {
+                            Frame::Off => {
+                                // Refused before its head left: the request
+                                // is the last head counted.
+                                let head_len = self.gate + 1;
+                                self.gate = 0;
+                                self.frame = Frame::Off;
+                                return FramingVerdict::Refuse {
+                                    index: self.heads - 1,
+                                    why: Refusal::ChunkSize,
+                                    end: at,
+                                    head_len,
+                                };
+                            }
+                            Frame::Chunk(Start | Size(_) | Lws(_) | Ext(_) | SizeLf(_))
+                                if self.gate <= self.max_head =>
+                            {
+                                self.gate += 1;
+                            }
+                            // The line is complete (or too long to hold:
+                            // hyper's decoder judges it).
+                            _ => self.gate = 0,
+                        }
+                    }
+                    self.frame = next;
                 }
             }
         }
         FramingVerdict::Pass
     }
 
+    /// Bytes fed so far that belong to a head not yet complete: they may not
+    /// reach the parser until the head is whole and validated.
+    pub fn withheld(&self) -> usize {
+        if self.partial.is_empty() {
+            self.gate
+        } else {
+            self.partial.len()
+        }
+    }
+
     /// Look for the end of the current head in `data[at..]`: the index in
-    /// `data` just past it and what it says, or `None` when more bytes are
-    /// needed (what was read of the head is kept in `partial`).
-    fn head(&mut self, data: &[u8], mut at: usize) -> Option<(usize, HeadScan)> {
+    /// `data` just past it, the head's length (across reads) and what it
+    /// says, or `None` when more bytes are needed (what was read of the head
+    /// is kept in `partial`).
+    fn head(&mut self, data: &[u8], mut at: usize) -> Option<(usize, usize, HeadScan)> {
         if self.partial.is_empty() {
             while at < data.len() && matches!(data[at], b'\r' | b'\n') {
                 at += 1;
@@ -597,7 +672,7 @@ impl H1Framing {
             }
             // Common case: the whole head is in this read; nothing is copied.
             if let Some(end) = head_end(&data[at..]) {
-                return Some((at + end, self.judge(&data[at..at + end])));
+                return Some((at + end, end, self.judge(&data[at..at + end])));
             }
         }
         let already = self.partial.len();
@@ -609,10 +684,11 @@ impl H1Framing {
                 let end = from + end;
                 let scan = self.judge(&self.partial[..end]);
                 self.partial = Vec::new();
-                Some((at + end - already, scan))
+                Some((at + end - already, end, scan))
             }
             None => {
                 if self.partial.len() > self.max_head {
+                    // hyper answers 431: it gets the bytes.
                     self.partial = Vec::new();
                     self.frame = Frame::Off;
                 }
@@ -624,12 +700,15 @@ impl H1Framing {
 
 impl H1Framing {
     /// A head longer than hyper accepts gets 431 from hyper: stop following
-    /// (the same whether it arrived in one read or several).
+    /// (the same whether it arrived in one read or several). Any other head
+    /// is validated, then its framing read.
     fn judge(&self, head: &[u8]) -> HeadScan {
         if head.len() > self.max_head {
-            HeadScan::Next(Frame::Off)
-        } else {
-            scan_head(head)
+            return HeadScan::Next(Frame::Off);
+        }
+        match crate::h1valid::validate(head) {
+            Err(why) => HeadScan::Refuse(why),
+            Ok(accepted) => scan_head(head, accepted.upgrade == crate::h1valid::Upgrade::WebSocket),
         }
     }
 }
@@ -649,55 +728,44 @@ fn head_end(buf: &[u8]) -> Option<usize> {
     None
 }
 
-/// Read the framing of one complete head.
-fn scan_head(head: &[u8]) -> HeadScan {
-    let mut lines = head
+/// Read the framing of one complete, validated head (so: no obs-fold, no
+/// conflicting or repeated lengths, at most one `chunked`). `relayed_upgrade`:
+/// after it the response decides what the next bytes are.
+fn scan_head(head: &[u8], relayed_upgrade: bool) -> HeadScan {
+    if relayed_upgrade {
+        return HeadScan::Next(Frame::Off);
+    }
+    let lines = head
         .split(|b| *b == b'\n')
-        .map(|l| l.strip_suffix(b"\r").unwrap_or(l));
-    let connect = lines.next().is_some_and(|l| l.starts_with(b"CONNECT "));
-    let (mut te, mut upgrade, mut cl_seen) = (false, false, false);
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+        .skip_while(|l| l.is_empty())
+        .skip(1);
+    let mut te = false;
+    let mut expect = false;
     let mut length: Option<u64> = None;
-    let mut length_ok = true;
     for line in lines.filter(|l| !l.is_empty()) {
-        if matches!(line[0], b' ' | b'\t') {
-            // obs-fold: httparse refuses it in requests.
-            return HeadScan::Next(Frame::Off);
-        }
         let Some(colon) = line.iter().position(|b| *b == b':') else {
             return HeadScan::Next(Frame::Off);
         };
         let name = &line[..colon];
         if name.eq_ignore_ascii_case(b"transfer-encoding") {
             te = true;
-        } else if name.eq_ignore_ascii_case(b"upgrade") {
-            upgrade = true;
         } else if name.eq_ignore_ascii_case(b"content-length") {
-            cl_seen = true;
-            match (parse_length(&line[colon + 1..]), length) {
-                (Some(n), None) => length = Some(n),
-                (Some(n), Some(prev)) if n == prev => {}
-                _ => length_ok = false,
-            }
+            length = parse_length(&line[colon + 1..]);
+        } else if name.eq_ignore_ascii_case(b"expect") {
+            expect = true;
         }
-    }
-    // Refused whatever the values say: hyper would drop the length, and any
-    // intermediary that did not is the one being smuggled past.
-    if te && cl_seen {
-        return HeadScan::Conflict;
     }
     let body = if te {
         Frame::Chunk(ChunkState::Start)
-    } else if !length_ok {
-        // hyper answers 400.
-        Frame::Off
     } else {
         match length.unwrap_or(0) {
             0 => Frame::Head,
             n => Frame::Fixed(n),
         }
     };
-    if upgrade || connect {
-        return HeadScan::Next(Frame::Off);
+    if expect {
+        return HeadScan::AwaitsContinue(body);
     }
     HeadScan::Next(body)
 }
@@ -790,16 +858,30 @@ fn chunk_step(state: ChunkState, b: u8) -> Frame {
 }
 
 /// The HTTP/1 downstream stream as hyper reads it, with the [`H1Framing`]
-/// shadow on the read path. When a head must be refused, hyper gets the
-/// bytes up to the end of that head and then only end-of-stream: the body
-/// and anything pipelined after it are read and dropped.
+/// shadow on the read path. A head reaches hyper only once it is complete
+/// and valid (the bytes of a partial head are withheld, so hyper cannot
+/// answer a malformed one by itself, with no reason). A refused head never
+/// reaches hyper: it gets a stand-in head in its place, which the service
+/// answers with the refusal ([`H1Refusal`]), then only end-of-stream; the
+/// refused head's body and anything pipelined after it are read and dropped.
 #[derive(Debug)]
 pub struct FramingGuard<T> {
     inner: T,
     framing: H1Framing,
     refusal: Arc<H1Refusal>,
     refused: bool,
+    /// Read and fed to the shadow, not yet released (a partial head).
+    held: bytes::BytesMut,
+    /// Released, not yet handed to the reader (it asked for fewer bytes).
+    ready: bytes::BytesMut,
 }
+
+/// What hyper parses in place of a refused head: a request it accepts, that
+/// asks to close. The service never forwards it (it answers the refusal).
+const STAND_IN: &[u8] = b"GET / HTTP/1.1\r\nhost: refused.invalid\r\nconnection: close\r\n\r\n";
+/// The same for a refused `HEAD` request (so the answer has no body).
+const STAND_IN_HEAD: &[u8] =
+    b"HEAD / HTTP/1.1\r\nhost: refused.invalid\r\nconnection: close\r\n\r\n";
 
 impl<T> FramingGuard<T> {
     pub fn new(inner: T, framing: H1Framing, refusal: Arc<H1Refusal>) -> Self {
@@ -808,15 +890,25 @@ impl<T> FramingGuard<T> {
             framing,
             refusal,
             refused: false,
+            held: bytes::BytesMut::new(),
+            ready: bytes::BytesMut::new(),
         }
     }
 }
 
 impl<T: ParkableIo> ParkableIo for FramingGuard<T> {
     fn into_parked(self) -> (Box<dyn Any + Send>, Bytes) {
-        // Holds no bytes of its own; the receiver starts a fresh shadow at
-        // the same request boundary hyper parked at.
-        self.inner.into_parked()
+        // What this layer read and did not hand to hyper comes first (the
+        // receiver starts a fresh shadow at the same request boundary hyper
+        // parked at, and validates those bytes again).
+        let (io, inner) = self.inner.into_parked();
+        if self.ready.is_empty() && self.held.is_empty() {
+            return (io, inner);
+        }
+        let mut all = self.ready;
+        all.extend_from_slice(&self.held);
+        all.extend_from_slice(&inner);
+        (io, all.freeze())
     }
 }
 
@@ -827,28 +919,66 @@ impl<T: AsyncRead + Unpin> AsyncRead for FramingGuard<T> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
-        let before = buf.filled().len();
-        if this.refused {
-            // Drain and drop until the client closes (or hyper does, after
-            // the 400).
-            loop {
-                std::task::ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
-                if buf.filled().len() == before {
-                    return Poll::Ready(Ok(()));
+        loop {
+            if !this.ready.is_empty() {
+                let n = this.ready.len().min(buf.remaining());
+                buf.put_slice(&this.ready.split_to(n));
+                return Poll::Ready(Ok(()));
+            }
+            let before = buf.filled().len();
+            if this.refused {
+                // Drain and drop until the client closes (or hyper does,
+                // after the answer).
+                loop {
+                    std::task::ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+                    if buf.filled().len() == before {
+                        return Poll::Ready(Ok(()));
+                    }
+                    buf.set_filled(before);
                 }
-                buf.set_filled(before);
+            }
+            std::task::ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+            let read = buf.filled().len() - before;
+            if read == 0 || (!this.framing.following() && this.held.is_empty()) {
+                // End of stream (a withheld partial head is dropped: hyper
+                // sees a close between requests), or no longer following.
+                return Poll::Ready(Ok(()));
+            }
+            match this.framing.feed(&buf.filled()[before..]) {
+                FramingVerdict::Pass => {
+                    let keep = this.framing.withheld();
+                    if this.held.is_empty() && keep == 0 {
+                        // The common case: everything read goes to hyper.
+                        return Poll::Ready(Ok(()));
+                    }
+                    this.held.extend_from_slice(&buf.filled()[before..]);
+                    buf.set_filled(before);
+                    let release = this.held.len() - keep;
+                    this.ready = this.held.split_to(release);
+                }
+                FramingVerdict::Refuse {
+                    index,
+                    why,
+                    end,
+                    head_len,
+                } => {
+                    this.held
+                        .extend_from_slice(&buf.filled()[before..before + end]);
+                    buf.set_filled(before);
+                    let start = this.held.len() - head_len;
+                    let head_request = this.held[start..].starts_with(b"HEAD ");
+                    this.held.truncate(start);
+                    this.ready = std::mem::take(&mut this.held);
+                    this.ready.extend_from_slice(if head_request {
+                        STAND_IN_HEAD
+                    } else {
+                        STAND_IN
+                    });
+                    this.refusal.mark(index, why);
+                    this.refused = true;
+                }
             }
         }
-        std::task::ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
-        if this.framing.following()
-            && let FramingVerdict::Refuse { index, deliver } =
-                this.framing.feed(&buf.filled()[before..])
-        {
-            this.refusal.at.store(index, Ordering::Relaxed);
-            this.refused = true;
-            buf.set_filled(before + deliver);
-        }
-        Poll::Ready(Ok(()))
     }
 }
 
@@ -878,9 +1008,12 @@ mod tests {
         let mut f = H1Framing::new(8192);
         let mut offset = 0;
         for piece in stream.chunks(step) {
-            if let FramingVerdict::Refuse { index, deliver } = f.feed(piece) {
-                assert!(deliver > 0, "a refusal always delivers the head's end");
-                return (Some((index, offset + deliver)), f.heads);
+            if let FramingVerdict::Refuse { index, end, .. } = f.feed(piece) {
+                assert!(
+                    end > 0,
+                    "a refusal always ends in the chunk that completes the head"
+                );
+                return (Some((index, offset + end)), f.heads);
             }
             offset += piece.len();
         }
@@ -918,18 +1051,20 @@ mod tests {
         // Bodies that look like heads are data, not requests.
         let fake = "\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
         let fixed = format!(
-            "POST /f HTTP/1.1\r\nContent-Length: {}\r\n\r\n{fake}",
+            "POST /f HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{fake}",
             fake.len()
         );
         let chunked = format!(
-            "POST /c HTTP/1.1\nTransfer-Encoding: chunked\n\n{:x} ;ext=1\r\n{fake}\r\n0\r\nX-Trailer: y\r\n\r\n",
+            "POST /c HTTP/1.1\nHost: x\nTransfer-Encoding: chunked\n\n{:x} ;ext=1\r\n{fake}\r\n0\r\nX-Trailer: y\r\n\r\n",
             fake.len()
         );
-        let stream = format!("\r\n{fixed}{chunked}GET /last HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
+        let stream = format!(
+            "\r\n{fixed}{chunked}GET /last HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+        );
         assert_eq!(shadow_any_split(stream.as_bytes()), (None, 3));
         // ...and a conflict after them is found at the right request.
         let stream = format!(
-            "{fixed}{chunked}POST / HTTP/1.1\r\nContent-Length: 0\r\nTransfer-Encoding: chunked\r\n\r\n"
+            "{fixed}{chunked}POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nTransfer-Encoding: chunked\r\n\r\n"
         );
         assert_eq!(
             shadow_any_split(stream.as_bytes()),
@@ -938,35 +1073,153 @@ mod tests {
     }
 
     #[test]
-    fn framing_shadow_stops_where_hyper_decides_alone() {
-        // After an upgrade or CONNECT head the response decides what follows.
-        let upgrade = b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\nPOST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
+    fn framing_shadow_stops_after_a_relayed_upgrade_and_refuses_invalid_heads() {
+        // After a relayed upgrade the response decides what follows.
+        let upgrade = b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\nPOST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
         assert_eq!(shadow_any_split(upgrade), (None, 1));
-        let connect = b"CONNECT h:1 HTTP/1.1\r\n\r\nanything";
-        assert_eq!(shadow_any_split(connect), (None, 1));
-        // Heads hyper refuses (obs-fold, no colon, differing lengths, bad
-        // chunk sizes) end the shadow: hyper answers 400 and closes.
-        for refused in [
-            &b"GET / HTTP/1.1\r\nHost: x\r\n folded\r\n\r\nPOST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n"[..],
-            b"GET / HTTP/1.1\r\nBad Header Line\r\n\r\nPOST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
-            b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nPOST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
-            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nPOST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
+        // An ignored h2c offer is a plain request: the shadow goes on.
+        let h2c = b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: h2c\r\nConnection: upgrade, http2-settings\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\nGET / HTTP/1.1\r\n\r\n";
+        assert_eq!(shadow_any_split(h2c), (Some((1, h2c.len())), 1));
+        // Heads hyper would refuse by itself are refused here, with a reason,
+        // before hyper sees them.
+        for (refused, why) in [
+            (
+                &b"GET / HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n"[..],
+                Refusal::ObsFold,
+            ),
+            (
+                b"GET / HTTP/1.1\r\nHost: x\r\nBad Header Line\r\n\r\n",
+                Refusal::HeaderLine,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+                Refusal::ContentLength,
+            ),
+            (
+                b"CONNECT h:1 HTTP/1.1\r\nHost: h:1\r\n\r\n",
+                Refusal::Connect,
+            ),
         ] {
-            assert_eq!(shadow_any_split(refused), (None, 1), "{refused:?}");
+            let mut f = H1Framing::new(8192);
+            match f.feed(refused) {
+                FramingVerdict::Refuse {
+                    index: 0,
+                    why: w,
+                    end,
+                    head_len,
+                } => {
+                    assert_eq!((w, end, head_len), (why, refused.len(), refused.len()));
+                }
+                other => panic!("{refused:?}: {other:?}"),
+            }
         }
-        // A head longer than hyper accepts (431) also ends it.
+        // A head longer than hyper accepts (431) ends it.
         let mut f = H1Framing::new(64);
         assert_eq!(f.feed(&[b'G'; 100]), FramingVerdict::Pass);
         assert!(!f.following());
+        assert_eq!(f.withheld(), 0, "hyper gets the bytes and answers 431");
+    }
+
+    /// The `h1_framing` fuzz target's property over a fixed-seed stream of
+    /// mutated request streams (bounded, so it runs in `cargo test`): the
+    /// shadow never panics, never withholds more than it was fed, and its
+    /// verdict does not depend on how the stream is split into reads.
+    #[test]
+    fn mutated_streams_get_the_same_verdict_however_they_are_split() {
+        use rand::{Rng, SeedableRng};
+        let pieces: [&[u8]; 6] = [
+            b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc",
+            b"POST /c HTTP/1.1\nHost: x\nTransfer-Encoding: chunked\n\n3;e\r\nabc\r\n0\r\nT: 1\r\n\r\n",
+            b"POST /d HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            b"GET /e HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: h2c\r\n\r\n",
+            b"\r\nGET /f HTTP/1.0\r\n\r\n",
+        ];
+        let alphabet = b" \t\r\n:;0123456789abcdefxHT/.-";
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x6832_3366);
+        let run = |data: &[u8], step: usize| {
+            let mut f = H1Framing::new(512);
+            let mut offset = 0;
+            for piece in data.chunks(step) {
+                if let FramingVerdict::Refuse {
+                    index,
+                    why,
+                    end,
+                    head_len,
+                } = f.feed(piece)
+                {
+                    assert!(end >= 1 && end <= piece.len());
+                    assert!(head_len >= 1 && head_len <= offset + end);
+                    return Some((index, why, offset + end));
+                }
+                offset += piece.len();
+                assert!(f.withheld() <= offset);
+            }
+            None
+        };
+        for _ in 0..3_000 {
+            let mut data = Vec::new();
+            for _ in 0..rng.random_range(1..4) {
+                data.extend_from_slice(pieces[rng.random_range(0..pieces.len())]);
+            }
+            for _ in 0..rng.random_range(0..3) {
+                let at = rng.random_range(0..data.len());
+                data[at] = alphabet[rng.random_range(0..alphabet.len())];
+            }
+            let whole = run(&data, data.len());
+            let step = rng.random_range(1..16);
+            assert_eq!(
+                run(&data, step),
+                whole,
+                "{:?} in steps of {step}",
+                String::from_utf8_lossy(&data)
+            );
+        }
+    }
+
+    #[test]
+    fn a_partial_head_is_withheld_until_it_is_complete() {
+        let mut f = H1Framing::new(8192);
+        assert_eq!(f.feed(b"\r\nGET / HT"), FramingVerdict::Pass);
+        assert_eq!(f.withheld(), 8, "the empty line before it is not");
+        assert_eq!(f.feed(b"TP/1.1\r\nHost: x\r\n"), FramingVerdict::Pass);
+        assert_eq!(f.withheld(), 8 + 17);
+        assert_eq!(f.feed(b"\r\n"), FramingVerdict::Pass);
+        assert_eq!(f.withheld(), 0);
     }
 
     #[test]
     fn chunk_sizes_that_overflow_stop_the_shadow() {
         let mut f = H1Framing::new(8192);
-        f.feed(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n");
+        let head = b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+        assert_eq!(f.feed(head), FramingVerdict::Pass);
         assert!(f.following());
-        f.feed(b"1ffffffffffffffff\r\n");
-        assert!(!f.following(), "hyper refuses a size beyond u64");
+        assert_eq!(
+            f.withheld(),
+            head.len(),
+            "held until the first size line is read"
+        );
+        match f.feed(b"1ffffffffffffffff\r\n") {
+            FramingVerdict::Refuse {
+                index: 0,
+                why: Refusal::ChunkSize,
+                end: 17,
+                head_len,
+            } => {
+                assert_eq!(head_len, head.len() + 17);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!f.following());
+        // A valid first size line releases the head; later chunks are hyper's.
+        let mut f = H1Framing::new(8192);
+        f.feed(head);
+        assert_eq!(f.feed(b"5;x=1\r"), FramingVerdict::Pass);
+        assert_eq!(f.withheld(), head.len() + 6);
+        assert_eq!(f.feed(b"\nhel"), FramingVerdict::Pass);
+        assert_eq!(f.withheld(), 0);
+        f.feed(b"lo\r\nzz\r\n");
+        assert!(!f.following(), "a later malformed size stops the shadow");
     }
 
     #[tokio::test]
@@ -974,20 +1227,36 @@ mod tests {
         let (mut client, server) = tokio::io::duplex(1024);
         let refusal = H1Refusal::new();
         let mut guard = FramingGuard::new(server, H1Framing::new(8192), refusal.clone());
-        let head = b"POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n";
-        let mut all = b"GET / HTTP/1.1\r\n\r\n".to_vec();
+        let first = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+        let head = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let mut all = first.to_vec();
         all.extend_from_slice(head);
         all.extend_from_slice(b"0\r\n\r\nGET /smuggled HTTP/1.1\r\n\r\n");
-        tokio::io::AsyncWriteExt::write_all(&mut client, &all)
-            .await
-            .unwrap();
-        drop(client);
+        // In small pieces: partial heads are withheld, then released whole.
+        let writer = tokio::spawn(async move {
+            for piece in all.chunks(7) {
+                tokio::io::AsyncWriteExt::write_all(&mut client, piece)
+                    .await
+                    .unwrap();
+                tokio::task::yield_now().await;
+            }
+        });
         let mut seen = Vec::new();
         guard.read_to_end(&mut seen).await.unwrap();
-        assert_eq!(seen, all[..18 + head.len()]);
-        assert!(!refusal.next_is_refused(), "request 0 passes");
-        assert!(refusal.next_is_refused(), "request 1 is refused");
-        assert!(!refusal.next_is_refused());
+        writer.await.unwrap();
+        let mut expected = first.to_vec();
+        expected.extend_from_slice(STAND_IN);
+        assert_eq!(
+            seen, expected,
+            "the refused head is replaced, nothing after it passes"
+        );
+        assert_eq!(refusal.next_is_refused(), None, "request 0 passes");
+        assert_eq!(
+            refusal.next_is_refused(),
+            Some(Refusal::Smuggling),
+            "request 1 is refused"
+        );
+        assert_eq!(refusal.next_is_refused(), None);
     }
 
     #[tokio::test]

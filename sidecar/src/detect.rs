@@ -1,8 +1,9 @@
 //! Protocol detection from a connection's first bytes (pure).
 //!
 //! Decides between HTTP/2 prior knowledge (the 24-byte client preface), a TLS
-//! ClientHello (handed to the TLS layer), HTTP/1.x (a request line ending in
-//! ` HTTP/1.0` / ` HTTP/1.1`) and anything else (raw TCP). The caller reads
+//! ClientHello (handed to the TLS layer), HTTP/1.x (a first line shaped like
+//! a request line, valid or not: the HTTP path refuses the malformed ones)
+//! and anything else (raw TCP). The caller reads
 //! until [`detect`] stops asking for more or the detection timeout fires (a
 //! server-speaks-first protocol never sends first: raw TCP).
 
@@ -53,29 +54,57 @@ pub fn detect(buf: &[u8]) -> Detection {
             Some(_) => Detection::Done(Protocol::Tcp),
         };
     }
-    // HTTP/1: TOKEN SP target SP HTTP/1.x CRLF
-    let token_len = buf.iter().take_while(|b| b.is_ascii_uppercase()).count();
-    if token_len == buf.len() {
-        return if token_len < 16 {
-            Detection::NeedMore
-        } else {
-            Detection::Done(Protocol::Tcp)
-        };
+    // HTTP/1. Whatever is shaped like a request line goes to the HTTP path,
+    // which validates it and answers a malformed one (400/505) instead of
+    // tunnelling it to the upstream as raw TCP: a first line ending in
+    // ` HTTP/<digit>.<digit>` (any method bytes, any version), or a known
+    // method, a space and `/` (HTTP/0.9's version-less `GET /`, a bare CR).
+    // Bytes that cannot be in a text protocol's first line (a control
+    // character, a non-ASCII byte, a space or an empty line first) decide
+    // raw TCP at once, so binary protocols are not kept waiting for a line
+    // end.
+    // Empty lines before a request line are skipped (RFC 9112 §2.2), as
+    // both HTTP/1 parsers do.
+    let skipped = buf
+        .iter()
+        .take_while(|b| matches!(b, b'\r' | b'\n'))
+        .count();
+    let buf = &buf[skipped..];
+    match buf.first() {
+        None if skipped < 8 => return Detection::NeedMore,
+        Some(b) if b.is_ascii_graphic() => {}
+        _ => return Detection::Done(Protocol::Tcp),
     }
-    if token_len == 0 || token_len >= 16 || buf[token_len] != b' ' {
+    let window = &buf[..buf.len().min(MAX_DETECT_BYTES)];
+    let eol = window.iter().position(|b| *b == b'\n');
+    let line = &window[..eol.unwrap_or(window.len())];
+    if line
+        .iter()
+        .any(|&b| (b < 0x20 && b != b'\t' && b != b'\r') || b >= 0x7f)
+    {
         return Detection::Done(Protocol::Tcp);
     }
-    match buf.iter().position(|b| *b == b'\n') {
-        Some(eol) => {
-            let line = buf[..eol].strip_suffix(b"\r").unwrap_or(&buf[..eol]);
-            if line.ends_with(b" HTTP/1.1") || line.ends_with(b" HTTP/1.0") {
-                Detection::Done(Protocol::Http1)
-            } else {
-                Detection::Done(Protocol::Tcp)
+    let method_len = line.iter().take_while(|b| b.is_ascii_uppercase()).count();
+    let known_method = METHODS.contains(&&line[..method_len]);
+    match eol {
+        Some(_) => {
+            if line.get(method_len..method_len + 2) == Some(b" /") && known_method {
+                return Detection::Done(Protocol::Http1);
+            }
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            match line.len().checked_sub(9).map(|i| &line[i..]) {
+                Some([b' ', h, t1, t2, p, b'/', major, b'.', minor])
+                    if [*h, *t1, *t2, *p].eq_ignore_ascii_case(b"HTTP")
+                        && major.is_ascii_digit()
+                        && minor.is_ascii_digit() =>
+                {
+                    Detection::Done(Protocol::Http1)
+                }
+                _ => Detection::Done(Protocol::Tcp),
             }
         }
         None if buf.len() >= MAX_DETECT_BYTES => {
-            if METHODS.contains(&&buf[..token_len]) {
+            if known_method {
                 Detection::Done(Protocol::Http1)
             } else {
                 Detection::Done(Protocol::Tcp)
@@ -98,6 +127,12 @@ mod tests {
         assert_eq!(d(b"GET / HTTP/1.1\r\n"), Detection::Done(Protocol::Http1));
         assert_eq!(d(b"POST /x?y HTTP/1.0\n"), Detection::Done(Protocol::Http1));
         assert_eq!(d(b"G"), Detection::NeedMore);
+        assert_eq!(d(b"\r\n"), Detection::NeedMore);
+        assert_eq!(
+            d(b"\r\nGET / HTTP/1.1\r\n"),
+            Detection::Done(Protocol::Http1)
+        );
+        assert_eq!(d(b"\r\n\r\n\r\n\r\n\r\n"), Detection::Done(Protocol::Tcp));
         assert_eq!(d(b"GET /"), Detection::NeedMore);
         assert_eq!(d(b"GET / HTTP/1.1"), Detection::NeedMore);
     }
@@ -129,8 +164,30 @@ mod tests {
             "not an HTTP request line"
         );
         assert_eq!(d(b"PING\r\n"), Detection::Done(Protocol::Tcp));
-        assert_eq!(d(b"ABCDEFGHIJKLMNOPQ"), Detection::Done(Protocol::Tcp));
-        assert_eq!(d(b"GET / SSH-2.0\r\n"), Detection::Done(Protocol::Tcp));
+        assert_eq!(
+            d(b"get key\r\n"),
+            Detection::Done(Protocol::Tcp),
+            "memcached"
+        );
+        assert_eq!(d(b"A\x00\x00\x00binary"), Detection::Done(Protocol::Tcp));
+        assert_eq!(d(b"ABCDEFGHIJKLMNOPQ"), Detection::NeedMore);
+    }
+
+    #[test]
+    fn malformed_request_lines_are_http_so_the_http_path_refuses_them() {
+        for line in [
+            &b"GET /\r\n"[..],
+            b"GET / HTTP/2.0\r\n",
+            b"GET / HTTP/1.2\r\n",
+            b"get / HTTP/1.1\r\n",
+            b"G(T / HTTP/1.1\r\n",
+            b"GET  /  HTTP/1.1\r\n",
+            b"GET / http/1.1\r\n",
+            b"GET / HTTP/1.1\rHost: x\r\n",
+            b"GET / SSH-2.0\r\n",
+        ] {
+            assert_eq!(d(line), Detection::Done(Protocol::Http1), "{line:?}");
+        }
     }
 
     #[test]

@@ -16,8 +16,10 @@
 //! its hop-by-hop headers are dropped, and the body is copied by its framing
 //! (length, chunked, or until close).
 //!
+//! Every head is first checked by [`crate::h1valid::validate`] (the same
+//! check the hyper path runs on the raw bytes) and refused there if invalid.
 //! Anything else — a `Transfer-Encoding` request body, `Expect`, an
-//! upgrade, HTTP/1.0, a body larger than [`MAX_BODY`], a route with
+//! upgrade, HTTP/1.0, an absolute-form target, a body larger than [`MAX_BODY`], a route with
 //! filters or rewrites, RBAC on the listener, a malformed head — is handed,
 //! with every byte read so far, to the hyper path for the rest of the
 //! connection, which applies all of its checks (including the smuggling
@@ -143,6 +145,11 @@ pub async fn serve<I: ParkableIo>(
             }
         };
         let started = Instant::now();
+        // Every head is validated before anything else reads it (the check
+        // the general path runs too), so no eligibility rule can skip it.
+        if let Err(why) = crate::h1valid::validate(&buf[..head_len]) {
+            return refuse(down, &buf[..head_len], &meta, &shared, why).await;
+        }
         let mut plan = match plan(&buf[..head_len], &meta, &shared) {
             Ok(p) => p,
             Err(why) => return fall_back(down, buf, meta, shared, park, why).await,
@@ -187,6 +194,22 @@ async fn read_more<R: tokio::io::AsyncRead + Unpin>(
         buf.reserve(8 * 1024);
     }
     r.read_buf(buf).await
+}
+
+/// Answer a head that failed validation and close: nothing was sent
+/// upstream, and nothing after it on this connection is read.
+async fn refuse<I: ParkableIo>(
+    mut down: I,
+    head: &[u8],
+    meta: &ConnMeta,
+    shared: &Shared,
+    why: crate::h1valid::Refusal,
+) {
+    crate::http_proxy::count_refusal(&shared.metrics, meta, why);
+    shared.metrics.local_response(why.reason());
+    let head_request = head.trim_ascii_start().starts_with(b"HEAD ");
+    let _ = down.write_all(&why.response(head_request)).await;
+    let _ = down.shutdown().await;
 }
 
 /// Give the connection to the hyper path, with everything read so far.

@@ -28,6 +28,7 @@ use crate::config::UpstreamProtocol;
 use crate::config::store::{Active, ConfigStore};
 use crate::conn::{ConnRegistry, H1Refusal};
 use crate::filters::{ConnMeta, FilterAction, RequestInfo, StreamFilter, fast_rand};
+use crate::h1valid::Refusal;
 use crate::lifecycle::Lifecycle;
 use crate::metrics::{Metrics, RequestLabels, RouteLabels, RouteMetrics, StatusClass};
 use crate::routing::{CompiledRoute, RequestView, match_route, split_host_port};
@@ -113,12 +114,8 @@ impl hyper::service::Service<Request<Incoming>> for HttpService {
     type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
-        if self
-            .h1_refusal
-            .as_ref()
-            .is_some_and(|r| r.next_is_refused())
-        {
-            let resp = refuse_smuggling(&self.shared.metrics);
+        if let Some(why) = self.h1_refusal.as_ref().and_then(|r| r.next_is_refused()) {
+            let resp = refuse(why, &self.shared.metrics, &self.conn);
             return Box::pin(std::future::ready(Ok(resp)));
         }
         let svc = self.clone();
@@ -177,41 +174,24 @@ fn local(
     resp
 }
 
-/// The answer to a request carrying both `Content-Length` and
-/// `Transfer-Encoding` (RFC 9112 §6.3 lets a server refuse it; it must close
-/// the connection either way). Its body never reaches the parser, so nothing
-/// smuggled inside it can reach an upstream.
-fn refuse_smuggling(metrics: &Metrics) -> Response<ProxyBody> {
-    let mut resp = local(
-        StatusCode::BAD_REQUEST,
-        "request_smuggling",
-        "request has both Content-Length and Transfer-Encoding\n",
-        metrics,
-    );
+/// The answer to a request head [`crate::h1valid::validate`] refused (the
+/// framing shadow saw it; hyper only parsed a stand-in). `Connection: close`:
+/// after a malformed head nothing on the connection can be trusted to be
+/// where a parser would look for the next request.
+fn refuse(why: Refusal, metrics: &Metrics, conn: &ConnMeta) -> Response<ProxyBody> {
+    count_refusal(metrics, conn, why);
+    let mut resp = local(why.status(), why.reason(), format!("{why}\n"), metrics);
     resp.headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
     resp
 }
 
-/// hyper refuses a `Transfer-Encoding` whose last coding is not `chunked`
-/// (400), but accepts e.g. `gzip, chunked` and `chunked, chunked`: it removes
-/// only the chunking, and `Transfer-Encoding` is hop-by-hop, so the upstream
-/// would get a body still coded with no header saying so. Only a single
-/// `chunked` is forwarded.
-fn unsupported_transfer_coding(headers: &HeaderMap) -> Option<(StatusCode, &'static str)> {
-    let mut chunked = 0;
-    for value in headers.get_all(header::TRANSFER_ENCODING) {
-        let Ok(value) = value.to_str() else {
-            return Some((StatusCode::BAD_REQUEST, "transfer_encoding_invalid"));
-        };
-        for coding in value.split(',').map(str::trim).filter(|c| !c.is_empty()) {
-            if !coding.eq_ignore_ascii_case("chunked") {
-                return Some((StatusCode::NOT_IMPLEMENTED, "transfer_coding_unsupported"));
-            }
-            chunked += 1;
-        }
-    }
-    (chunked > 1).then_some((StatusCode::BAD_REQUEST, "transfer_encoding_invalid"))
+/// Count a refused HTTP/1 request head and write its one access-log line
+/// (both paths; the caller sends the answer and counts it as a local
+/// response).
+pub(crate) fn count_refusal(metrics: &Metrics, conn: &ConnMeta, why: Refusal) {
+    metrics.request_refusal(why.reason());
+    tracing::info!(target: "access", conn = conn.id, peer = %conn.peer, listener = %conn.listener, status = why.status().as_u16(), reason = why.reason(), "request refused: {why}");
 }
 
 /// Where a request goes.
@@ -241,6 +221,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
         header::TRANSFER_ENCODING,
         HeaderName::from_static("keep-alive"),
         HeaderName::from_static("proxy-connection"),
+        HeaderName::from_static("http2-settings"),
         header::PROXY_AUTHORIZATION,
     ] {
         headers.remove(n);
@@ -253,9 +234,18 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
+/// An upgrade to relay: HTTP/1.1, the `upgrade` connection option and
+/// `Upgrade: websocket`. The head validation already refused every other
+/// protocol except `h2c`, which is ignored: the request is served as
+/// HTTP/1.1 and the offer is not passed on (RFC 9110 §7.8).
 fn wants_upgrade(req: &Request<Incoming>) -> bool {
     req.version() == Version::HTTP_11
-        && req.headers().contains_key(header::UPGRADE)
+        && req.headers().get(header::UPGRADE).is_some_and(|v| {
+            v.as_bytes()
+                .split(|b| *b == b'/')
+                .next()
+                .is_some_and(|p| p.trim_ascii().eq_ignore_ascii_case(b"websocket"))
+        })
         && req.headers().get_all(header::CONNECTION).iter().any(|v| {
             v.to_str().is_ok_and(|s| {
                 s.split(',')
@@ -318,21 +308,6 @@ impl HttpService {
         let guard = self.inflight.enter();
         let active = self.shared.store.load();
         let metrics = &self.shared.metrics;
-        if req.headers().contains_key(header::TRANSFER_ENCODING)
-            && let Some((status, reason)) = unsupported_transfer_coding(req.headers())
-        {
-            let mut resp = local(
-                status,
-                reason,
-                "only a single `chunked` transfer coding is accepted\n",
-                metrics,
-            );
-            // The body's framing is not one this proxy reads: do not try to
-            // find the next request after it.
-            resp.headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            return resp;
-        }
         let Some(listener) = active.config.listener(&self.conn.listener) else {
             return local(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -425,8 +400,10 @@ impl HttpService {
         let downstream_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
         strip_hop_by_hop(&mut parts.headers, upgrade);
-        if !parts.headers.contains_key(header::HOST)
-            && let Some(a) = parts.uri.authority()
+        // The authority the request was routed by is the one the upstream
+        // gets: an absolute-form target's wins over `Host` (RFC 9112 §3.2.2:
+        // a proxy generates `Host` from it), as does HTTP/2's `:authority`.
+        if let Some(a) = parts.uri.authority()
             && let Ok(v) = HeaderValue::from_str(a.as_str())
         {
             parts.headers.insert(header::HOST, v);
@@ -544,6 +521,14 @@ impl HttpService {
                 }
                 let (mut rparts, rbody) = resp.into_parts();
                 strip_hop_by_hop(&mut rparts.headers, switching && upgrade);
+                if upgrade && !switching {
+                    // The upstream declined the upgrade. The framing shadow
+                    // stopped following at the upgrade head; end the
+                    // connection rather than read unvalidated heads after it.
+                    rparts
+                        .headers
+                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                }
                 if let Some(r) = &route {
                     r.response_headers.apply(&mut rparts.headers);
                 }

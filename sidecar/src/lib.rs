@@ -13,7 +13,8 @@
 //! * [`filters`] — network and stream filter chains, RBAC, faults;
 //! * [`detect`], [`listener`], [`conn`] — accepting and classifying
 //!   connections, the live-connection registry used by the handoff;
-//! * [`http_proxy`], [`tcp_proxy`], [`upstream`], [`body`] — proxying;
+//! * [`http_proxy`], [`h1fast`], [`tcp_proxy`], [`upstream`], [`body`] — proxying;
+//! * [`h1valid`] — the HTTP/1.1 request-head validation both HTTP/1 paths run;
 //! * [`admin`], [`metrics`], [`loop_lag`], [`lifecycle`] — operating it;
 //! * [`init`], [`orig_dst`] — transparent capture;
 //! * [`server`], [`cli`] — assembling a process.
@@ -27,6 +28,7 @@ pub mod conn;
 pub mod detect;
 pub mod filters;
 pub mod h1fast;
+pub mod h1valid;
 pub mod handoff;
 pub mod http_proxy;
 pub mod init;

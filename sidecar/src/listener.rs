@@ -526,9 +526,11 @@ pub(crate) async fn serve_http1<I: ParkableIo>(
                 }
                 match conn.into_parts() {
                     Some(parts) => {
+                        // hyper's unparsed bytes came before what the
+                        // layers under it still hold.
                         let (downstream, pre) = parts.io.into_inner().into_parked();
-                        let mut unread = pre.to_vec();
-                        unread.extend_from_slice(&parts.read_buf);
+                        let mut unread = parts.read_buf.to_vec();
+                        unread.extend_from_slice(&pre);
                         req.answer(Parked::Http1 { meta, downstream, unread: Bytes::from(unread) });
                     }
                     None => { req.answer(Parked::Draining); }
