@@ -104,7 +104,13 @@ fn sidecar_mounts() -> Vec<VolumeMount> {
     ]
 }
 
-fn common_env(slot: &str, version: &str, offload_mode: &str, engine: &str) -> Vec<EnvVar> {
+fn common_env(
+    slot: &str,
+    version: &str,
+    offload_mode: &str,
+    engine: &str,
+    config: &InjectConfig,
+) -> Vec<EnvVar> {
     vec![
         env_field(env::POD_NAME, "metadata.name"),
         env_field(env::POD_NAMESPACE, "metadata.namespace"),
@@ -114,6 +120,10 @@ fn common_env(slot: &str, version: &str, offload_mode: &str, engine: &str) -> Ve
         env_value(env::VERSION, version),
         env_value(env::OFFLOAD_MODE, offload_mode),
         env_value(env::OFFLOAD_ENGINE, engine),
+        env_value(
+            env::CONTROL_PLANE_ADDRESS,
+            config.control_plane_address.clone(),
+        ),
     ]
 }
 
@@ -144,7 +154,13 @@ pub fn slot_a(inputs: &SlotInputs<'_>) -> Container {
         image: Some(inputs.image.to_owned()),
         image_pull_policy: inputs.config.image_pull_policy.clone(),
         args: Some(vec![commands::RUN.to_owned()]),
-        env: Some(common_env("a", inputs.version, inputs.offload_mode, engine)),
+        env: Some(common_env(
+            "a",
+            inputs.version,
+            inputs.offload_mode,
+            engine,
+            inputs.config,
+        )),
         ports: Some(vec![ContainerPort {
             name: Some(ports::ADMIN_NAME.to_owned()),
             container_port: i32::from(ports::ADMIN),
@@ -217,6 +233,7 @@ pub fn slot_b(inputs: &SlotInputs<'_>, empty_image: &str) -> Container {
             inputs.version,
             inputs.offload_mode,
             "software",
+            inputs.config,
         )),
         resources: Some(ResourceRequirements {
             requests: Some(requests),
