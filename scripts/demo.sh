@@ -5,8 +5,10 @@
 #     (byte-checked by demo-load) while new sidecar processes take over from
 #     the running one three times: listeners, live keep-alive connections and
 #     counters move; the load client must see zero failures.
-#  2. Injection on a real local Kubernetes (e2e/cluster.sh): Baton installed
-#     from manifests/, a namespace labelled baton.dev/inject=enabled, a
+#  2. Injection on a real local Kubernetes (e2e/cluster.sh, with kube-proxy):
+#     Baton installed from manifests/ as a user would (its operator and
+#     webhook run as two Pods each; the API server calls the webhook through
+#     its Service), a namespace labelled baton.dev/inject=enabled, a
 #     Deployment whose pods come up with the sidecar slots, and the
 #     SidecarRelease status the operator writes. The cluster is torn down at
 #     the end (BATON_DEMO_KEEP=1 keeps it; BATON_DEMO_K8S=0 skips act 2).
@@ -91,6 +93,9 @@ kubeconfig=$(e2e/cluster.sh up | sed -n 's/^KUBECONFIG=//p' | tail -1)
 export KUBECONFIG="$kubeconfig"
 e2e/cluster.sh images
 e2e/cluster.sh install
+say "Baton's control plane: Pods behind Services"
+kubectl -n baton-system get deployments,pods,services -o wide
+echo "operator leader: $(kubectl -n baton-system get lease baton-operator -o jsonpath='{.spec.holderIdentity}')"
 tag=e2e
 kubectl apply -f - <<YAML
 apiVersion: baton.dev/v1alpha1

@@ -128,6 +128,9 @@ pub mod env {
     pub const SLOT: &str = "BATON_SLOT";
     /// Sidecar version the release asked for (informational).
     pub const VERSION: &str = "BATON_VERSION";
+    /// Host (DNS name or IP) of the control plane (the operator Service)
+    /// that sidecars reach; the webhook's `--control-plane-address`.
+    pub const CONTROL_PLANE_ADDRESS: &str = "BATON_CONTROL_PLANE_ADDRESS";
     /// Path of a standalone YAML config (overrides the operator stream).
     pub const CONFIG: &str = "BATON_CONFIG";
     pub const LOG: &str = "BATON_LOG";
@@ -174,6 +177,10 @@ pub mod webhook {
 
     /// Service (and Deployment) of the webhook in [`super::SYSTEM_NAMESPACE`].
     pub const SERVICE: &str = "baton-webhook";
+    /// The operator's Service, which sidecars reach as
+    /// `<OPERATOR_SERVICE>.<namespace>.svc` unless the webhook is told
+    /// otherwise (`--control-plane-address`).
+    pub const OPERATOR_SERVICE: &str = "baton-operator";
     /// Port the webhook Service exposes (and the container's HTTPS port).
     pub const PORT: u16 = 8443;
     /// Admin port of the webhook process: /ready, /live, /metrics.

@@ -543,22 +543,60 @@ fn services_and_the_pdb_select_their_deployments_pods() {
             "{name} Service"
         );
     }
-    let pdb = install_set()
-        .into_iter()
-        .find(|d| d["kind"] == "PodDisruptionBudget")
-        .expect("webhook PodDisruptionBudget");
-    assert_eq!(pdb["spec"]["minAvailable"], 1);
-    let sel: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector =
-        serde_json::from_value(pdb["spec"]["selector"].clone()).unwrap();
-    let tpl_labels = deployment("baton-webhook")
-        .spec
-        .unwrap()
-        .template
-        .metadata
-        .unwrap()
-        .labels
-        .unwrap();
-    assert!(selector::matches(&sel, &tpl_labels));
+    // Each Deployment has a PodDisruptionBudget that keeps one replica.
+    for name in ["baton-operator", "baton-webhook"] {
+        let pdb = install_set()
+            .into_iter()
+            .find(|d| d["kind"] == "PodDisruptionBudget" && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("{name} PodDisruptionBudget"));
+        assert_eq!(pdb["spec"]["minAvailable"], 1);
+        let sel: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector =
+            serde_json::from_value(pdb["spec"]["selector"].clone()).unwrap();
+        let tpl_labels = deployment(name)
+            .spec
+            .unwrap()
+            .template
+            .metadata
+            .unwrap()
+            .labels
+            .unwrap();
+        assert!(selector::matches(&sel, &tpl_labels), "{name}");
+    }
+}
+
+#[test]
+fn both_deployments_spread_over_nodes_and_keep_a_replica_through_rollouts() {
+    for name in ["baton-operator", "baton-webhook"] {
+        let spec = deployment(name).spec.unwrap();
+        let rolling = spec.strategy.unwrap().rolling_update.unwrap();
+        assert_eq!(
+            rolling.max_unavailable,
+            Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(0)),
+            "{name}"
+        );
+        let pod = spec.template.spec.unwrap();
+        let keys: Vec<String> = pod
+            .topology_spread_constraints
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| c.topology_key)
+            .collect();
+        assert!(
+            keys.contains(&"kubernetes.io/hostname".to_owned()),
+            "{name}: {keys:?}"
+        );
+        let psc = pod.security_context.unwrap();
+        assert_eq!(
+            psc.seccomp_profile.map(|p| p.type_).as_deref(),
+            Some("RuntimeDefault"),
+            "{name}"
+        );
+        assert!(
+            pod.termination_grace_period_seconds
+                .is_some_and(|s| s >= 30),
+            "{name}"
+        );
+    }
 }
 
 #[test]
@@ -631,15 +669,21 @@ fn the_k8s_1_20_component_removes_exactly_the_cel_rules_crdgen_emits() {
 }
 
 #[test]
-fn the_k8s_1_20_component_replaces_the_pdb_with_policy_v1beta1() {
+fn the_k8s_1_20_component_replaces_the_pdbs_with_policy_v1beta1() {
     let docs = read_docs(&manifests().join("components/k8s-1.20/pdb-v1beta1.yaml"));
-    assert_eq!(docs.len(), 1);
-    assert_eq!(docs[0]["apiVersion"], "policy/v1beta1");
-    let base = install_set()
+    let bases: Vec<Value> = install_set()
         .into_iter()
-        .find(|d| d["kind"] == "PodDisruptionBudget")
-        .unwrap();
-    assert_eq!(base["apiVersion"], "policy/v1");
-    assert_eq!(docs[0]["spec"], base["spec"]);
-    assert_eq!(docs[0]["metadata"], base["metadata"]);
+        .filter(|d| d["kind"] == "PodDisruptionBudget")
+        .collect();
+    assert_eq!(docs.len(), bases.len());
+    for base in bases {
+        assert_eq!(base["apiVersion"], "policy/v1");
+        let old = docs
+            .iter()
+            .find(|d| d["metadata"]["name"] == base["metadata"]["name"])
+            .unwrap_or_else(|| panic!("no v1beta1 copy of {}", base["metadata"]["name"]));
+        assert_eq!(old["apiVersion"], "policy/v1beta1");
+        assert_eq!(old["spec"], base["spec"]);
+        assert_eq!(old["metadata"], base["metadata"]);
+    }
 }

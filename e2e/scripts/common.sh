@@ -21,14 +21,22 @@ SERVICE_API_IP=10.96.0.1
 ETCD_CLIENT_PORT=23791
 ETCD_PEER_PORT=23801
 APISERVER_PORT=6443
+# The API server serves on the bridge gateway: the host reaches it there (a
+# local address), Pods reach it through the `kubernetes` Service (kube-proxy
+# DNATs 10.96.0.1:443 to this endpoint, which the API server's endpoint
+# reconciler publishes). Nothing listens on other host addresses.
+APISERVER_HOST=$POD_GATEWAY
+APISERVER_URL="https://$APISERVER_HOST:$APISERVER_PORT"
+# kube-proxy's own endpoints (loopback only).
+KUBE_PROXY_METRICS=127.0.0.1:10249
+KUBE_PROXY_HEALTHZ=127.0.0.1:10256
 # Never answered: docker.io is pointed here so an accidental pull dies on loopback.
 DEAD_REGISTRY=127.0.0.1:1
 
-# Baton's webhook and operator as host processes (see e2e/overlay): the
-# overlay's clientConfig URLs use WEBHOOK_PORT.
-WEBHOOK_PORT=8443
-WEBHOOK_ADMIN_PORT=9443
-OPERATOR_ADMIN_PORT=9090
+# Baton runs in Pods (e2e/overlay). The operator Service's ClusterIP is
+# pinned so the webhook can inject it as the control-plane address (this
+# cluster has no DNS); keep in step with e2e/overlay/kustomization.yaml.
+OPERATOR_CLUSTER_IP=10.96.0.20
 SYSTEM_NAMESPACE=baton-system
 INSTALL_FIELD_MANAGER=baton-e2e-install
 
@@ -43,7 +51,9 @@ HOST_PATHS=("$KUBELET_ROOT" /var/log/pods /var/log/containers /var/lib/cni /run/
 # restored on down.
 SYSCTLS=(net/ipv4/ip_forward vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops
   kernel/keys/root_maxkeys kernel/keys/root_maxbytes net/ipv4/conf/all/route_localnet
-  net/bridge/bridge-nf-call-iptables net/bridge/bridge-nf-call-ip6tables)
+  net/bridge/bridge-nf-call-iptables net/bridge/bridge-nf-call-ip6tables
+  net/netfilter/nf_conntrack_max net/netfilter/nf_conntrack_tcp_timeout_established
+  net/netfilter/nf_conntrack_tcp_timeout_close_wait)
 
 GUARD_FWD=BATON-E2E-FWD
 GUARD_OUT=BATON-E2E-OUT

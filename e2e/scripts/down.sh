@@ -4,7 +4,7 @@
 # Processes are stopped by recorded PID only (containers and shims by the PID
 # files containerd wrote for them), never by name.
 #
-# Order: host processes the harness started for Baton (webhook/operator) →
+# Order: host processes (none by default; a stale run's) → kube-proxy →
 # kubelet → containers and shims → containerd → mounts → control plane →
 # cgroups → iptables chains → ip_forward → bridge → host dirs → run dir.
 set -uo pipefail
@@ -51,6 +51,8 @@ if [ -d "$RUN" ]; then
     n="$(basename "$f" .pid)"
     stop_recorded "$n" 5
   done
+  # kube-proxy first: once stopped it cannot re-create the chains removed below.
+  stop_recorded kube-proxy 5
   stop_recorded kubelet 10
 
   # Containers: kill every container process, then its shim. containerd wrote
@@ -134,6 +136,15 @@ for ipt in iptables ip6tables; do
   done
 done
 
+# Connection-tracking entries of the cluster's ranges (Service DNATs, pod
+# flows): nothing that outlives the cluster may still translate addresses.
+if command -v conntrack >/dev/null; then
+  for range in "$POD_SUBNET" "$SERVICE_RANGE"; do
+    for dir in -s -d; do conntrack -D "$dir" "$range" >/dev/null 2>&1 || true; done
+    conntrack -D --reply-src "$range" >/dev/null 2>&1 || true
+  done
+fi
+
 # Sysctls the bridge plugin and the kubelet change (ip_forward, kernel panic
 # and overcommit defaults, ...), restored to the values recorded by `up`.
 if [ -f "$STATE/sysctls" ]; then
@@ -160,6 +171,7 @@ if [ -d "$RUN" ]; then
     rm -rf "$CACHE/last-run-logs"
     mkdir -p "$CACHE"
     cp -r "$LOGS" "$CACHE/last-run-logs" 2>/dev/null
+    cp "$STATE/sysctls" "$CACHE/last-run-sysctls" 2>/dev/null
   fi
   rm -rf "$RUN" 2>/dev/null || problem "run dir $RUN"
 fi

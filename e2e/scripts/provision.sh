@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Provision the local cluster's binaries: Debian runtime packages (installed
 # only when missing, services never auto-started) and kube-apiserver,
-# kube-controller-manager, kube-scheduler and kubelet built from Debian's
+# kube-controller-manager, kube-scheduler, kubelet and kube-proxy built from Debian's
 # `kubernetes` source package with Debian's Go. The build is cached under
 # $BATON_CACHE/k8s/<debian-version>/bin, so a second run costs seconds.
 #
@@ -75,7 +75,7 @@ fi
 
 KDIR="$CACHE/k8s/$VER"
 BIN="$KDIR/bin"
-COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
+COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
 done_stamp="$BIN/.complete"
 if [ -f "$done_stamp" ]; then
   for c in "${COMPONENTS[@]}" pause; do [ -x "$BIN/$c" ] || rm -f "$done_stamp"; done

@@ -31,6 +31,12 @@ else
   echo "apiserver: not answering"
   ok=1
 fi
+if curl -fsS -o /dev/null "http://$KUBE_PROXY_HEALTHZ/healthz" 2>/dev/null; then
+  echo "kube-proxy: healthy (iptables mode, $(iptables -w -t nat -S 2>/dev/null | grep -c '^-N KUBE-SVC-') service chains)"
+else
+  echo "kube-proxy: not healthy (log: $LOGS/kube-proxy.log)"
+  ok=1
+fi
 echo "egress guards (packets dropped):"
 for ipt in iptables ip6tables; do
   for c in "$GUARD_FWD" "$GUARD_OUT"; do

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Bring the local cluster up: PKI, etcd, kube-apiserver, controller-manager,
-# scheduler, containerd, bridge CNI, kubelet, egress guards. Returns when the
+# Bring the local cluster up: PKI, the bridge, etcd, kube-apiserver (on the
+# bridge gateway), controller-manager, scheduler, containerd, bridge CNI,
+# kubelet, kube-proxy (iptables mode), egress guards. Returns when the
 # Node is Ready and prints KUBECONFIG=<path>. Idempotent: a running cluster is
 # left as it is. On failure the partial cluster stays for inspection; `down`
 # removes it (e2e/run.sh always calls down).
@@ -56,12 +57,14 @@ extendedKeyUsage=clientAuth"
   issue apiserver "/CN=kube-apiserver" "basicConstraints=CA:FALSE
 keyUsage=digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
-subjectAltName=IP:127.0.0.1,IP:$SERVICE_API_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+subjectAltName=IP:127.0.0.1,IP:$APISERVER_HOST,IP:$SERVICE_API_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
   issue admin "/O=system:masters/CN=baton-e2e-admin" "$client"
   issue kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" "$client"
   issue apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "$client"
   issue controller-manager "/CN=system:kube-controller-manager" "$client"
   issue scheduler "/CN=system:kube-scheduler" "$client"
+  # Bound to the node-proxier role by the default ClusterRoleBinding.
+  issue kube-proxy "/CN=system:kube-proxy" "$client"
   openssl genrsa -out sa.key 2048 2>/dev/null
   openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
 )
@@ -73,7 +76,7 @@ kind: Config
 clusters:
 - name: baton-e2e
   cluster:
-    server: https://127.0.0.1:$APISERVER_PORT
+    server: $APISERVER_URL
     certificate-authority: $PKI/ca.crt
 users:
 - name: $2
@@ -90,6 +93,7 @@ kubeconfig admin admin
 kubeconfig kubelet kubelet
 kubeconfig controller-manager controller-manager
 kubeconfig scheduler scheduler
+kubeconfig kube-proxy kube-proxy
 
 # start name cmd...: run detached, log to $LOGS/name.log, record the PID.
 start() {
@@ -114,6 +118,12 @@ wait_until() { # seconds description command...
   done
 }
 
+# The bridge exists from the start (the CNI plugin reuses it): the API server
+# serves on its gateway address, which Pods reach over the bridge.
+ip link add "$BRIDGE" type bridge
+ip addr add "$POD_GATEWAY/${POD_SUBNET#*/}" dev "$BRIDGE"
+ip link set "$BRIDGE" up
+
 # --- etcd + apiserver ------------------------------------------------------
 log "etcd"
 start etcd etcd --name baton-e2e --data-dir "$RUN/etcd" \
@@ -127,7 +137,7 @@ start etcd etcd --name baton-e2e --data-dir "$RUN/etcd" \
 log "kube-apiserver"
 start kube-apiserver "$BIN/kube-apiserver" \
   --etcd-servers "http://127.0.0.1:$ETCD_CLIENT_PORT" \
-  --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
+  --bind-address "$APISERVER_HOST" --advertise-address "$APISERVER_HOST" --secure-port "$APISERVER_PORT" \
   --insecure-port 0 \
   --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
   --client-ca-file "$PKI/ca.crt" \
@@ -138,7 +148,7 @@ start kube-apiserver "$BIN/kube-apiserver" \
   --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
   --kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
   --kubelet-preferred-address-types Hostname,InternalIP \
-  --endpoint-reconciler-type none \
+  --endpoint-reconciler-type lease \
   --service-cluster-ip-range "$SERVICE_RANGE" \
   --allow-privileged=true --profiling=false
 
@@ -207,11 +217,6 @@ cat >"$RUN/cni/net.d/10-baton.conflist" <<EOF
 EOF
 start containerd containerd --config "$RUN/containerd/config.toml"
 
-# The bridge exists from the start (the CNI plugin reuses it), so host-side
-# listeners on the gateway address work before the first pod.
-ip link add "$BRIDGE" type bridge
-ip addr add "$POD_GATEWAY/${POD_SUBNET#*/}" dev "$BRIDGE"
-ip link set "$BRIDGE" up
 
 # --- egress guards -----------------------------------------------------------
 # Pods are never routed off the bridge; nothing on the host reaches the
@@ -224,6 +229,9 @@ for ipt in iptables ip6tables; do
 done
 iptables -w -N "$GUARD_OUT" 2>/dev/null || iptables -w -F "$GUARD_OUT"
 iptables -w -A "$GUARD_OUT" -d 169.254.0.0/16 -j DROP
+# A ClusterIP still untranslated after kube-proxy's OUTPUT DNAT has no
+# Service behind it; the default route would carry it off the machine.
+iptables -w -A "$GUARD_OUT" -d "$SERVICE_RANGE" -j DROP
 iptables -w -I OUTPUT 1 -j "$GUARD_OUT"
 ip6tables -w -N "$GUARD_OUT" 2>/dev/null || ip6tables -w -F "$GUARD_OUT"
 ip6tables -w -A "$GUARD_OUT" -d fe80::a9fe:a9fe/128 -j DROP
@@ -297,7 +305,40 @@ node_ready() {
 }
 wait_until 90 "Node $NODE_NAME Ready" node_ready
 
-# The kubelet may have inserted rules in FORWARD/OUTPUT: keep the guards first.
+# --- kube-proxy ------------------------------------------------------------------
+# iptables mode. A Pod's packet to a ClusterIP is routed through the host and
+# DNATed there; the backend's reply on the same bridge must pass iptables too
+# (bridge-nf-call-iptables, restored on down) or conntrack cannot undo the
+# DNAT. Without br_netfilter, --masquerade-all makes replies come back
+# through the host instead. --conntrack-max-per-core 0 and the two timeouts
+# 0 keep it from writing conntrack sysctls.
+log "kube-proxy"
+proxy_extra=()
+if [ -w /proc/sys/net/bridge/bridge-nf-call-iptables ]; then
+  echo 1 >/proc/sys/net/bridge/bridge-nf-call-iptables
+else
+  log "no br_netfilter: kube-proxy --masquerade-all"
+  proxy_extra+=(--masquerade-all)
+fi
+start kube-proxy "$BIN/kube-proxy" \
+  --kubeconfig "$RUN/kube-proxy.kubeconfig" \
+  --proxy-mode iptables --cluster-cidr "$POD_SUBNET" \
+  --hostname-override "$NODE_NAME" \
+  --conntrack-max-per-core 0 \
+  --conntrack-tcp-timeout-established 0 --conntrack-tcp-timeout-close-wait 0 \
+  --metrics-bind-address "$KUBE_PROXY_METRICS" --healthz-bind-address "$KUBE_PROXY_HEALTHZ" \
+  --oom-score-adj 0 "${proxy_extra[@]}"
+# Synced once its rules for the `kubernetes` Service (published by the API
+# server's endpoint reconciler) are in the nat table.
+proxy_synced() {
+  curl -fsS "http://$KUBE_PROXY_HEALTHZ/healthz" >/dev/null &&
+    iptables -w -t nat -S KUBE-SERVICES 2>/dev/null | grep -q -- "-d $SERVICE_API_IP/32"
+}
+wait_until 60 "kube-proxy rules for the kubernetes Service" proxy_synced
+
+# The kubelet and kube-proxy insert their jumps at the top of FORWARD/OUTPUT:
+# move the guards back to first place (kube-proxy only re-inserts a jump
+# that is missing, so this holds for the cluster's life).
 for ipt in iptables ip6tables; do
   for pair in "FORWARD:$GUARD_FWD" "OUTPUT:$GUARD_OUT"; do
     chain=${pair%%:*} guard=${pair#*:}

@@ -18,6 +18,7 @@ pub mod admission;
 pub mod cluster;
 pub mod demo;
 pub mod guards;
+pub mod install;
 pub mod netns;
 pub mod ns;
 pub mod pods;

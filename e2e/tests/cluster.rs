@@ -1,8 +1,10 @@
 //! The cluster itself, before Baton is involved: plain pods run and serve
 //! HTTP/1.1, HTTP/2 and TCP over the bridge; an init container with
-//! NET_ADMIN can program iptables in the pod's network namespace; and no
-//! packet leaves the machine (the harness's guard chains are in place, first,
-//! and counting).
+//! NET_ADMIN can program iptables in the pod's network namespace; ClusterIP
+//! Services work through kube-proxy from the host and from Pods, and Pods
+//! reach the API server through the `kubernetes` Service; and no packet
+//! leaves the machine (the harness's guard chains are in place, first, and
+//! counting).
 //!
 //! `#[ignore]`d: run with `e2e/run.sh` (needs root and the local cluster).
 
@@ -14,7 +16,7 @@ use baton_e2e::guards::{self, FORWARD_GUARD, OUTPUT_GUARD};
 use baton_e2e::netns::OutsideNetns;
 use baton_e2e::traffic::{self, Load, Protocol};
 use baton_e2e::{pods, wait, with_temp_ns};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
 use kube::api::{LogParams, PostParams};
 use kube::{Api, Client};
 use rand::Rng;
@@ -259,13 +261,148 @@ async fn egress_guards_come_first_and_nothing_tried_the_metadata_address() {
     let out = guards::read_chain("iptables", OUTPUT_GUARD).expect("output guard");
     assert_eq!(
         out.iter().map(|r| r.spec.as_str()).collect::<Vec<_>>(),
-        ["-d 169.254.0.0/16 -j DROP"]
+        ["-d 169.254.0.0/16 -j DROP", "-d 10.96.0.0/16 -j DROP"]
     );
     // The kubelet runs with AWS_EC2_METADATA_DISABLED=true and nothing else
     // in the cluster has a reason to try the metadata address: zero drops.
     assert_eq!(
-        guards::dropped_packets(&out),
+        guards::dropped_packets(&out[..1]),
         0,
         "something on the host sent to 169.254.0.0/16: {out:?}"
     );
+}
+
+/// A ClusterIP Service in front of `pod`'s `port`; waits until its
+/// Endpoints list the pod (kube-proxy programs it from there).
+async fn service_for(client: &Client, ns: &str, pod: &str, port: u16) -> SocketAddr {
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": pod},
+        "spec": {"selector": {"app": pod}, "ports": [{"port": port, "targetPort": port, "protocol": "TCP"}]},
+    }))
+    .expect("service");
+    let api: Api<Service> = Api::namespaced(client.clone(), ns);
+    let created = api
+        .create(&PostParams::default(), &svc)
+        .await
+        .expect("create service");
+    let ip: IpAddr = created
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .expect("a ClusterIP")
+        .parse()
+        .expect("ClusterIP parses");
+    let endpoints: Api<Endpoints> = Api::namespaced(client.clone(), ns);
+    baton_e2e::wait_for("the Service's endpoints", READY, || async {
+        match endpoints.get_opt(pod).await {
+            Ok(Some(e))
+                if e.subsets
+                    .iter()
+                    .flatten()
+                    .any(|s| s.addresses.as_ref().is_some_and(|a| !a.is_empty())) =>
+            {
+                baton_e2e::Check::Done(())
+            }
+            other => baton_e2e::Check::NotYet(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    SocketAddr::new(ip, port)
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: run e2e/run.sh"]
+async fn a_cluster_ip_service_reaches_its_pod_from_the_host_and_from_another_pod() {
+    with_temp_ns(|client, ns| async move {
+        create(&client, &ns, &pods::http_echo("echo", 8080)).await;
+        let echo = wait::pod_ready(&client, &ns, "echo", READY)
+            .await
+            .expect("echo Ready");
+        let vip = service_for(&client, &ns, "echo", 8080).await;
+        assert!(vip.ip().to_string().starts_with("10.96."), "{vip}");
+
+        // From the host: kube-proxy's OUTPUT rules translate the VIP. kube-proxy
+        // may take a sync period to program a new Service: retry the first
+        // exchange, then demand a clean run.
+        baton_e2e::wait_for("the ClusterIP answering from the host", READY, || async {
+            let report = traffic::run(vip, &Load::new(Protocol::Http1).exchanges(1)).await;
+            if report.ok() {
+                baton_e2e::Check::Done(())
+            } else {
+                baton_e2e::Check::NotYet(format!("{report:?}"))
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        let report = traffic::run(vip, &Load::new(Protocol::Http1).exchanges(50)).await;
+        report.assert_all_ok();
+        assert_eq!(
+            report.header("x-echo-server-name"),
+            echo.metadata.name.as_deref()
+        );
+
+        // From another pod (routed through the host, DNATed in PREROUTING; the
+        // reply crosses the bridge back through conntrack).
+        let script = format!("wget -S -O /dev/null http://{vip}/ 2>&1; echo wget=$?",);
+        let mut prober = pods::pod("prober", vec![pods::shell("probe", &script)]);
+        prober.spec.as_mut().expect("spec").restart_policy = Some("Never".to_owned());
+        let api = create(&client, &ns, &prober).await;
+        wait::pod_finished(&client, &ns, "prober", READY)
+            .await
+            .expect("prober finished");
+        let output = logs(&api, "prober", "probe").await;
+        assert!(output.contains("wget=0"), "{output}");
+        assert!(
+            output.to_lowercase().contains("x-echo-server-name: echo"),
+            "the answer did not come from the echo pod: {output}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: run e2e/run.sh"]
+async fn pods_reach_the_api_server_through_the_kubernetes_service() {
+    with_temp_ns(|client, ns| async move {
+        // The API server's endpoint reconciler publishes its advertise
+        // address, the bridge gateway, which Pods can reach.
+        let endpoints: Api<Endpoints> = Api::namespaced(client.clone(), "default");
+        let published = endpoints
+            .get("kubernetes")
+            .await
+            .expect("kubernetes endpoints");
+        let addresses: Vec<String> = published
+            .subsets
+            .iter()
+            .flatten()
+            .flat_map(|s| s.addresses.iter().flatten().map(|a| a.ip.clone()))
+            .collect();
+        assert_eq!(addresses, ["10.88.0.1"], "{published:?}");
+        let services: Api<Service> = Api::namespaced(client.clone(), "default");
+        let vip = services
+            .get("kubernetes")
+            .await
+            .expect("kubernetes service")
+            .spec
+            .and_then(|s| s.cluster_ip)
+            .expect("ClusterIP");
+
+        // A TLS ClientHello's worth of bytes is not needed: a completed TCP
+        // handshake through the VIP is what kube-proxy provides; the
+        // operator and webhook Pods prove the HTTPS part (e2e/tests/install.rs).
+        let script = format!("nc -w 3 {vip} 443 </dev/null; echo api=$?");
+        let mut prober = pods::pod("prober", vec![pods::shell("probe", &script)]);
+        prober.spec.as_mut().expect("spec").restart_policy = Some("Never".to_owned());
+        let api = create(&client, &ns, &prober).await;
+        wait::pod_finished(&client, &ns, "prober", READY)
+            .await
+            .expect("prober finished");
+        let output = logs(&api, "prober", "probe").await;
+        assert!(
+            output.contains("api=0"),
+            "the pod could not connect to {vip}:443: {output}"
+        );
+    })
+    .await;
 }

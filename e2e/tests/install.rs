@@ -6,16 +6,26 @@
 //! 1.20 drops `x-kubernetes-validations`, those rules are the validating
 //! webhook's job there) and `kubectl get` shows their printer columns.
 //!
+//! The `install_*` tests check what that install runs: the operator and
+//! webhook Deployments' four Pods Ready and no Baton process on the host, a
+//! labelled namespace's Pods injected through the webhook's Service (and how
+//! the API server resolved it), the operator Pod that leads writing release
+//! status, and one CA behind both webhook Pods.
+//!
 //! `#[ignore]`d: run with `e2e/run.sh`.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use baton_crds::contract;
+use baton_crds::contract::{self, containers, env as env_names, labels, webhook as webhook_names};
+use baton_e2e::install::{self as baton, OPERATOR_CLUSTER_IP};
 use baton_e2e::{Check, kubectl, kubectl_ok, rejects, wait_for, with_temp_ns};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
+use rustls_pki_types::pem::PemObject as _;
 use serde_json::json;
 
 /// Where the install set's overlay for this cluster lives.
@@ -324,4 +334,260 @@ async fn a_cel_rule_that_1_20_drops_is_enforced_by_the_validating_webhook_instea
         baton_e2e::accepts(&api, &valid).await;
     })
     .await;
+}
+
+// ---- Baton's own Pods: what `e2e/cluster.sh install` leaves running ----
+
+/// How long Baton's Deployments may take to be whole again.
+const WHOLE: Duration = Duration::from_secs(120);
+
+#[tokio::test]
+#[ignore = "needs the local cluster: run e2e/run.sh"]
+async fn install_runs_four_ready_baton_pods_and_no_baton_process_on_the_host() {
+    baton_e2e::cluster::require_component("webhook");
+    baton_e2e::cluster::require_component("operator");
+    let client = baton_e2e::client().await;
+    for component in ["webhook", "operator"] {
+        let pods = baton::wait_whole(&client, component, WHOLE)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(pods.len(), 2, "{component}: replicas as in manifests/");
+        for pod in &pods {
+            let spec = pod.spec.as_ref().expect("spec");
+            assert_eq!(
+                spec.containers[0].image.as_deref(),
+                Some(baton_e2e::pods::image(component).as_str()),
+                "{component} runs the locally imported image"
+            );
+            // The shipped hardening is what runs (the overlay does not touch it).
+            let sc = spec.containers[0]
+                .security_context
+                .as_ref()
+                .expect("securityContext");
+            assert_eq!(sc.read_only_root_filesystem, Some(true));
+            assert_eq!(
+                spec.security_context
+                    .as_ref()
+                    .and_then(|s| s.run_as_non_root),
+                Some(true)
+            );
+        }
+    }
+    // Every running baton-webhook / baton-operator is inside a Pod.
+    let processes = baton::baton_processes(&["baton-webhook", "baton-operator"]);
+    let on_host: Vec<_> = processes.iter().filter(|p| !p.in_pod).collect();
+    assert!(
+        on_host.is_empty(),
+        "Baton processes on the host: {on_host:?}"
+    );
+    for binary in ["baton-webhook", "baton-operator"] {
+        let in_pods = processes
+            .iter()
+            .filter(|p| p.in_pod && p.exe.ends_with(binary))
+            .count();
+        assert!(
+            in_pods >= 2,
+            "{binary}: {in_pods} processes in Pods: {processes:?}"
+        );
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: run e2e/run.sh"]
+async fn install_injects_a_labelled_namespaces_pods_through_the_webhook_service() {
+    baton_e2e::cluster::require_component("webhook");
+    let scope = format!("inject-{}", rand::random::<u32>());
+    let labels = baton::injected_namespace_labels(&scope);
+    baton_e2e::with_temp_ns_labelled(labels, |client, ns| async move {
+        let webhook_pods = baton::wait_whole(&client, "webhook", WHOLE)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        // The installed configuration calls the Service, not a URL.
+        let config = Api::<MutatingWebhookConfiguration>::all(client.clone())
+            .get(webhook_names::MUTATING_CONFIGURATION)
+            .await
+            .expect("mutating configuration");
+        for hook in config.webhooks.iter().flatten() {
+            let cc = &hook.client_config;
+            assert!(cc.url.is_none(), "{}: {cc:?}", hook.name);
+            assert_eq!(
+                cc.service.as_ref().map(|s| s.name.as_str()),
+                Some(webhook_names::SERVICE)
+            );
+            assert!(cc.ca_bundle.as_ref().is_some_and(|b| !b.0.is_empty()));
+        }
+
+        baton::create_release(&client, &ns, &scope).await;
+        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        let created = api
+            .create(&PostParams::default(), &baton::unscheduled_pod("app"))
+            .await;
+        baton::delete_release(&client, &ns).await;
+        let created = created.expect("an injected pod is admitted");
+        let spec = created.spec.as_ref().expect("spec");
+        let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+        assert!(names.contains(&containers::SLOT_A), "{names:?}");
+        assert!(names.contains(&containers::SLOT_B), "{names:?}");
+        assert_eq!(
+            created.labels().get(labels::INJECTED).map(String::as_str),
+            Some("true"),
+            "{:?}",
+            created.labels()
+        );
+        // The control-plane address the overlay configured (no DNS here).
+        let slot_a = spec
+            .containers
+            .iter()
+            .find(|c| c.name == containers::SLOT_A)
+            .expect("slot a");
+        let address = slot_a
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == env_names::CONTROL_PLANE_ADDRESS)
+            .and_then(|e| e.value.clone());
+        assert_eq!(address.as_deref(), Some(OPERATOR_CLUSTER_IP));
+
+        // How the API server reached the webhook: through the Service's
+        // ClusterIP, translated by kube-proxy on the host (a conntrack entry
+        // whose original destination is the ClusterIP and whose replies come
+        // from a webhook Pod), not by dialling a Pod IP itself.
+        let vip = baton::cluster_ip(&client, webhook_names::SERVICE).await;
+        let pod_ips: Vec<std::net::IpAddr> =
+            webhook_pods.iter().map(baton_e2e::wait::pod_ip).collect();
+        let flows = baton::flows_to(std::net::SocketAddr::new(vip, webhook_names::PORT));
+        assert!(
+            flows.iter().any(|f| pod_ips.contains(&f.reply_src.ip())
+                && f.reply_src.port() == webhook_names::PORT),
+            "no connection to {vip}:{} answered by a webhook pod {pod_ips:?}: {flows:?}",
+            webhook_names::PORT
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: run e2e/run.sh"]
+async fn install_status_of_a_sidecar_release_is_written_by_the_operator_pod_that_leads() {
+    baton_e2e::cluster::require_component("webhook");
+    baton_e2e::cluster::require_component("operator");
+    let scope = format!("status-{}", rand::random::<u32>());
+    let labels = baton::injected_namespace_labels(&scope);
+    baton_e2e::with_temp_ns_labelled(labels, |client, ns| async move {
+        let operators = baton::wait_whole(&client, "operator", WHOLE)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        baton::create_release(&client, &ns, &scope).await;
+        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        let outcome = async {
+            for name in ["one", "two"] {
+                api.create(&PostParams::default(), &baton::unscheduled_pod(name))
+                    .await
+                    .expect("create pod");
+            }
+            let status = baton::wait_release_total(&client, &ns, 2, Duration::from_secs(60))
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let table = kubectl_ok(&["get", "sidecarreleases", &ns]);
+            (status, table)
+        }
+        .await;
+        let release = Api::<baton_crds::SidecarRelease>::all(client.clone())
+            .get(&ns)
+            .await
+            .expect("release");
+        baton::delete_release(&client, &ns).await;
+        let (status, table) = outcome;
+        assert_eq!(status.observed_generation, Some(1));
+        assert!(!status.conditions.is_empty(), "{status:?}");
+        let row = table.lines().nth(1).unwrap_or_default();
+        assert!(row.starts_with(&ns), "{table}");
+        // Written by the operator's field manager...
+        let managers: Vec<String> = release
+            .metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .filter_map(|m| m.manager.clone())
+            .collect();
+        assert!(
+            managers.iter().any(|m| m == contract::FIELD_MANAGER),
+            "{managers:?}"
+        );
+        // ...from the operator Pod holding the Lease (its identity is its
+        // Pod name).
+        let holder = baton::lease_holder(&client).await.expect("a leader");
+        let names: Vec<String> = operators
+            .iter()
+            .filter_map(|p| p.metadata.name.clone())
+            .collect();
+        assert!(
+            names.contains(&holder),
+            "leader {holder} is not one of {names:?}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: run e2e/run.sh"]
+async fn install_both_webhook_pods_serve_certificates_of_the_one_ca_in_the_bundle() {
+    baton_e2e::cluster::require_component("webhook");
+    let client = baton_e2e::client().await;
+    let pods = baton::wait_whole(&client, "webhook", WHOLE)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let secret = Api::<Secret>::namespaced(client.clone(), contract::SYSTEM_NAMESPACE)
+        .get(webhook_names::CA_SECRET)
+        .await
+        .expect("the CA Secret");
+    let data = secret.data.expect("CA data");
+    let bundle = String::from_utf8(data[webhook_names::CA_BUNDLE_KEY].0.clone()).expect("utf-8");
+    let ca = String::from_utf8(data[webhook_names::CA_CERT_KEY].0.clone()).expect("utf-8");
+    assert_eq!(bundle.matches("BEGIN CERTIFICATE").count(), 1, "one CA");
+    assert_eq!(bundle.trim(), ca.trim());
+    // The API server trusts exactly that bundle.
+    let config = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .get(webhook_names::MUTATING_CONFIGURATION)
+        .await
+        .expect("mutating configuration");
+    for hook in config.webhooks.iter().flatten() {
+        assert_eq!(
+            hook.client_config.ca_bundle.as_ref().map(|b| b.0.clone()),
+            Some(bundle.as_bytes().to_vec()),
+            "{}",
+            hook.name
+        );
+    }
+    // Each Pod's serving certificate verifies against it, for the name the
+    // API server dials.
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(bundle.as_bytes()) {
+        roots.add(cert.expect("PEM")).expect("a CA certificate");
+    }
+    let config = std::sync::Arc::new(
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("protocols")
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
+    );
+    let name = rustls_pki_types::ServerName::try_from(format!(
+        "{}.{}.svc",
+        webhook_names::SERVICE,
+        contract::SYSTEM_NAMESPACE
+    ))
+    .expect("server name");
+    for pod in &pods {
+        let addr = std::net::SocketAddr::new(baton_e2e::wait::pod_ip(pod), webhook_names::PORT);
+        let tcp = tokio::net::TcpStream::connect(addr)
+            .await
+            .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+        tokio_rustls::TlsConnector::from(config.clone())
+            .connect(name.clone(), tcp)
+            .await
+            .unwrap_or_else(|e| panic!("{addr}: the serving certificate does not verify: {e}"));
+    }
 }

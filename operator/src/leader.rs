@@ -6,6 +6,11 @@
 //! holds it, and waits otherwise. Writes are `replace` calls carrying the
 //! Lease's `resourceVersion`, so two candidates racing for an expired Lease
 //! cannot both win: the loser gets a 409 and reads again.
+//!
+//! A leader that shuts down (SIGTERM: a rollout, a drain, a deleted Pod)
+//! stops its controllers and then releases the Lease ([`released_spec`]:
+//! no holder, as client-go's `ReleaseOnCancel` does), so the standby takes
+//! over at its next round instead of waiting out the lease duration.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -77,6 +82,20 @@ pub fn next_spec(
             current.lease_transitions.unwrap_or(0)
                 + i32::from(!renewing && current.holder_identity.is_some()),
         ),
+        ..Default::default()
+    }
+}
+
+/// The spec a leader writes when it steps down: no holder, so any
+/// candidate's next round acquires it ([`decide`] treats an empty holder as
+/// free). Transitions are left as they are: the next holder counts its own.
+pub fn released_spec(current: &LeaseSpec, now: Timestamp) -> LeaseSpec {
+    LeaseSpec {
+        holder_identity: None,
+        lease_duration_seconds: Some(1),
+        acquire_time: Some(MicroTime(now)),
+        renew_time: Some(MicroTime(now)),
+        lease_transitions: current.lease_transitions,
         ..Default::default()
     }
 }
@@ -159,16 +178,43 @@ impl LeaderElector {
         }
     }
 
+    /// Gives the Lease up if this candidate holds it (a conflicting write
+    /// is retried from a fresh read). `Ok(true)` when it was released.
+    pub async fn release(&self) -> Result<bool, Error> {
+        let api_err = |source| Error::Api {
+            name: self.name.clone(),
+            source,
+        };
+        for _attempt in 0..3 {
+            let Some(mut lease) = self.api.get_opt(&self.name).await.map_err(api_err)? else {
+                return Ok(false);
+            };
+            let current = lease.spec.clone().unwrap_or_default();
+            if current.holder_identity.as_deref() != Some(self.identity.as_str()) {
+                return Ok(false);
+            }
+            lease.spec = Some(released_spec(&current, Timestamp::now()));
+            match self
+                .api
+                .replace(&self.name, &PostParams::default(), &lease)
+                .await
+            {
+                Ok(_) => return Ok(true),
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => return Err(api_err(e)),
+            }
+        }
+        Ok(false)
+    }
+
     /// Waits until this candidate leads, then keeps renewing in the
-    /// background. The returned handle completes (with the reason) when
+    /// background. [`Leadership::lost`] completes (with the reason) when
     /// leadership is lost: the caller must stop writing at once.
-    pub async fn acquire(
-        self,
-        metrics: Arc<Metrics>,
-    ) -> Result<tokio::task::JoinHandle<String>, Error> {
-        let retry = self.duration / 3;
+    pub async fn acquire(self, metrics: Arc<Metrics>) -> Result<Leadership, Error> {
+        let this = Arc::new(self);
+        let retry = this.duration / 3;
         loop {
-            match self.try_once().await {
+            match this.try_once().await {
                 Ok(true) => break,
                 Ok(false) => {}
                 Err(error) => tracing::warn!(%error, "leader election round failed"),
@@ -176,11 +222,15 @@ impl LeaderElector {
             tokio::time::sleep(retry).await;
         }
         metrics.set_leader(true);
-        Ok(tokio::spawn(async move {
+        let elector = this.clone();
+        let renew_metrics = metrics.clone();
+        let renew = tokio::spawn(async move {
+            let this = elector;
+            let metrics = renew_metrics;
             let mut last_renewed = tokio::time::Instant::now();
             loop {
                 tokio::time::sleep(retry).await;
-                match self.try_once().await {
+                match this.try_once().await {
                     Ok(true) => last_renewed = tokio::time::Instant::now(),
                     Ok(false) => {
                         metrics.set_leader(false);
@@ -190,12 +240,42 @@ impl LeaderElector {
                 }
                 // Stop before the Lease can expire under us: past this point
                 // another replica may legitimately take over.
-                if last_renewed.elapsed() >= self.duration.saturating_sub(retry) {
+                if last_renewed.elapsed() >= this.duration.saturating_sub(retry) {
                     metrics.set_leader(false);
                     return "could not renew the Lease in time".to_owned();
                 }
             }
-        }))
+        });
+        Ok(Leadership {
+            elector: this,
+            renew,
+            metrics,
+        })
+    }
+}
+
+/// Held leadership: renewed in the background until lost or released.
+pub struct Leadership {
+    elector: Arc<LeaderElector>,
+    renew: tokio::task::JoinHandle<String>,
+    metrics: Arc<Metrics>,
+}
+
+impl Leadership {
+    /// Completes with the reason once leadership is lost.
+    pub async fn lost(&mut self) -> String {
+        match (&mut self.renew).await {
+            Ok(reason) => reason,
+            Err(e) => format!("the renewing task ended: {e}"),
+        }
+    }
+
+    /// Stops renewing and gives the Lease up, so a standby takes over at
+    /// once. Call after the controllers stopped writing.
+    pub async fn release(self) -> Result<bool, Error> {
+        self.renew.abort();
+        self.metrics.set_leader(false);
+        self.elector.release().await
     }
 }
 
@@ -283,9 +363,96 @@ mod tests {
     }
 
     #[test]
+    fn a_released_lease_has_no_holder_and_is_free_for_the_next_candidate_at_once() {
+        let held = next_spec(
+            Some(&held_by("other", 0)),
+            "me",
+            Duration::from_secs(15),
+            at(20),
+        );
+        let released = released_spec(&held, at(21));
+        assert_eq!(released.holder_identity, None);
+        assert_eq!(released.lease_transitions, held.lease_transitions);
+        // Well inside what would have been our lease duration.
+        assert_eq!(
+            decide(Some(&released), "standby", at(22)),
+            Decision::Acquire
+        );
+        // The standby taking it over counts no transition from "nobody".
+        let taken = next_spec(Some(&released), "standby", Duration::from_secs(15), at(22));
+        assert_eq!(taken.lease_transitions, held.lease_transitions);
+    }
+
+    #[test]
     fn the_first_holder_starts_at_zero_transitions() {
         let first = next_spec(None, "me", Duration::from_secs(15), at(0));
         assert_eq!(first.lease_transitions, Some(0));
         assert_eq!(first.lease_duration_seconds, Some(15));
+    }
+
+    #[tokio::test]
+    async fn releasing_writes_an_empty_holder_only_when_we_hold_the_lease() {
+        use http::{Request, Response};
+        use kube::client::Body;
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "baton-system");
+        let path = "/apis/coordination.k8s.io/v1/namespaces/baton-system/leases/baton-operator";
+        let lease = |holder: &str| {
+            serde_json::json!({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": "baton-operator", "namespace": "baton-system", "resourceVersion": "9"},
+                "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, "leaseTransitions": 3,
+                         "renewTime": "2026-01-01T00:00:00.000000Z"},
+            })
+        };
+        let respond = |send: tower_test::mock::SendResponse<Response<Body>>,
+                       body: &serde_json::Value| {
+            send.send_response(
+                Response::builder()
+                    .status(200)
+                    .body(Body::from(serde_json::to_vec(body).unwrap()))
+                    .unwrap(),
+            );
+        };
+        let server = tokio::spawn(async move {
+            // Ours: released with a replace carrying the resourceVersion read.
+            let (request, send) = handle.next_request().await.unwrap();
+            assert_eq!(
+                (request.method().as_str(), request.uri().path()),
+                ("GET", path)
+            );
+            respond(send, &lease("me"));
+            let (request, send) = handle.next_request().await.unwrap();
+            assert_eq!(
+                (request.method().as_str(), request.uri().path()),
+                ("PUT", path)
+            );
+            let body: serde_json::Value =
+                serde_json::from_slice(&request.into_body().collect_bytes().await.unwrap())
+                    .unwrap();
+            assert_eq!(body["metadata"]["resourceVersion"], "9");
+            assert!(
+                body["spec"]
+                    .get("holderIdentity")
+                    .is_none_or(serde_json::Value::is_null),
+                "{body}"
+            );
+            assert_eq!(body["spec"]["leaseTransitions"], 3);
+            respond(send, &body);
+            // Someone else's: only read, never written.
+            let (request, send) = handle.next_request().await.unwrap();
+            assert_eq!(request.method().as_str(), "GET");
+            respond(send, &lease("other"));
+        });
+        let elector = LeaderElector::new(
+            client,
+            "baton-system",
+            "baton-operator",
+            "me",
+            Duration::from_secs(15),
+        );
+        assert!(elector.release().await.unwrap());
+        assert!(!elector.release().await.unwrap());
+        server.await.unwrap();
     }
 }

@@ -86,8 +86,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     );
     // Standby replicas are ready too: readiness means "able to take over".
     let _ = ready_tx.send(true);
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
     tracing::info!(%identity, "waiting for leadership");
-    let leadership = elector.acquire(metrics.clone()).await?;
+    let mut leadership = tokio::select! {
+        leadership = elector.acquire(metrics.clone()) => leadership?,
+        () = &mut shutdown => {
+            tracing::info!("shutting down (not leading)");
+            return Ok(());
+        }
+    };
     tracing::info!(%identity, "leading; starting controllers");
 
     let ctx = Arc::new(rollout::controller::Context::new(
@@ -96,19 +104,27 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         rollout::controller::http_probe(),
         Some(identity.clone()),
     ));
-    tokio::select! {
+    let result = tokio::select! {
         result = rollout::controller::run(ctx) => result,
-        lost = leadership => {
+        lost = leadership.lost() => {
             // Like client-go's OnStoppedLeading: exit, let the pod restart and
             // rejoin as a candidate, so two replicas never write at once.
-            anyhow::bail!("lost leadership: {}", lost.unwrap_or_else(|e| e.to_string()))
+            anyhow::bail!("lost leadership: {lost}")
         }
         result = admin => result.context("admin server task")?,
-        _ = shutdown_signal() => {
+        () = &mut shutdown => {
             tracing::info!("shutting down");
             Ok(())
         }
+    };
+    // The controllers are stopped (their futures dropped above): give the
+    // Lease up so the standby takes over now, not after the lease duration.
+    match leadership.release().await {
+        Ok(true) => tracing::info!(%identity, "released the Lease"),
+        Ok(false) => tracing::info!(%identity, "the Lease was no longer ours"),
+        Err(error) => tracing::warn!(%error, "releasing the Lease failed; it expires on its own"),
     }
+    result
 }
 
 fn default_identity() -> String {

@@ -239,6 +239,7 @@ fn main() {
             state,
             registry: Arc::new(registry),
             metrics: m,
+            draining: Default::default(),
         });
         spawn_servers(
             TcpListener::bind("127.0.0.1:0").await.unwrap(),

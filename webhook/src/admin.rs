@@ -1,6 +1,7 @@
 //! The admin port (plain HTTP, no Service points at it): `/live`, `/ready`
 //! (serving certificate loaded and caches synced, the two things without
-//! which admission answers would be wrong) and `/metrics`.
+//! which admission answers would be wrong, and not shutting down) and
+//! `/metrics`.
 //!
 //! It listens on every address so the kubelet can probe it from the node
 //! and Prometheus can scrape it; every endpoint is read-only (GET/HEAD,
@@ -8,7 +9,10 @@
 //! certificates or cached objects, so any caller may use it. See the ports
 //! table in docs/operations.md.
 
-use std::sync::Arc;
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
+};
 
 use http::{Method, StatusCode};
 use prometheus_client::registry::Registry;
@@ -20,12 +24,29 @@ use crate::{
     tls::CertStore,
 };
 
+/// Set once SIGTERM arrived: the webhook still serves but reports
+/// not-ready, so it leaves the Service's endpoints before it stops
+/// accepting connections.
+#[derive(Clone, Debug, Default)]
+pub struct Draining(Arc<AtomicBool>);
+
+impl Draining {
+    pub fn start(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
 /// What the admin endpoints report on.
 pub struct Admin {
     pub store: Arc<CertStore>,
     pub state: Arc<dyn ClusterState>,
     pub registry: Arc<Registry>,
     pub metrics: Arc<Metrics>,
+    pub draining: Draining,
 }
 
 impl std::fmt::Debug for Admin {
@@ -41,6 +62,9 @@ impl Admin {
         let synced = self.state.is_synced();
         self.metrics.cert_loaded.set(i64::from(cert));
         self.metrics.caches_synced.set(i64::from(synced));
+        if self.draining.is_draining() {
+            return Some("shutting down");
+        }
         match (cert, synced) {
             (false, _) => Some("no serving certificate loaded yet"),
             (true, false) => Some("caches not synced yet"),

@@ -373,6 +373,10 @@ pub async fn ensure_ca(api: &Api<Secret>, cfg: &SelfManaged) -> Result<CaMateria
 /// Sets `caBundle` on every webhook of Baton's two configurations. Missing
 /// configurations are skipped (installed later or not at all); unchanged
 /// ones are not written. Returns how many configurations were updated.
+///
+/// Replicas starting together patch at the same moment: a write that loses
+/// on `resourceVersion` (409) is retried from a fresh read, so every
+/// replica converges at once rather than at its next sync.
 pub async fn patch_ca_bundles(
     client: &Client,
     mutating_name: &str,
@@ -380,45 +384,56 @@ pub async fn patch_ca_bundles(
     bundle_pem: &str,
 ) -> Result<usize> {
     let bundle = ByteString(bundle_pem.as_bytes().to_vec());
-    let mut updated = 0;
     let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    match mutating.get_opt(mutating_name).await? {
-        Some(mut config) => {
-            let clients = config
-                .webhooks
-                .iter_mut()
-                .flatten()
-                .map(|h| &mut h.client_config);
-            if set_ca_bundle(clients, &bundle) {
-                mutating
-                    .replace(mutating_name, &PostParams::default(), &config)
-                    .await?;
-                updated += 1;
-            }
-        }
-        None => tracing::debug!(name = mutating_name, "not installed; caBundle not patched"),
-    }
     let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    match validating.get_opt(validating_name).await? {
-        Some(mut config) => {
-            let clients = config
-                .webhooks
-                .iter_mut()
-                .flatten()
-                .map(|h| &mut h.client_config);
-            if set_ca_bundle(clients, &bundle) {
-                validating
-                    .replace(validating_name, &PostParams::default(), &config)
-                    .await?;
-                updated += 1;
-            }
+    let m = patch_one(&mutating, mutating_name, |config| {
+        let clients = config
+            .webhooks
+            .iter_mut()
+            .flatten()
+            .map(|h| &mut h.client_config);
+        set_ca_bundle(clients, &bundle)
+    })
+    .await?;
+    let v = patch_one(&validating, validating_name, |config| {
+        let clients = config
+            .webhooks
+            .iter_mut()
+            .flatten()
+            .map(|h| &mut h.client_config);
+        set_ca_bundle(clients, &bundle)
+    })
+    .await?;
+    Ok(usize::from(m) + usize::from(v))
+}
+
+/// Read, let `set` change the object, write it back if it changed; a 409
+/// starts over from a fresh read. Whether anything was written.
+async fn patch_one<K>(api: &Api<K>, name: &str, set: impl Fn(&mut K) -> bool) -> Result<bool>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    const ATTEMPTS: usize = 5;
+    for _attempt in 0..ATTEMPTS {
+        let Some(mut object) = api.get_opt(name).await? else {
+            tracing::debug!(name, "not installed; caBundle not patched");
+            return Ok(false);
+        };
+        if !set(&mut object) {
+            return Ok(false);
         }
-        None => tracing::debug!(
-            name = validating_name,
-            "not installed; caBundle not patched"
-        ),
+        match api.replace(name, &PostParams::default(), &object).await {
+            Ok(_) => return Ok(true),
+            Err(e) if is_status(&e, 409) => {
+                tracing::debug!(name, "caBundle write conflicted; reading again");
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
-    Ok(updated)
+    Err(Error::CaBundle(
+        name.to_owned(),
+        "kept conflicting with concurrent writers".to_owned(),
+    ))
 }
 
 /// One pass of the loop: make sure the CA is current, the bundle is in the
@@ -836,5 +851,155 @@ mod tests {
         assert!(issuer.contains("BEGIN CERTIFICATE"));
         assert_eq!(next, renewal_time(cert.not_before, cert.not_after));
         assert!(next > OffsetDateTime::now_utc() + time::Duration::days(19));
+    }
+
+    /// A tiny in-memory API server for the objects the CA loop touches:
+    /// Secrets (create fails with 409 when present) and the two webhook
+    /// configurations (replace fails with 409 on a stale resourceVersion).
+    /// The first `hold_gets` GETs of the CA Secret are answered only once
+    /// all of them arrived, so concurrent replicas really race.
+    async fn fake_api_server(mut handle: Handle, hold_gets: usize) -> serde_json::Value {
+        use std::collections::HashMap;
+        let mut objects: HashMap<String, serde_json::Value> = HashMap::new();
+        let mut version = 1u64;
+        for kind in [
+            "mutatingwebhookconfigurations",
+            "validatingwebhookconfigurations",
+        ] {
+            let name = if kind.starts_with("mutating") {
+                names::MUTATING_CONFIGURATION
+            } else {
+                names::VALIDATING_CONFIGURATION
+            };
+            let path = format!("/apis/admissionregistration.k8s.io/v1/{kind}/{name}");
+            objects.insert(path, serde_json::json!({
+                "metadata": {"name": name, "resourceVersion": "1"},
+                "webhooks": [
+                    {"name": "a.baton.dev", "sideEffects": "None", "admissionReviewVersions": ["v1"], "clientConfig": {"service": {"name": "baton-webhook", "namespace": "baton-system"}}},
+                    {"name": "b.baton.dev", "sideEffects": "None", "admissionReviewVersions": ["v1"], "clientConfig": {"service": {"name": "baton-webhook", "namespace": "baton-system"}}},
+                ],
+            }));
+        }
+        let secret_path = format!("{SECRET_PATH}/{}", names::CA_SECRET);
+        let mut held = Vec::new();
+        let mut released = hold_gets == 0;
+        while let Some((request, send)) = handle.next_request().await {
+            let method = request.method().clone();
+            let path = request.uri().path().to_owned();
+            let bytes = request.into_body().collect_bytes().await.unwrap();
+            let body: serde_json::Value = if bytes.is_empty() {
+                serde_json::Value::Null
+            } else {
+                serde_json::from_slice(&bytes).unwrap()
+            };
+            match method.as_str() {
+                "GET" if path == secret_path && !released => {
+                    held.push(send);
+                    if held.len() == hold_gets {
+                        released = true;
+                        for send in held.drain(..) {
+                            reply(send, 404, &status(404, "NotFound"));
+                        }
+                    }
+                    continue;
+                }
+                "GET" => match objects.get(&path) {
+                    Some(object) => reply(send, 200, object),
+                    None => reply(send, 404, &status(404, "NotFound")),
+                },
+                "POST" => {
+                    assert_eq!(path, SECRET_PATH);
+                    if objects.contains_key(&secret_path) {
+                        reply(send, 409, &status(409, "AlreadyExists"));
+                    } else {
+                        version += 1;
+                        let mut object = body;
+                        object["metadata"]["resourceVersion"] = version.to_string().into();
+                        objects.insert(secret_path.clone(), object.clone());
+                        reply(send, 201, &object);
+                    }
+                }
+                "PUT" => {
+                    let current = objects.get(&path).expect("replace of an existing object");
+                    if current["metadata"]["resourceVersion"] != body["metadata"]["resourceVersion"]
+                    {
+                        reply(send, 409, &status(409, "Conflict"));
+                    } else {
+                        version += 1;
+                        let mut object = body;
+                        object["metadata"]["resourceVersion"] = version.to_string().into();
+                        objects.insert(path, object.clone());
+                        reply(send, 200, &object);
+                    }
+                }
+                other => panic!("unexpected {other} {path}"),
+            }
+        }
+        serde_json::json!({
+            "secret": objects.get(&secret_path).cloned(),
+            "mutating": objects.get(&format!("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{}", names::MUTATING_CONFIGURATION)).cloned(),
+            "validating": objects.get(&format!("/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{}", names::VALIDATING_CONFIGURATION)).cloned(),
+        })
+    }
+
+    #[tokio::test]
+    async fn two_replicas_starting_at_once_converge_on_one_ca_and_one_bundle() {
+        let (client, handle) = mock_client();
+        let server = tokio::spawn(fake_api_server(handle, 2));
+        let cfg = SelfManaged::default();
+        let replica = |client: Client, cfg: SelfManaged| async move {
+            let store = CertStore::new();
+            let mut serving = None;
+            reconcile(&client, &cfg, &store, &mut serving)
+                .await
+                .unwrap();
+            let (cert, issuer) = serving.expect("a serving certificate");
+            (store.is_loaded(), cert, issuer)
+        };
+        let (a, b) = tokio::join!(
+            replica(client.clone(), cfg.clone()),
+            replica(client.clone(), cfg.clone())
+        );
+        drop(client);
+        let state = server.await.unwrap();
+        assert!(a.0 && b.0, "both replicas serve");
+        // One CA: both serving certificates were issued by the CA that is in
+        // the Secret, and that CA is the whole caBundle of every webhook.
+        assert_eq!(a.2, b.2, "the replicas issued from different CAs");
+        let stored: Secret = serde_json::from_value(state["secret"].clone()).unwrap();
+        let ca = ca_from_secret(&stored).unwrap();
+        assert_eq!(ca.cert_pem, a.2);
+        let expected = crate::review::base64(ca.bundle_pem.as_bytes());
+        for kind in ["mutating", "validating"] {
+            for hook in state[kind]["webhooks"].as_array().unwrap() {
+                assert_eq!(hook["clientConfig"]["caBundle"], expected, "{kind}");
+            }
+        }
+        assert_eq!(pem_blocks(&ca.bundle_pem).len(), 1);
+        // Both leaves verify against the bundle the API server now holds.
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(pem_blocks(&ca.bundle_pem).remove(0).into())
+            .unwrap();
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots),
+            crate::tls::provider(),
+        )
+        .build()
+        .unwrap();
+        let name =
+            rustls_pki_types::ServerName::try_from("baton-webhook.baton-system.svc").unwrap();
+        for leaf in [&a.1, &b.1] {
+            let der = pem_blocks(&leaf.cert_pem).remove(0);
+            verifier
+                .verify_server_cert(
+                    &der.into(),
+                    &[],
+                    &name,
+                    &[],
+                    rustls_pki_types::UnixTime::now(),
+                )
+                .expect("leaf verifies against the caBundle");
+        }
     }
 }

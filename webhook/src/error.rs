@@ -25,6 +25,8 @@ pub enum Error {
     },
     #[error("CA secret {0}: {1}")]
     CaSecret(String, String),
+    #[error("caBundle of webhook configuration {0}: {1}")]
+    CaBundle(String, String),
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
     #[error("JSON: {0}")]
@@ -41,6 +43,7 @@ impl Error {
             Error::Pem(_) => "pem",
             Error::File { .. } => "file",
             Error::CaSecret(..) => "ca_secret",
+            Error::CaBundle(..) => "ca_bundle",
             Error::Io(_) => "io",
             Error::Json(_) => "json",
         }

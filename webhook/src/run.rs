@@ -15,12 +15,12 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    admin::Admin,
+    admin::{Admin, Draining},
     ca::{self, SelfManaged},
     cache::{Caches, ClusterState},
     error::Result,
     handler::Admission,
-    inject::{CaptureMode, InjectConfig, NativeSidecars},
+    inject::{CaptureMode, InjectConfig, NativeSidecars, default_control_plane_address},
     metrics::{self, Metrics},
     server,
     tls::{self, CertFiles, CertStore},
@@ -94,8 +94,15 @@ pub struct Args {
     #[arg(long, default_value = "/usr/local/bin/baton-sidecar")]
     pub sidecar_binary: String,
     /// imagePullPolicy of injected containers (default: Kubernetes' default).
-    #[arg(long)]
+    #[arg(long, env = "BATON_INJECT_IMAGE_PULL_POLICY")]
     pub image_pull_policy: Option<String>,
+    /// Host (DNS name or IP) of the control plane that injected sidecars
+    /// reach, set in their environment as BATON_CONTROL_PLANE_ADDRESS.
+    /// Default: the operator Service's DNS name,
+    /// baton-operator.<namespace>.svc. Clusters without DNS pass the
+    /// Service's ClusterIP.
+    #[arg(long, env = "BATON_CONTROL_PLANE_ADDRESS")]
+    pub control_plane_address: Option<String>,
     /// CPU request of the standby slot.
     #[arg(long, default_value = "1m")]
     pub standby_cpu: String,
@@ -105,7 +112,12 @@ pub struct Args {
     /// Seconds the pre-1.29 postStart hook waits for the proxy.
     #[arg(long, default_value_t = 60)]
     pub wait_ready_timeout_secs: u32,
-    /// Longest graceful drain on SIGTERM.
+    /// On SIGTERM, how long the webhook keeps serving new connections while
+    /// reporting not-ready, so the Service's endpoints and every node's
+    /// kube-proxy rules drop this Pod before it stops accepting.
+    #[arg(long, default_value_t = 5)]
+    pub shutdown_delay_secs: u64,
+    /// Longest graceful drain of in-flight reviews after that.
     #[arg(long, default_value_t = 20)]
     pub shutdown_grace_secs: u64,
 }
@@ -126,6 +138,11 @@ impl Args {
             sidecar_binary: self.sidecar_binary.clone(),
             wait_ready_timeout_seconds: self.wait_ready_timeout_secs,
             image_pull_policy: self.image_pull_policy.clone(),
+            control_plane_address: self
+                .control_plane_address
+                .clone()
+                .filter(|a| !a.trim().is_empty())
+                .unwrap_or_else(|| default_control_plane_address(&self.namespace)),
             ..InjectConfig::default()
         };
         c.standby_requests = [
@@ -254,11 +271,13 @@ pub async fn run(args: Args) -> Result<()> {
         metrics.clone(),
         Some(client),
     ));
+    let draining = Draining::default();
     let admin = Arc::new(Admin {
         store: store.clone(),
         state,
         registry,
         metrics,
+        draining: draining.clone(),
     });
     let listener = TcpListener::bind(args.listen).await?;
     let admin_listener = TcpListener::bind(args.admin_listen).await?;
@@ -273,7 +292,16 @@ pub async fn run(args: Args) -> Result<()> {
     tracing::info!(addr = %servers.addr, admin = %servers.admin_addr, "serving");
 
     shutdown_signal().await;
-    tracing::info!("shutting down");
+    // Kubernetes removes a terminating Pod from the Service's endpoints and
+    // every kube-proxy drops it from its rules a moment after SIGTERM, not
+    // before: until then the API server may still open connections here. So
+    // keep serving (reporting not-ready) for the delay, then stop accepting
+    // and let in-flight reviews finish.
+    draining.start();
+    let delay = Duration::from_secs(args.shutdown_delay_secs);
+    tracing::info!(?delay, "shutting down: not ready, still serving");
+    tokio::time::sleep(delay).await;
+    tracing::info!("no longer accepting; draining in-flight reviews");
     stop.cancel();
     let grace = Duration::from_secs(args.shutdown_grace_secs);
     let drained = tokio::time::timeout(grace, async {
@@ -283,6 +311,8 @@ pub async fn run(args: Args) -> Result<()> {
     .await;
     if drained.is_err() {
         tracing::warn!("connections still open after the grace period; exiting");
+    } else {
+        tracing::info!("drained; exiting");
     }
     Ok(())
 }

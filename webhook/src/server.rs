@@ -117,6 +117,10 @@ pub async fn serve<F, Fut>(
             }
         });
     }
+    // Close the socket now: a connection the kernel would queue from here on
+    // could never be served (and would be reset at exit); refused, the
+    // client's next attempt goes to another replica.
+    drop(listener);
     tracker.close();
     tracker.wait().await;
 }

@@ -93,6 +93,7 @@ async fn start() -> Harness {
         state,
         registry: Arc::new(registry),
         metrics,
+        draining: Default::default(),
     });
     let stop = CancellationToken::new();
     let servers = spawn_servers(
@@ -453,6 +454,7 @@ async fn ready_is_503_until_a_certificate_is_loaded() {
         state: Arc::new(StaticState(snapshot())),
         registry: Arc::new(metrics::registry()),
         metrics: Arc::new(Metrics::unregistered()),
+        draining: Default::default(),
     };
     assert_eq!(
         admin.not_ready_reason(),
@@ -596,4 +598,88 @@ fn base64_decode(s: &str) -> Vec<u8> {
         }
     }
     out
+}
+
+#[tokio::test]
+async fn an_in_flight_review_finishes_after_stop_while_new_connections_are_refused() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let release = Arc::new(tokio::sync::Notify::new());
+    let stop = CancellationToken::new();
+    let server = {
+        let (entered, release) = (entered.clone(), release.clone());
+        tokio::spawn(baton_webhook::server::serve(
+            listener,
+            None,
+            move |req: baton_webhook::server::SimpleRequest| {
+                let (entered, release) = (entered.clone(), release.clone());
+                async move {
+                    entered.notify_one();
+                    release.notified().await;
+                    baton_webhook::server::response(http::StatusCode::OK, "text/plain", req.body)
+                }
+            },
+            stop.clone(),
+        ))
+    };
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let in_flight = tokio::spawn(async move {
+        let req = http::Request::post("/mutate-pods")
+            .header("host", "webhook")
+            .body(Full::new(Bytes::from_static(b"review")))
+            .unwrap();
+        let resp = send.send_request(req).await.unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.into_body().collect().await.unwrap().to_bytes())
+    });
+    entered.notified().await;
+
+    // Stop while the review is being handled.
+    stop.cancel();
+    let mut refused = false;
+    for _ in 0..200 {
+        if TcpStream::connect(addr).await.is_err() {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(refused, "the stopped server still accepts connections");
+    assert!(
+        !server.is_finished(),
+        "the server returned with a review in flight"
+    );
+
+    release.notify_one();
+    let (status, body) = in_flight.await.unwrap();
+    assert_eq!((status, &body[..]), (200, &b"review"[..]));
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("the server returns once the review is answered")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn ready_is_503_once_shutdown_started_while_the_rest_is_ready() {
+    let store = CertStore::new();
+    let ca = ca::generate_ca(OffsetDateTime::now_utc(), Duration::from_secs(86_400)).unwrap();
+    let cert = issue(&ca);
+    store
+        .store_pem(cert.cert_pem.as_bytes(), cert.key_pem.as_bytes())
+        .unwrap();
+    let admin = Admin {
+        store,
+        state: Arc::new(StaticState(snapshot())),
+        registry: Arc::new(metrics::registry()),
+        metrics: Arc::new(Metrics::unregistered()),
+        draining: Default::default(),
+    };
+    assert_eq!(admin.not_ready_reason(), None);
+    admin.draining.start();
+    assert_eq!(admin.not_ready_reason(), Some("shutting down"));
 }

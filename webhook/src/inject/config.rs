@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use baton_crds::contract::{SYSTEM_NAMESPACE, webhook as webhook_names};
+
 use k8s_openapi::{
     api::core::v1::ResourceRequirements, apimachinery::pkg::api::resource::Quantity,
 };
@@ -62,6 +64,17 @@ pub struct InjectConfig {
     pub wait_ready_timeout_seconds: u32,
     /// `imagePullPolicy` of injected containers (`None`: the default).
     pub image_pull_policy: Option<String>,
+    /// Host (DNS name or IP) of the control plane that sidecars reach,
+    /// injected as `BATON_CONTROL_PLANE_ADDRESS`. A cluster with DNS uses
+    /// the operator Service's name; one without (the e2e cluster) its
+    /// ClusterIP.
+    pub control_plane_address: String,
+}
+
+/// The operator Service's DNS name in `namespace`:
+/// `baton-operator.<namespace>.svc`.
+pub fn default_control_plane_address(namespace: &str) -> String {
+    format!("{}.{namespace}.svc", webhook_names::OPERATOR_SERVICE)
 }
 
 fn quantities(pairs: &[(&str, &str)]) -> BTreeMap<String, Quantity> {
@@ -85,6 +98,7 @@ impl Default for InjectConfig {
             standby_requests: quantities(&[("cpu", "1m"), ("memory", "4Mi")]),
             wait_ready_timeout_seconds: 60,
             image_pull_policy: None,
+            control_plane_address: default_control_plane_address(SYSTEM_NAMESPACE),
         }
     }
 }

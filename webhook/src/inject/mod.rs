@@ -11,7 +11,7 @@ pub mod version;
 #[cfg(test)]
 mod tests;
 
-pub use config::{CaptureMode, InjectConfig, NativeSidecars};
+pub use config::{CaptureMode, InjectConfig, NativeSidecars, default_control_plane_address};
 pub use decision::Skip;
 pub use mutate::{ClusterView, Denial, DenialReason, Injection, Outcome, mutate};
 pub use offload::Offload;

@@ -104,7 +104,13 @@ fn sidecar_mounts() -> Vec<VolumeMount> {
     ]
 }
 
-fn common_env(slot: &str, version: &str, offload_mode: &str, engine: &str) -> Vec<EnvVar> {
+fn common_env(
+    slot: &str,
+    version: &str,
+    offload_mode: &str,
+    engine: &str,
+    config: &InjectConfig,
+) -> Vec<EnvVar> {
     vec![
         env_field(env::POD_NAME, "metadata.name"),
         env_field(env::POD_NAMESPACE, "metadata.namespace"),
@@ -118,6 +124,10 @@ fn common_env(slot: &str, version: &str, offload_mode: &str, engine: &str) -> Ve
         // swaps its slot back to the idle image; exiting would make the
         // kubelet restart it into a second sidecar (docs/upgrade.md).
         env_value(env::IDLE_AFTER_HANDOFF, "1"),
+        env_value(
+            env::CONTROL_PLANE_ADDRESS,
+            config.control_plane_address.clone(),
+        ),
     ]
 }
 
@@ -148,7 +158,13 @@ pub fn slot_a(inputs: &SlotInputs<'_>) -> Container {
         image: Some(inputs.image.to_owned()),
         image_pull_policy: inputs.config.image_pull_policy.clone(),
         args: Some(vec![commands::RUN.to_owned()]),
-        env: Some(common_env("a", inputs.version, inputs.offload_mode, engine)),
+        env: Some(common_env(
+            "a",
+            inputs.version,
+            inputs.offload_mode,
+            engine,
+            inputs.config,
+        )),
         ports: Some(vec![ContainerPort {
             name: Some(ports::ADMIN_NAME.to_owned()),
             container_port: i32::from(ports::ADMIN),
@@ -221,6 +237,7 @@ pub fn slot_b(inputs: &SlotInputs<'_>, empty_image: &str) -> Container {
             inputs.version,
             inputs.offload_mode,
             "software",
+            inputs.config,
         )),
         resources: Some(ResourceRequirements {
             requests: Some(requests),
