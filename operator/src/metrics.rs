@@ -19,6 +19,8 @@ pub struct Metrics {
     registry: Registry,
     reconciles: Family<ReconcileLabels, Counter>,
     leader: Gauge,
+    /// The identity service's metrics (`baton_operator_identity_*`).
+    pub identity: crate::identity::metrics::IdentityMetrics,
 }
 
 impl Default for Metrics {
@@ -36,10 +38,13 @@ impl Default for Metrics {
             "1 while this replica holds the leader Lease",
             leader.clone(),
         );
+        let identity = crate::identity::metrics::IdentityMetrics::default();
+        identity.register(registry.sub_registry_with_prefix("identity"));
         Self {
             registry,
             reconciles,
             leader,
+            identity,
         }
     }
 }
