@@ -259,3 +259,64 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    #[test]
+    fn identity_flags_default_to_a_self_managed_ca_and_24h_p256_certificates() {
+        let args = Args::try_parse_from(["baton-operator"]).unwrap();
+        assert!(args.mesh_identity.enabled);
+        let cfg = args.mesh_identity.config("baton-system", None).unwrap();
+        assert_eq!(cfg.addr.port(), contract::identity::PORT);
+        assert_eq!(cfg.service.trust_domain, "cluster.local");
+        assert_eq!(cfg.service.audience, contract::volumes::TOKEN_AUDIENCE);
+        assert_eq!(cfg.service.policy.lifetime, Duration::from_secs(86_400));
+        assert!(!cfg.service.policy.allow_rsa);
+        assert!(matches!(
+            cfg.source,
+            identity::store::CaSource::SelfManaged { ref secret, .. } if secret == contract::identity::CA_SECRET
+        ));
+        assert!(
+            cfg.dns_names
+                .contains(&"baton-identity.baton-system.svc".to_owned())
+        );
+    }
+
+    #[test]
+    fn identity_flags_select_a_plug_in_ca_and_refuse_bad_values_with_the_flag_named() {
+        let args = Args::try_parse_from([
+            "baton-operator",
+            "--identity-ca",
+            "external",
+            "--identity-ca-secret",
+            "corp-issuer",
+            "--identity-allow-rsa",
+            "true",
+            "--identity-cert-lifetime-seconds",
+            "3600",
+        ])
+        .unwrap();
+        let cfg = args.mesh_identity.config("baton-system", None).unwrap();
+        assert_eq!(
+            cfg.source,
+            identity::store::CaSource::External {
+                secret: "corp-issuer".into()
+            }
+        );
+        assert!(cfg.service.policy.allow_rsa);
+        assert_eq!(cfg.service.policy.lifetime, Duration::from_secs(3600));
+        let bad = Args::try_parse_from(["baton-operator", "--identity-trust-domain", "Bad/Domain"])
+            .unwrap();
+        let err = bad.mesh_identity.config("baton-system", None).unwrap_err();
+        assert!(err.to_string().contains("--identity-trust-domain"), "{err}");
+        let bad = Args::try_parse_from(["baton-operator", "--identity-cert-lifetime-seconds", "5"])
+            .unwrap();
+        assert!(bad.mesh_identity.config("baton-system", None).is_err());
+        // The Lease identity flag keeps its name.
+        let a = Args::try_parse_from(["baton-operator", "--identity", "host-operator"]).unwrap();
+        assert_eq!(a.identity.as_deref(), Some("host-operator"));
+    }
+}

@@ -486,4 +486,24 @@ async fn a_looping_pod_is_throttled_with_retry_after() {
         .parse()
         .unwrap();
     assert!((3000..=3600).contains(&retry), "{retry}");
+    // Two throttled requests, one Event: a loop must not become API writes.
+    let throttled = || {
+        ep.events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| e.1 == "CertificateRequestsThrottled")
+            .count()
+    };
+    for _ in 0..100 {
+        if throttled() > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(throttled(), 1);
+    assert!(
+        ep.metrics_text()
+            .contains("baton_operator_identity_refusals_total{reason=\"rate_limited\"} 2")
+    );
 }

@@ -38,9 +38,6 @@ pub fn pod_state(pod: Option<&Pod>, token_uid: Option<&str>) -> PodState {
     {
         return PodState::Gone;
     }
-    if pod.metadata.deletion_timestamp.is_some() && pod.status.is_none() {
-        return PodState::Gone;
-    }
     let injected = pod
         .metadata
         .labels

@@ -53,8 +53,14 @@ pub struct IdentityService<C> {
     config: ServiceConfig,
     authority: Arc<ArcSwap<Authority>>,
     limiter: Mutex<RateLimiter>,
+    /// At most one Event per (Pod, reason) a minute: a looping client must
+    /// not turn into a stream of API writes.
+    event_gate: Mutex<RateLimiter>,
     metrics: IdentityMetrics,
 }
+
+/// Minimum spacing of identical refusal Events on one Pod.
+const EVENT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl<C> std::fmt::Debug for IdentityService<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -75,6 +81,10 @@ impl<C: Cluster> IdentityService<C> {
         IdentityService {
             cluster: Arc::new(cluster),
             limiter: Mutex::new(RateLimiter::new(config.rate_limit)),
+            event_gate: Mutex::new(RateLimiter::new(RateLimit {
+                burst: 1,
+                refill: EVENT_INTERVAL,
+            })),
             config,
             authority,
             metrics,
@@ -127,7 +137,14 @@ impl<C: Cluster> IdentityService<C> {
                     %refusal,
                     "certificate refused"
                 );
-                if let Some(reason) = refusal.event_reason() {
+                let gate_key = |reason: &str| format!("{}/{reason}", caller.pod_key());
+                if let Some(reason) = refusal.event_reason().filter(|reason| {
+                    self.event_gate
+                        .lock()
+                        .expect("event gate lock")
+                        .check(&gate_key(reason), Instant::now())
+                        .is_ok()
+                }) {
                     let cluster = self.cluster.clone();
                     let caller = caller.clone();
                     let note = refusal.to_string();
