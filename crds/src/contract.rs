@@ -214,6 +214,24 @@ pub mod webhook {
     pub const EVENT_REASON_OFFLOAD_DENIED: &str = "OffloadUnavailable";
 }
 
+pub mod identity {
+    //! The operator's identity service (mesh CA): its Service, port, path
+    //! and CA Secret, shared by the operator, the manifests and e2e.
+
+    /// Service in [`super::SYSTEM_NAMESPACE`] in front of the operator's
+    /// identity port.
+    pub const SERVICE: &str = "baton-identity";
+    /// HTTPS port of the identity endpoint on every operator replica.
+    pub const PORT: u16 = 8443;
+    /// Path the sidecar POSTs its CSR to.
+    pub const SIGN_PATH: &str = "/v1/sign";
+    /// Secret (in [`super::SYSTEM_NAMESPACE`]) holding the mesh CA:
+    /// `tls.crt`, `tls.key`, `ca.crt` (cert-manager's layout).
+    pub const CA_SECRET: &str = "baton-identity-ca";
+    /// Trust domain of workload identities unless configured otherwise.
+    pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
+}
+
 pub mod commands {
     //! `baton-sidecar` subcommands the webhook writes into pod specs.
 

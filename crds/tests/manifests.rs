@@ -348,6 +348,7 @@ fn no_role_uses_wildcards_or_reads_secrets_cluster_wide() {
         ("ClusterRole", "baton-webhook"),
         ("Role", "baton-operator-leader-election"),
         ("Role", "baton-webhook-ca"),
+        ("Role", "baton-operator-identity-ca"),
     ] {
         for r in rules_of(kind, name) {
             let all = r
@@ -448,6 +449,24 @@ fn the_operator_writes_status_and_pods_but_never_specs_of_baton_objects() {
         grants(&lease, "coordination.k8s.io", "leases", "update"),
         vec![Some(vec!["baton-operator".to_string()])]
     );
+}
+
+#[test]
+fn the_operator_reviews_tokens_and_reads_only_its_own_identity_ca_secret() {
+    let cr = rules_of("ClusterRole", "baton-operator");
+    assert_eq!(
+        grants(&cr, "authentication.k8s.io", "tokenreviews", "create"),
+        vec![None]
+    );
+    let role = rules_of("Role", "baton-operator-identity-ca");
+    assert_eq!(
+        grants(&role, "", "secrets", "get"),
+        vec![Some(vec![contract::identity::CA_SECRET.to_string()])]
+    );
+    assert_eq!(grants(&role, "", "secrets", "create").len(), 1);
+    for verb in ["update", "patch", "list", "watch", "delete"] {
+        assert!(grants(&role, "", "secrets", verb).is_empty(), "{verb}");
+    }
 }
 
 fn deployment(name: &str) -> Deployment {

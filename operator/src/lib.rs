@@ -23,6 +23,7 @@
 //! process plumbing.
 
 pub mod admin;
+pub mod identity;
 pub mod leader;
 pub mod metrics;
 pub mod release;
@@ -55,6 +56,140 @@ pub struct Args {
     /// Log filter (tracing `EnvFilter` syntax).
     #[arg(long, env = "BATON_LOG", default_value = "info")]
     pub log: String,
+    #[command(flatten)]
+    pub mesh_identity: IdentityArgs,
+}
+
+/// Where the mesh CA comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CaMode {
+    /// Generate a root into the CA Secret when it does not exist.
+    SelfManaged,
+    /// Use the CA Secret as provided (plug-in CA, cert-manager); never write it.
+    External,
+}
+
+/// The identity service (mesh CA) flags.
+#[derive(Debug, clap::Args)]
+pub struct IdentityArgs {
+    /// Serve the identity endpoint (every replica serves; no leader needed).
+    #[arg(long = "identity-service", env = "BATON_IDENTITY_SERVICE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub enabled: bool,
+    /// HTTPS listener of the identity endpoint.
+    #[arg(
+        long = "identity-addr",
+        env = "BATON_IDENTITY_ADDR",
+        default_value = "0.0.0.0:8443"
+    )]
+    pub addr: SocketAddr,
+    /// SPIFFE trust domain of issued identities.
+    #[arg(long = "identity-trust-domain", env = "BATON_TRUST_DOMAIN", default_value = contract::identity::DEFAULT_TRUST_DOMAIN)]
+    pub trust_domain: String,
+    /// `self-managed` (root created on first start) or `external` (plug-in CA).
+    #[arg(
+        long = "identity-ca",
+        env = "BATON_IDENTITY_CA",
+        value_enum,
+        default_value = "self-managed"
+    )]
+    pub ca: CaMode,
+    /// Secret (in --namespace) holding tls.crt / tls.key / ca.crt.
+    #[arg(long = "identity-ca-secret", env = "BATON_IDENTITY_CA_SECRET", default_value = contract::identity::CA_SECRET)]
+    pub ca_secret: String,
+    /// Validity of a self-managed root, in days.
+    #[arg(long = "identity-root-validity-days", default_value_t = 3650)]
+    pub root_validity_days: u64,
+    /// Lifetime of workload certificates, in seconds.
+    #[arg(
+        long = "identity-cert-lifetime-seconds",
+        env = "BATON_IDENTITY_CERT_LIFETIME_SECONDS",
+        default_value_t = 86_400
+    )]
+    pub cert_lifetime_seconds: u64,
+    /// Accept RSA-2048 CSRs (ECDSA P-256 is always accepted).
+    #[arg(long = "identity-allow-rsa", env = "BATON_IDENTITY_ALLOW_RSA", default_value_t = false, action = clap::ArgAction::Set)]
+    pub allow_rsa: bool,
+    /// Per-Pod burst of certificate requests.
+    #[arg(long = "identity-rate-burst", default_value_t = 10)]
+    pub rate_burst: u32,
+    /// Seconds for one request of a Pod's bucket to come back.
+    #[arg(long = "identity-rate-refill-seconds", default_value_t = 6)]
+    pub rate_refill_seconds: u64,
+    /// Extra DNS names of the endpoint's certificate (the Service's names are always in).
+    #[arg(long = "identity-dns-name")]
+    pub dns_names: Vec<String>,
+    /// IP SANs of the endpoint's certificate.
+    #[arg(long = "identity-ip")]
+    pub ips: Vec<std::net::IpAddr>,
+    /// Seconds between re-reads of the CA Secret.
+    #[arg(long = "identity-reload-seconds", default_value_t = 30)]
+    pub reload_seconds: u64,
+}
+
+impl IdentityArgs {
+    /// The identity service's configuration, or why the flags are wrong.
+    pub fn config(
+        &self,
+        namespace: &str,
+        instance: Option<String>,
+    ) -> anyhow::Result<identity::IdentityConfig> {
+        anyhow::ensure!(
+            identity::issue::valid_trust_domain(&self.trust_domain),
+            "--identity-trust-domain {:?}: lowercase letters, digits, '-', '.', '_' only",
+            self.trust_domain
+        );
+        anyhow::ensure!(
+            self.cert_lifetime_seconds >= 60,
+            "--identity-cert-lifetime-seconds must be at least 60"
+        );
+        anyhow::ensure!(
+            self.rate_burst >= 1,
+            "--identity-rate-burst must be at least 1"
+        );
+        anyhow::ensure!(
+            self.rate_refill_seconds >= 1 && self.reload_seconds >= 1,
+            "--identity-rate-refill-seconds and --identity-reload-seconds must be at least 1"
+        );
+        let secret = self.ca_secret.clone();
+        let source = match self.ca {
+            CaMode::SelfManaged => identity::store::CaSource::SelfManaged {
+                secret,
+                root_validity: Duration::from_secs(self.root_validity_days * 86_400),
+            },
+            CaMode::External => identity::store::CaSource::External { secret },
+        };
+        let service = contract::identity::SERVICE;
+        let mut dns_names = vec![
+            service.to_owned(),
+            format!("{service}.{namespace}"),
+            format!("{service}.{namespace}.svc"),
+            format!("{service}.{namespace}.svc.cluster.local"),
+        ];
+        dns_names.extend(self.dns_names.iter().cloned());
+        Ok(identity::IdentityConfig {
+            addr: self.addr,
+            namespace: namespace.to_owned(),
+            source,
+            service: identity::service::ServiceConfig {
+                trust_domain: self.trust_domain.clone(),
+                audience: contract::volumes::TOKEN_AUDIENCE.to_owned(),
+                policy: identity::issue::IssuePolicy {
+                    allow_rsa: self.allow_rsa,
+                    lifetime: Duration::from_secs(self.cert_lifetime_seconds),
+                    ..identity::issue::IssuePolicy::default()
+                },
+                rate_limit: identity::rate_limit::RateLimit {
+                    burst: self.rate_burst,
+                    refill: Duration::from_secs(self.rate_refill_seconds),
+                },
+            },
+            dns_names,
+            ips: self.ips.clone(),
+            serving_lifetime: Duration::from_secs(7 * 86_400),
+            reload_interval: Duration::from_secs(self.reload_seconds),
+            instance,
+        })
+    }
 }
 
 /// Installs the global tracing subscriber.
@@ -77,6 +212,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let admin = tokio::spawn(admin::serve(args.admin_addr, metrics.clone(), ready_rx));
 
     let identity = args.identity.clone().unwrap_or_else(default_identity);
+    // Every replica serves identity, leader or not: started before the
+    // election. Its failures are logged and never stop the controllers.
+    if args.mesh_identity.enabled {
+        let cfg = args
+            .mesh_identity
+            .config(&args.namespace, Some(identity.clone()))?;
+        let (client, m) = (client.clone(), metrics.identity.clone());
+        tokio::spawn(async move {
+            if let Err(error) = crate::identity::run(client, cfg, m).await {
+                tracing::error!(%error, reason = error.metric_label(), "identity service stopped");
+            }
+        });
+    }
     let elector = leader::LeaderElector::new(
         client.clone(),
         &args.namespace,
@@ -137,5 +285,66 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    #[test]
+    fn identity_flags_default_to_a_self_managed_ca_and_24h_p256_certificates() {
+        let args = Args::try_parse_from(["baton-operator"]).unwrap();
+        assert!(args.mesh_identity.enabled);
+        let cfg = args.mesh_identity.config("baton-system", None).unwrap();
+        assert_eq!(cfg.addr.port(), contract::identity::PORT);
+        assert_eq!(cfg.service.trust_domain, "cluster.local");
+        assert_eq!(cfg.service.audience, contract::volumes::TOKEN_AUDIENCE);
+        assert_eq!(cfg.service.policy.lifetime, Duration::from_secs(86_400));
+        assert!(!cfg.service.policy.allow_rsa);
+        assert!(matches!(
+            cfg.source,
+            identity::store::CaSource::SelfManaged { ref secret, .. } if secret == contract::identity::CA_SECRET
+        ));
+        assert!(
+            cfg.dns_names
+                .contains(&"baton-identity.baton-system.svc".to_owned())
+        );
+    }
+
+    #[test]
+    fn identity_flags_select_a_plug_in_ca_and_refuse_bad_values_with_the_flag_named() {
+        let args = Args::try_parse_from([
+            "baton-operator",
+            "--identity-ca",
+            "external",
+            "--identity-ca-secret",
+            "corp-issuer",
+            "--identity-allow-rsa",
+            "true",
+            "--identity-cert-lifetime-seconds",
+            "3600",
+        ])
+        .unwrap();
+        let cfg = args.mesh_identity.config("baton-system", None).unwrap();
+        assert_eq!(
+            cfg.source,
+            identity::store::CaSource::External {
+                secret: "corp-issuer".into()
+            }
+        );
+        assert!(cfg.service.policy.allow_rsa);
+        assert_eq!(cfg.service.policy.lifetime, Duration::from_secs(3600));
+        let bad = Args::try_parse_from(["baton-operator", "--identity-trust-domain", "Bad/Domain"])
+            .unwrap();
+        let err = bad.mesh_identity.config("baton-system", None).unwrap_err();
+        assert!(err.to_string().contains("--identity-trust-domain"), "{err}");
+        let bad = Args::try_parse_from(["baton-operator", "--identity-cert-lifetime-seconds", "5"])
+            .unwrap();
+        assert!(bad.mesh_identity.config("baton-system", None).is_err());
+        // The Lease identity flag keeps its name.
+        let a = Args::try_parse_from(["baton-operator", "--identity", "host-operator"]).unwrap();
+        assert_eq!(a.identity.as_deref(), Some("host-operator"));
     }
 }

@@ -32,6 +32,8 @@ pub struct Metrics {
     leader: Gauge,
     rollout_actions: Family<RolloutLabels, Counter>,
     handoff_duration: Histogram,
+    /// The identity service's metrics (`baton_operator_identity_*`).
+    pub identity: crate::identity::metrics::IdentityMetrics,
 }
 
 impl Default for Metrics {
@@ -65,12 +67,15 @@ impl Default for Metrics {
             "Per-pod handoff duration of completed in-place upgrades, as the new sidecar measured it",
             handoff_duration.clone(),
         );
+        let identity = crate::identity::metrics::IdentityMetrics::default();
+        identity.register(registry.sub_registry_with_prefix("identity"));
         Self {
             registry,
             reconciles,
             leader,
             rollout_actions,
             handoff_duration,
+            identity,
         }
     }
 }
