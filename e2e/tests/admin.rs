@@ -66,9 +66,13 @@ async fn create(client: &Client, ns: &str, pod: &Pod) -> Pod {
 }
 
 /// `wget` inside `pod`'s `container`: (succeeded, stdout + stderr).
+///
+/// Bounded by busybox's `timeout`, not by wget's own `-T`: the static
+/// busybox in the nettools image crashes (SIGSEGV) whenever `-T` is given.
 fn wget(ns: &str, pod: &str, container: &str, method: &str, url: &str) -> (bool, String) {
     let mut args = vec![
-        "exec", "-n", ns, pod, "-c", container, "--", "wget", "-q", "-O-", "-T", "5",
+        "exec", "-n", ns, pod, "-c", container, "--", "busybox", "timeout", "5", "wget", "-q",
+        "-O-",
     ];
     if method == "POST" {
         args.push("--post-data=");
