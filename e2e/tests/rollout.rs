@@ -286,41 +286,38 @@ struct Totals {
 
 /// Continuous traffic to every pod on every protocol until `stop`, bounded
 /// by `MAX_ROUNDS` runs per (pod, protocol) and 15 minutes overall.
+/// Waits (bounded) until one exchange of every target succeeds. A Pod is
+/// Ready when its sidecar is: the kubelet's probes are captured by the
+/// sidecar like any inbound connection, so readiness cannot tell whether
+/// each echo behind it listens yet; a connection that arrives first is
+/// refused by the app and the sidecar closes it.
+async fn wait_targets_serve(pods: &[Pod], pki: &Pki) {
+    for (addr, load) in targets(pods, pki) {
+        let one = load.clone().exchanges(1).concurrency(1);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let report = traffic::run(addr, &one).await;
+            if report.attempted > 0 && report.succeeded == report.attempted {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{addr} {} never served: {:?}",
+                one.protocol,
+                report.failures
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
 fn start_traffic(
     pods: &[Pod],
     pki: &Pki,
     stop: Arc<AtomicBool>,
 ) -> tokio::task::JoinHandle<Totals> {
     const MAX_ROUNDS: usize = 5_000;
-    let mut targets: Vec<(SocketAddr, Load)> = Vec::new();
-    for p in pods {
-        let ip = pod_ip(p);
-        targets.push((
-            SocketAddr::new(ip, HTTP_PORT),
-            Load::new(Protocol::Http1).exchanges(10).concurrency(2),
-        ));
-        targets.push((
-            SocketAddr::new(ip, HTTP_PORT),
-            Load::new(Protocol::Http2).exchanges(20).concurrency(4),
-        ));
-        targets.push((
-            SocketAddr::new(ip, TCP_PORT),
-            Load::new(Protocol::Tcp)
-                .exchanges(10)
-                .concurrency(2)
-                .payload_bytes(64 * 1024),
-        ));
-        targets.push((
-            SocketAddr::new(ip, TLS_PORT),
-            Load::new(Protocol::Tcp)
-                .exchanges(10)
-                .concurrency(2)
-                .tls(Tls {
-                    config: pki.client.clone(),
-                    server_name: rustls_pki_types::ServerName::try_from(TLS_NAME).unwrap(),
-                }),
-        ));
-    }
+    let targets = targets(pods, pki);
     tokio::spawn(async move {
         let deadline = Instant::now() + Duration::from_secs(900);
         let tasks: Vec<_> = targets
@@ -361,6 +358,40 @@ fn start_traffic(
         }
         all
     })
+}
+
+/// The load each Pod gets: HTTP/1.1, HTTP/2, TCP, and TLS the app speaks.
+fn targets(pods: &[Pod], pki: &Pki) -> Vec<(SocketAddr, Load)> {
+    let mut targets: Vec<(SocketAddr, Load)> = Vec::new();
+    for p in pods {
+        let ip = pod_ip(p);
+        targets.push((
+            SocketAddr::new(ip, HTTP_PORT),
+            Load::new(Protocol::Http1).exchanges(10).concurrency(2),
+        ));
+        targets.push((
+            SocketAddr::new(ip, HTTP_PORT),
+            Load::new(Protocol::Http2).exchanges(20).concurrency(4),
+        ));
+        targets.push((
+            SocketAddr::new(ip, TCP_PORT),
+            Load::new(Protocol::Tcp)
+                .exchanges(10)
+                .concurrency(2)
+                .payload_bytes(64 * 1024),
+        ));
+        targets.push((
+            SocketAddr::new(ip, TLS_PORT),
+            Load::new(Protocol::Tcp)
+                .exchanges(10)
+                .concurrency(2)
+                .tls(Tls {
+                    config: pki.client.clone(),
+                    server_name: rustls_pki_types::ServerName::try_from(TLS_NAME).unwrap(),
+                }),
+        ));
+    }
+    targets
 }
 
 fn patch_version(name: &str, version: &str) {
@@ -438,6 +469,7 @@ async fn rollout_v1_to_v2_and_back_loses_no_exchange_and_restarts_no_app_contain
         let restarts_before = restarts(&before);
 
         let stop = Arc::new(AtomicBool::new(false));
+        wait_targets_serve(&before, &pki).await;
         let traffic = start_traffic(&before, &pki, stop.clone());
         tokio::time::sleep(Duration::from_secs(3)).await;
 
@@ -515,6 +547,7 @@ async fn rollout_of_a_broken_version_pauses_degraded_while_pods_keep_serving() {
         let pods = ready_pods(&client, &ns, "v1").await;
         let restarts_before = restarts(&pods);
         let stop = Arc::new(AtomicBool::new(false));
+        wait_targets_serve(&pods, &pki).await;
         let traffic = start_traffic(&pods, &pki, stop.clone());
         tokio::time::sleep(Duration::from_secs(3)).await;
 

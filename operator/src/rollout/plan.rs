@@ -85,7 +85,14 @@ pub struct SlotState {
     /// Image in the pod spec.
     pub image: String,
     /// Image of the container the kubelet runs (status), if it reported one.
+    /// Informative only: containerd reports the *first tag* of the running
+    /// image's ID, so two tags of one image (`:v1` and `:v2` built from the
+    /// same bits) look alike. Progress is judged by `running_since` and the
+    /// sidecar's own report, never by this name (OpenKruise's trap).
     pub running_image: Option<String>,
+    /// When the running container started (`state.running.startedAt`, unix
+    /// seconds), if the kubelet reported it.
+    pub running_since: Option<i64>,
     pub running: bool,
     pub ready: bool,
     /// `state.waiting.reason`.
@@ -481,6 +488,10 @@ pub fn plan(release: &SidecarRelease, pods: &[PodState], now: i64) -> Plan {
     out
 }
 
+/// How far the node's clock may lag the operator's when comparing a
+/// container's start with the moment the operator patched its image.
+const CLOCK_SKEW_S: i64 = 5;
+
 enum Step {
     Finish { duration_ms: u64 },
     Fail(String),
@@ -510,10 +521,12 @@ fn in_flight_step(pod: &PodState, record: &UpgradeRecord, timeout_s: i32, now: i
     let took_over = observed
         .is_some_and(|o| o.slot == Some(record.slot) && o.complete && o.phase == "serving")
         && new.running
+        // The container the kubelet runs in the slot must have started after
+        // the patch (with slack for clock skew between the operator and the
+        // node): the idle process it replaced cannot answer for the slot.
         && new
-            .running_image
-            .as_deref()
-            .is_none_or(|i| i == record.image);
+            .running_since
+            .is_none_or(|t| t >= record.started_at - CLOCK_SKEW_S);
     if took_over {
         let old_idle = observed.is_some_and(|o| o.retired.contains(&old));
         // The old process finishes its drain (HTTP/2 streams, requests past
@@ -944,12 +957,30 @@ mod tests {
     }
 
     #[test]
-    fn the_new_container_must_run_the_recorded_image_to_count_as_taken_over() {
+    fn the_new_container_must_have_started_since_the_patch_to_count_as_taken_over() {
         let mut p0 = upgrading("a", "1", "2", Slot::B, NOW - 1);
         p0.observed = observed(Slot::B, "serving", true, &[Slot::A]);
-        // The kubelet has not restarted the container yet (still the idle one).
-        p0.slot_b.as_mut().unwrap().running_image = Some(EMPTY.into());
+        // The kubelet has not restarted the container yet (still the idle
+        // one, started long before the patch).
+        p0.slot_b.as_mut().unwrap().running_since = Some(NOW - 3_600);
         assert!(plan(&release("2"), &[p0], NOW).actions.is_empty());
+    }
+
+    #[test]
+    fn two_tags_of_one_image_finish_although_the_kubelet_names_the_first_tag() {
+        // containerd reports the first tag of the image ID: `:1` while the
+        // spec says `:2`. The restart time and the sidecar's report decide.
+        let mut p0 = upgrading("a", "1", "2", Slot::B, NOW - 1);
+        p0.observed = observed(Slot::B, "serving", true, &[Slot::A]);
+        let b = p0.slot_b.as_mut().unwrap();
+        b.running_image = Some(image("1"));
+        b.running_since = Some(NOW);
+        let p = plan(&release("2"), &[p0], NOW);
+        assert!(
+            p.actions.iter().any(|a| matches!(a, Action::Finish { .. })),
+            "{:?}",
+            p.actions
+        );
     }
 
     fn fail_reason(p: &Plan) -> Option<&str> {

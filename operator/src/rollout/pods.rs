@@ -24,6 +24,10 @@ fn slot_state(spec: &Container, status: Option<&ContainerStatus>) -> SlotState {
         image: spec.image.clone().unwrap_or_default(),
         running_image: status.map(|s| s.image.clone()).filter(|i| !i.is_empty()),
         running: state.is_some_and(|s| s.running.is_some()),
+        running_since: state
+            .and_then(|s| s.running.as_ref())
+            .and_then(|r| r.started_at.as_ref())
+            .map(|t| t.0.as_second()),
         ready: status.is_some_and(|s| s.ready),
         waiting_reason: state
             .and_then(|s| s.waiting.as_ref())
