@@ -200,7 +200,7 @@ pub async fn handle_connection(
     let io = PrefixedIo::new(prefix, stream);
     match protocol {
         Protocol::Tls => match tls {
-            Some(t) => {
+            Some(t) if t.terminates() => {
                 guard.set_kind(ConnKind::Tls);
                 guard.set_tls();
                 match t.accept(io, meta).await {
@@ -208,9 +208,10 @@ pub async fn handle_connection(
                     Err(e) => tracing::debug!(error = %e, "tls accept failed"),
                 }
             }
-            // No TLS layer: treat the bytes as opaque (e.g. app-level TLS
-            // passing through the mesh).
-            None => serve_plain(io, meta, Protocol::Tcp, shared, guard, park).await,
+            // No mesh TLS here (no TLS layer, or one whose policy does not
+            // terminate: none applied yet, or Disabled): the bytes are the
+            // application's own TLS and pass through the mesh untouched.
+            _ => serve_plain(io, meta, Protocol::Tcp, shared, guard, park).await,
         },
         p => {
             if let Some(t) = &tls

@@ -373,3 +373,40 @@ tls:
     );
     drop(new);
 }
+
+/// An inbound listener that detects protocols, with the mesh TLS layer
+/// attached but no policy applied (an injected sidecar before any TlsPolicy
+/// selects it): a ClientHello is the application's own TLS and reaches the
+/// application byte for byte instead of being refused by a TLS layer that
+/// has no certificate to answer with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inbound_listener_without_a_tls_policy_passes_the_applications_own_tls_through() {
+    let (app, _task) = echo_app().await;
+    let text = format!(
+        "listeners: [{{name: in, address: '127.0.0.1:0', direction: inbound, tcp_cluster: app, detect_timeout_ms: 300}}]
+clusters: [{{name: app, endpoints: ['{app}']}}]
+"
+    );
+    let mut snap = yaml::parse(&text).unwrap();
+    baton_sidecar::config::compile(&snap).unwrap();
+    snap.admin.address = "127.0.0.1:0".parse().unwrap();
+    let tls = MeshTls::new(TlsMetrics::default());
+    tls.apply(None).unwrap();
+    let running = start(
+        snap,
+        StartOptions {
+            tls: Some(tls.clone()),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    tls.attach(&running);
+    let mut tcp = TcpStream::connect(running.addr("in").unwrap())
+        .await
+        .unwrap();
+    // A TLS handshake record header (content type 22, version 3.1) and
+    // whatever follows: the echo must return it verbatim.
+    let hello = b"\x16\x03\x01\x00\x08client-hello-bytes";
+    assert_eq!(echo(&mut tcp, hello).await, hello);
+}
