@@ -53,6 +53,9 @@ CMD ["run"]
 # release image, using almost no memory or CPU meanwhile.
 FROM runtime AS empty
 COPY --from=builder /out/baton-empty /usr/local/bin/baton-empty
+# The sidecar's postStart hook (`baton-sidecar wait-ready`) stays on a slot
+# the rollout swaps back to this image; baton-empty answers it at once.
+COPY --from=builder /out/baton-empty /usr/local/bin/baton-sidecar
 ENTRYPOINT ["/usr/local/bin/baton-empty"]
 
 # Demo and test workloads (e2e/images.sh builds the same three).

@@ -158,6 +158,9 @@ rust_image() {
   base_rootfs "$rootfs"
   copy_bin "$rootfs" "$RELEASE/$bin" "/usr/local/bin/$bin"
   if [ "$extra" = with-iptables ]; then add_iptables "$rootfs"; fi
+  # The idle image answers the sidecar's postStart hook (`baton-sidecar
+  # wait-ready`), which stays on a slot swapped back to idle.
+  if [ "$extra" = as-sidecar ]; then ln -s "$bin" "$rootfs/usr/local/bin/baton-sidecar"; fi
   # OpenSSL providers are loaded at run time (QAT offload via OPENSSL_CONF).
   if ldd "$RELEASE/$bin" 2>/dev/null | grep -q libssl && [ -d /usr/lib/x86_64-linux-gnu/ossl-modules ]; then
     mkdir -p "$rootfs/usr/lib/x86_64-linux-gnu"
@@ -176,7 +179,7 @@ for name in "${names[@]}"; do
       oci_tar pause "$rootfs" '["/pause"]' null "65535:65535"
       rm -rf "$rootfs"
       ;;
-    empty) rust_image empty baton-sidecar baton-empty '["/usr/local/bin/baton-empty"]' null "$UID_BATON:$UID_BATON" ;;
+    empty) rust_image empty baton-sidecar baton-empty '["/usr/local/bin/baton-empty"]' null "$UID_BATON:$UID_BATON" as-sidecar ;;
     # `baton-sidecar init` (the injected init container) runs iptables.
     sidecar) rust_image sidecar baton-sidecar baton-sidecar '["/usr/local/bin/baton-sidecar"]' '["run"]' "$UID_BATON:$UID_BATON" with-iptables ;;
     operator) rust_image operator baton-operator baton-operator '["/usr/local/bin/baton-operator"]' null "$UID_BATON:$UID_BATON" ;;

@@ -14,6 +14,15 @@
 use nix::sys::signal::{SigSet, Signal};
 
 fn main() {
+    // The injected postStart hook (`baton-sidecar wait-ready`) stays on a
+    // slot's container when the rollout swaps its image back to this one
+    // (only the image of a running container can change), and the idle
+    // image carries this binary under the sidecar's name too: an idle slot
+    // is ready at once, so the hook returns at once instead of failing and
+    // putting the slot into CrashLoopBackOff.
+    if std::env::args().nth(1).as_deref() == Some(baton_crds::contract::commands::WAIT_READY) {
+        return;
+    }
     // This slot is idle again: it may host the next upgrade, so the marker a
     // handed-off sidecar left here (`lifecycle::Retirement`) goes.
     if let Err(error) = baton_sidecar::lifecycle::Retirement::from_env().clear() {
