@@ -90,7 +90,19 @@ tls:
   source: {source}
 "
     );
-    let mut snap = yaml::parse(&text).unwrap();
+    let (running, tls) = start_with_mesh_tls(&text).await;
+    Sidecar {
+        running,
+        _tls: tls,
+        _dir: dir,
+        _app: task,
+    }
+}
+
+/// Starts an in-process sidecar from `text` with the mesh TLS layer
+/// attached, applying the snapshot's `tls` section (none: no policy).
+async fn start_with_mesh_tls(text: &str) -> (Running, Arc<MeshTls>) {
+    let mut snap = yaml::parse(text).unwrap();
     baton_sidecar::config::compile(&snap).unwrap();
     snap.admin.address = "127.0.0.1:0".parse().unwrap();
     let tls = MeshTls::new(TlsMetrics::default());
@@ -105,12 +117,7 @@ tls:
     .await
     .unwrap();
     tls.attach(&running);
-    Sidecar {
-        running,
-        _tls: tls,
-        _dir: dir,
-        _app: task,
-    }
+    (running, tls)
 }
 
 /// A mesh client (workload `frontend`) speaking only TLS `version`.
@@ -387,21 +394,7 @@ async fn an_inbound_listener_without_a_tls_policy_passes_the_applications_own_tl
 clusters: [{{name: app, endpoints: ['{app}']}}]
 "
     );
-    let mut snap = yaml::parse(&text).unwrap();
-    baton_sidecar::config::compile(&snap).unwrap();
-    snap.admin.address = "127.0.0.1:0".parse().unwrap();
-    let tls = MeshTls::new(TlsMetrics::default());
-    tls.apply(None).unwrap();
-    let running = start(
-        snap,
-        StartOptions {
-            tls: Some(tls.clone()),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    tls.attach(&running);
+    let (running, _tls) = start_with_mesh_tls(&text).await;
     let mut tcp = TcpStream::connect(running.addr("in").unwrap())
         .await
         .unwrap();
