@@ -751,7 +751,7 @@ fn scan_head(head: &[u8], relayed_upgrade: bool) -> HeadScan {
         if name.eq_ignore_ascii_case(b"transfer-encoding") {
             te = true;
         } else if name.eq_ignore_ascii_case(b"content-length") {
-            length = parse_length(&line[colon + 1..]);
+            length = crate::h1valid::parse_length(&line[colon + 1..]);
         } else if name.eq_ignore_ascii_case(b"expect") {
             expect = true;
         }
@@ -768,21 +768,6 @@ fn scan_head(head: &[u8], relayed_upgrade: bool) -> HeadScan {
         return HeadScan::AwaitsContinue(body);
     }
     HeadScan::Next(body)
-}
-
-/// A `Content-Length` value as hyper reads it: digits only, around optional
-/// whitespace.
-/// A `Content-Length` value: digits only (RFC 9110 §8.6), no sign, no list.
-pub(crate) fn parse_length(value: &[u8]) -> Option<u64> {
-    let v = value.trim_ascii();
-    if v.is_empty() {
-        return None;
-    }
-    v.iter().try_fold(0u64, |n, b| {
-        b.is_ascii_digit()
-            .then(|| n.checked_mul(10)?.checked_add(u64::from(b - b'0')))
-            .flatten()
-    })
 }
 
 /// Finds where a chunked body ends, in hyper's decoder states (strict

@@ -39,8 +39,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
 
 use crate::config::UpstreamProtocol;
-use crate::conn::{ChunkedEnd, ParkRequest, ParkableIo, Parked, PrefixedIo, parse_length};
+use crate::conn::{ChunkedEnd, ParkRequest, ParkableIo, Parked, PrefixedIo};
 use crate::filters::ConnMeta;
+use crate::h1valid::parse_length;
 use crate::http_proxy::{Shared, idempotent, record_request};
 use crate::routing::{CompiledRoute, RequestView, match_route, split_host_port};
 use crate::upstream::{Cluster, Outcome, TcpUpstream};

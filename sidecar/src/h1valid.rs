@@ -256,7 +256,7 @@ pub fn validate(head: &[u8]) -> Result<Accepted, Refusal> {
             host = value;
         } else if name.eq_ignore_ascii_case(b"content-length") {
             lengths += 1;
-            if crate::conn::parse_length(value).is_none() {
+            if parse_length(value).is_none() {
                 return Err(Refusal::ContentLength);
             }
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
@@ -506,6 +506,19 @@ impl<'a> Iterator for Lines<'a> {
         }
         Some(Ok(line))
     }
+}
+
+/// A `Content-Length` value: digits only (RFC 9110 §8.6), no sign, no list.
+pub(crate) fn parse_length(value: &[u8]) -> Option<u64> {
+    let v = value.trim_ascii();
+    if v.is_empty() {
+        return None;
+    }
+    v.iter().try_fold(0u64, |n, b| {
+        b.is_ascii_digit()
+            .then(|| n.checked_mul(10)?.checked_add(u64::from(b - b'0')))
+            .flatten()
+    })
 }
 
 #[cfg(test)]
