@@ -258,11 +258,16 @@ async fn a_handoff_attempt_from_another_uid_is_refused_and_the_old_sidecar_keeps
     std::fs::set_permissions(world.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::set_permissions(&world.config, std::fs::Permissions::from_mode(0o644)).unwrap();
 
+    // The test binary may sit under a directory `nobody` cannot search
+    // (CI builds under /root/.cache), so the intruder runs a copy.
+    let bin = world.dir.path().join("baton-sidecar-copy");
+    std::fs::copy(BIN, &bin).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
     let intruder = |n: u32| {
         let log = world.dir.path().join(format!("intruder-{n}.log"));
         let file = std::fs::File::create(&log).unwrap();
-        let child = std::process::Command::new(BIN)
-            .args(["run", "--config"])
+        let mut cmd = std::process::Command::new(&bin);
+        cmd.args(["run", "--config"])
             .arg(&world.config)
             .env("BATON_HANDOFF_SOCKET", &world.socket)
             .env(
@@ -277,9 +282,19 @@ async fn a_handoff_attempt_from_another_uid_is_refused_and_the_old_sidecar_keeps
             .gid(NOBODY)
             .stdin(std::process::Stdio::null())
             .stdout(file.try_clone().unwrap())
-            .stderr(file)
-            .spawn()
-            .unwrap();
+            .stderr(file);
+        // A child forked by a parallel test while the copy was open for
+        // writing may hold it briefly: ETXTBSY, retried.
+        let mut tries = 0;
+        let child = loop {
+            match cmd.spawn() {
+                Err(e) if e.raw_os_error() == Some(26) && tries < 50 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                other => break other.unwrap(),
+            }
+        };
         Sidecar { child, log }
     };
     let refused_peer = || async {
