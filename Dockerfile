@@ -18,7 +18,18 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     && mkdir -p /out \
     && cp target/release/baton-operator target/release/baton-webhook \
           target/release/baton-sidecar target/release/baton-empty \
-          target/release/demo-http-echo target/release/demo-tcp-echo target/release/demo-load /out/
+          target/release/demo-http-echo target/release/demo-tcp-echo target/release/demo-load /out/ \
+    && mkdir -p /out/debug \
+    && for b in /out/baton-* /out/demo-*; do \
+         objcopy --only-keep-debug "$b" "/out/debug/${b##*/}.debug" \
+         && objcopy --strip-debug --add-gnu-debuglink="/out/debug/${b##*/}.debug" "$b"; \
+       done \
+    && mkdir -p /out/empty-root/usr/local/bin \
+    && cp /out/baton-empty /out/empty-root/usr/local/bin/ \
+    && ln -s baton-empty /out/empty-root/usr/local/bin/baton-sidecar \
+    && for lib in $(ldd /out/baton-empty | awk '/=>/ { print $3 } !/=>/ && $1 ~ /^\// { print $1 }'); do \
+         install -D "$(readlink -f "$lib")" "/out/empty-root$lib"; \
+       done
 
 # Minimal runtime: Debian slim with CA certificates and the OpenSSL 3 runtime
 # (the sidecar's `openssl` offload engine loads providers such as Intel's QAT
@@ -49,14 +60,21 @@ COPY --from=builder /out/baton-sidecar /usr/local/bin/baton-sidecar
 ENTRYPOINT ["/usr/local/bin/baton-sidecar"]
 CMD ["run"]
 
-# The standby slot's idle image: waits for a hot upgrade swaps it for the
-# release image, using almost no memory or CPU meanwhile.
-FROM runtime AS empty
-COPY --from=builder /out/baton-empty /usr/local/bin/baton-empty
+# The standby slot's idle image: waits until a hot upgrade swaps it for the
+# release image, using almost no memory or CPU meanwhile. Every node pulls it
+# for every injected Pod, so it holds only the binary and the C runtime it
+# links (no shell, no trust store): the same rootfs e2e/images.sh builds.
 # The sidecar's postStart hook (`baton-sidecar wait-ready`) stays on a slot
 # the rollout swaps back to this image; baton-empty answers it at once.
-COPY --from=builder /out/baton-empty /usr/local/bin/baton-sidecar
+FROM scratch AS empty
+COPY --from=builder /out/empty-root/ /
+USER 2137:2137
 ENTRYPOINT ["/usr/local/bin/baton-empty"]
+
+# Debug info of every binary above (linked by .gnu_debuglink), for
+# symbolizing cores and profiles: `docker build --target debug-symbols -o dbg .`
+FROM scratch AS debug-symbols
+COPY --from=builder /out/debug/ /
 
 # Demo and test workloads (e2e/images.sh builds the same three).
 FROM runtime AS demo-http-echo

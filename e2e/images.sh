@@ -64,14 +64,27 @@ add_iptables() {
   done
 }
 
-base_rootfs() { # ROOTFS
+# strip_debug ROOTFS DEST: ships the binary without its debug info (the
+# release profile keeps line tables for symbolized backtraces); the debug
+# info goes to $OUT/debug/<name>.debug, linked by .gnu_debuglink, for
+# symbolizing a core or a perf profile later.
+strip_debug() {
+  local rootfs=$1 dest=$2 name
+  name=$(basename "$dest")
+  mkdir -p "$OUT/debug"
+  objcopy --only-keep-debug "$rootfs$dest" "$OUT/debug/$name.debug"
+  objcopy --strip-debug --add-gnu-debuglink="$OUT/debug/$name.debug" "$rootfs$dest"
+}
+
+base_rootfs() { # ROOTFS [minimal]
   local rootfs=$1
   mkdir -p "$rootfs/etc" "$rootfs/tmp" "$rootfs/proc" "$rootfs/sys" "$rootfs/dev" "$rootfs/var/run/baton"
   chmod 1777 "$rootfs/tmp"
   printf 'root:x:0:0:root:/:/sbin/nologin\nbaton:x:%s:%s:baton:/:/sbin/nologin\n' $UID_BATON $UID_BATON >"$rootfs/etc/passwd"
   printf 'root:x:0:\nbaton:x:%s:\n' $UID_BATON >"$rootfs/etc/group"
   printf 'hosts: files\n' >"$rootfs/etc/nsswitch.conf"
-  if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+  # The idle image never opens a TLS connection: no trust store.
+  if [ "${2:-}" != minimal ] && [ -f /etc/ssl/certs/ca-certificates.crt ]; then
     install -D -m 0644 /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ssl/certs/ca-certificates.crt"
   fi
 }
@@ -155,8 +168,9 @@ rust_image() {
   fi
   local rootfs
   rootfs="$(mktemp -d)"
-  base_rootfs "$rootfs"
+  if [ "$extra" = as-sidecar ]; then base_rootfs "$rootfs" minimal; else base_rootfs "$rootfs"; fi
   copy_bin "$rootfs" "$RELEASE/$bin" "/usr/local/bin/$bin"
+  strip_debug "$rootfs" "/usr/local/bin/$bin"
   if [ "$extra" = with-iptables ]; then add_iptables "$rootfs"; fi
   # The idle image answers the sidecar's postStart hook (`baton-sidecar
   # wait-ready`), which stays on a slot swapped back to idle.

@@ -53,12 +53,5 @@ export BATON_E2E_SKIPPED
 
 log "e2e tests"
 export BATON_E2E_KUBECONFIG="$KUBECONFIG_ADMIN"
-# Known failure, kept out of the gate until it is fixed (issue #21): the
-# 5-pod in-place rollout v1 -> v2 -> v1 completes (4 s and 6 s) with every
-# HTTP/1.1, TCP and TLS exchange intact, but HTTP/2 clients see about 1 % of
-# exchanges fail with "channel closed" while the old sidecars drain.
-# Run it alone with `e2e/run.sh rollout_v1_to_v2`.
-skip=(--skip rollout_v1_to_v2_and_back_loses_no_exchange_and_restarts_no_app_container)
-case "${1:-}" in rollout_v1_to_v2*) skip=() ;; esac
-cargo test --locked --no-fail-fast -p baton-e2e --tests -- --ignored --test-threads "${BATON_E2E_TEST_THREADS:-2}" "${skip[@]}" "$@"
+cargo test --locked --no-fail-fast -p baton-e2e --tests -- --ignored --test-threads "${BATON_E2E_TEST_THREADS:-2}" "$@"
 log "e2e tests passed after $(stamp)"

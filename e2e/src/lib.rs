@@ -22,6 +22,7 @@ pub mod install;
 pub mod netns;
 pub mod ns;
 pub mod pods;
+pub mod rollout;
 pub mod traffic;
 pub mod wait;
 

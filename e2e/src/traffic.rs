@@ -12,6 +12,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -31,8 +32,12 @@ pub enum Protocol {
     Tcp,
     /// One HTTP/1.1 connection per exchange, `POST` echoing the payload.
     Http1,
-    /// One shared HTTP/2 (h2c, prior knowledge) connection; one stream per
-    /// exchange.
+    /// A shared HTTP/2 (h2c, prior knowledge) connection; one stream per
+    /// exchange. Like every real HTTP/2 client, it opens a new connection
+    /// when the server drains the old one with GOAWAY, and re-sends only
+    /// requests the server provably did not process (RFC 9113 §8.7): never
+    /// sent, or refused above GOAWAY's last-stream-id / with REFUSED_STREAM.
+    /// Those re-sends are counted in [`Report::retried_unprocessed`].
     Http2,
 }
 
@@ -195,6 +200,11 @@ pub struct Report {
     pub elapsed: Duration,
     /// Response headers of the first successful HTTP exchange (empty for TCP).
     pub first_headers: Vec<(String, String)>,
+    /// HTTP/2 requests re-sent on a new connection because the server had
+    /// provably not processed them (a drained connection); not failures.
+    pub retried_unprocessed: usize,
+    /// HTTP/2 connections opened after the first one (GOAWAY drains).
+    pub reconnects: usize,
 }
 
 impl Report {
@@ -229,6 +239,13 @@ impl fmt::Display for Report {
             self.bytes_echoed,
             self.elapsed
         )?;
+        if self.reconnects > 0 || self.retried_unprocessed > 0 {
+            write!(
+                f,
+                " ({} reconnects, {} unprocessed requests re-sent)",
+                self.reconnects, self.retried_unprocessed
+            )?;
+        }
         for failure in self.failures.iter().take(20) {
             write!(f, "\n  {failure}")?;
         }
@@ -288,30 +305,30 @@ pub async fn run(target: SocketAddr, load: &Load) -> Report {
     let started = Instant::now();
     let deadline = started + load.deadline;
     let h2 = if load.protocol == Protocol::Http2 {
-        match connect_h2(target, load.tls.as_ref(), load.timeout).await {
-            Ok(sender) => Some(Ok(sender)),
-            Err(failure) => Some(Err(failure)),
+        match H2Pool::connect(target, load.tls.clone(), load.timeout).await {
+            Ok(pool) => Some(Arc::new(pool)),
+            Err(failure) => {
+                let mut failures = vec![failure];
+                failures.extend(
+                    (1..load.exchanges).map(|i| fail(i, Stage::NotStarted, "no HTTP/2 connection")),
+                );
+                return Report {
+                    target,
+                    protocol: load.protocol,
+                    attempted: load.exchanges,
+                    succeeded: 0,
+                    bytes_echoed: 0,
+                    failures,
+                    elapsed: started.elapsed(),
+                    first_headers: Vec::new(),
+                    retried_unprocessed: 0,
+                    reconnects: 0,
+                };
+            }
         }
     } else {
         None
     };
-    if let Some(Err(failure)) = &h2 {
-        let mut failures = vec![failure.clone()];
-        failures.extend(
-            (1..load.exchanges).map(|i| fail(i, Stage::NotStarted, "no HTTP/2 connection")),
-        );
-        return Report {
-            target,
-            protocol: load.protocol,
-            attempted: load.exchanges,
-            succeeded: 0,
-            bytes_echoed: 0,
-            failures,
-            elapsed: started.elapsed(),
-            first_headers: Vec::new(),
-        };
-    }
-    let h2 = h2.and_then(Result::ok);
 
     let results: Vec<(usize, Outcome)> = stream::iter(0..load.exchanges)
         .map(|index| {
@@ -333,9 +350,8 @@ pub async fn run(target: SocketAddr, load: &Load) -> Report {
                             http1_exchange(target, load.tls.as_ref(), index, body.clone()).await
                         }
                         Protocol::Http2 => {
-                            let sender = h2.expect("an HTTP/2 run has a connection");
-                            http2_exchange(sender, target, load.tls.is_some(), index, body.clone())
-                                .await
+                            let pool = h2.expect("an HTTP/2 run has a connection");
+                            pool.exchange(index, body.clone()).await
                         }
                     }
                 };
@@ -363,6 +379,10 @@ pub async fn run(target: SocketAddr, load: &Load) -> Report {
         failures: Vec::new(),
         elapsed: started.elapsed(),
         first_headers: Vec::new(),
+        retried_unprocessed: h2.as_ref().map_or(0, |p| p.retried.load(Ordering::Relaxed)),
+        reconnects: h2
+            .as_ref()
+            .map_or(0, |p| p.reconnects.load(Ordering::Relaxed)),
     };
     let mut results = results;
     results.sort_by_key(|(index, _)| *index);
@@ -505,6 +525,106 @@ async fn http1_exchange(
 
 type H2Sender = hyper::client::conn::http2::SendRequest<Full<Bytes>>;
 
+/// The HTTP/2 connection of a run, replaced when the server drains it.
+struct H2Pool {
+    target: SocketAddr,
+    tls: Option<Tls>,
+    timeout: Duration,
+    current: tokio::sync::Mutex<H2Sender>,
+    retried: AtomicUsize,
+    reconnects: AtomicUsize,
+}
+
+/// Attempts per exchange: a drain can hit a request at most once per
+/// connection, so three connections in a row draining under one request
+/// means something other than a drain is wrong.
+const H2_ATTEMPTS: usize = 3;
+
+impl H2Pool {
+    async fn connect(
+        target: SocketAddr,
+        tls: Option<Tls>,
+        timeout: Duration,
+    ) -> Result<Self, Failure> {
+        let sender = connect_h2(target, tls.as_ref(), timeout).await?;
+        Ok(Self {
+            target,
+            tls,
+            timeout,
+            current: tokio::sync::Mutex::new(sender),
+            retried: AtomicUsize::new(0),
+            reconnects: AtomicUsize::new(0),
+        })
+    }
+
+    /// A sender on a live connection: the current one, or a new one when
+    /// the current one is closed (or going away).
+    async fn sender(&self) -> Result<H2Sender, Failure> {
+        let mut current = self.current.lock().await;
+        if current.is_closed() {
+            *current = connect_h2(self.target, self.tls.as_ref(), self.timeout).await?;
+            self.reconnects.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(current.clone())
+    }
+
+    async fn exchange(&self, index: usize, body: Vec<u8>) -> Result<Headers, Failure> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut sender = self.sender().await.map_err(|f| Failure { index, ..f })?;
+            let request = echo_request(
+                self.target,
+                self.tls.is_some(),
+                body.clone(),
+                Version::HTTP_2,
+            );
+            let sent = match sender.ready().await {
+                // Nothing was sent: the connection closed under us.
+                Err(e) => Err((e, true)),
+                Ok(()) => match sender.send_request(request).await {
+                    Ok(response) => Ok(response),
+                    Err(e) => {
+                        let unprocessed = h2_unprocessed(&e);
+                        Err((e, unprocessed))
+                    }
+                },
+            };
+            match sent {
+                Ok(response) => {
+                    return check_response(index, response, Version::HTTP_2, &body).await;
+                }
+                Err((_, true)) if attempt < H2_ATTEMPTS => {
+                    self.retried.fetch_add(1, Ordering::Relaxed);
+                }
+                Err((e, true)) => return Err(fail(index, Stage::Handshake, e)),
+                Err((e, false)) => return Err(fail(index, Stage::Write, e)),
+            }
+        }
+    }
+}
+
+/// Whether a failed HTTP/2 request provably never reached the application
+/// (RFC 9113 §8.7): the stream was refused (REFUSED_STREAM), or it was above
+/// the last-stream-id of a graceful GOAWAY (NO_ERROR), or hyper never
+/// handed it to the connection.
+fn h2_unprocessed(error: &hyper::Error) -> bool {
+    if error.is_canceled() {
+        return true;
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = source {
+        if let Some(h2) = e.downcast_ref::<h2::Error>() {
+            return h2.reason() == Some(h2::Reason::REFUSED_STREAM)
+                || (h2.is_go_away()
+                    && h2.is_remote()
+                    && h2.reason() == Some(h2::Reason::NO_ERROR));
+        }
+        source = e.source();
+    }
+    false
+}
+
 async fn connect_h2(
     target: SocketAddr,
     tls: Option<&Tls>,
@@ -526,25 +646,6 @@ async fn connect_h2(
     tokio::time::timeout(timeout, connect)
         .await
         .unwrap_or_else(|_| Err(fail(0, Stage::Timeout, "HTTP/2 connection not established")))
-}
-
-async fn http2_exchange(
-    mut sender: H2Sender,
-    target: SocketAddr,
-    tls: bool,
-    index: usize,
-    body: Vec<u8>,
-) -> Result<Headers, Failure> {
-    sender
-        .ready()
-        .await
-        .map_err(|e| fail(index, Stage::Handshake, e))?;
-    let sent = body.clone();
-    let response = sender
-        .send_request(echo_request(target, tls, body, Version::HTTP_2))
-        .await
-        .map_err(|e| fail(index, Stage::Write, e))?;
-    check_response(index, response, Version::HTTP_2, &sent).await
 }
 
 #[cfg(test)]

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Cluster-wide rollout under load on the local cluster: for each size in
+# SIZES (default "10 50"), a Deployment of that many injected echo pods
+# under continuous byte-checked traffic (HTTP/1.1, HTTP/2, TCP, app TLS),
+# SidecarRelease v1 -> v2 -> v1 with maxUnavailable 25 %. Reports per size:
+# seconds from the version bump to Complete (each way), per-Pod handoff time
+# p50 / p90 / max (from the operator's HandoffComplete Events), exchanges
+# sent / failed (must be 0), and the operator's CPU seconds and peak RSS over
+# the run (both replicas, read from /proc of their container processes).
+#
+#   bench/rollout-bench.sh [OUTDIR]
+#
+# Env: SIZES (default "10 50"; at most 50 each), MAX_UNAVAILABLE (25%).
+# Brings the local cluster up and always tears it down (e2e/cluster.sh).
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+# shellcheck source=e2e/scripts/common.sh
+. "$BENCH_ROOT/e2e/scripts/common.sh"
+bench_init rollout-bench "${1:-}"
+need kubectl jq ctr
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/baton/target-$(rustc --version | awk '{print $2}')}"
+SIZES=${SIZES:-10 50}
+
+cluster_up=0
+teardown() {
+  bench_cleanup
+  if [ "$cluster_up" = 1 ]; then "$BENCH_ROOT/e2e/cluster.sh" down >/dev/null || true; fi
+}
+trap teardown EXIT
+
+log "building demo-rollout (release)"
+build_release baton-e2e >/dev/null 2>&1 || build_release baton-e2e
+"$BENCH_ROOT/e2e/cluster.sh" provision
+log "cluster up, images, install"
+cluster_up=1
+"$BENCH_ROOT/e2e/cluster.sh" up >/dev/null
+"$BENCH_ROOT/e2e/cluster.sh" images >/dev/null
+"$BENCH_ROOT/e2e/cluster.sh" install >/dev/null
+export BATON_E2E_KUBECONFIG="$KUBECONFIG_ADMIN"
+
+# PIDs (host view) of the operator containers' processes.
+operator_pids() {
+  local id
+  for id in $(kc -n baton-system get pods -l app.kubernetes.io/name=baton-operator \
+      -o jsonpath='{range .items[*]}{.status.containerStatuses[0].containerID}{"\n"}{end}' | sed 's|.*://||'); do
+    ctr_k8s tasks ls | awk -v id="$id" '$1 == id { print $2 }'
+  done
+}
+
+# sample FILE PID... : every second, "<epoch> <pid> <utime+stime ticks> <rss kB>"
+# per PID, at most 1,800 samples (30 min).
+sample() {
+  local file=$1 i pid
+  shift
+  for i in $(seq 1 1800); do
+    for pid in "$@"; do
+      [ -r "/proc/$pid/stat" ] || continue
+      printf '%s %s %s %s\n' "$(date +%s)" "$pid" \
+        "$(awk '{ print $14 + $15 }' "/proc/$pid/stat")" \
+        "$(awk '/^VmRSS/ { print $2 }' "/proc/$pid/status")" >>"$file"
+    done
+    sleep 1
+  done
+}
+
+bench_header >"$OUT/summary.txt"
+ticks=$(getconf CLK_TCK)
+for n in $SIZES; do
+  log "rollout of $n pods"
+  mapfile -t pids < <(operator_pids)
+  [ ${#pids[@]} -gt 0 ] || die "cannot find the operator's processes"
+  : >"$WORK/operator-$n.samples"
+  export -f sample
+  start_bg "sampler-$n" "" bash -c 'sample "$@"' _ "$WORK/operator-$n.samples" "${pids[@]}"
+  sampler=$LAST_PID
+  "$CARGO_TARGET_DIR/release/demo-rollout" --namespace "bench-$n" --replicas "$n" \
+    --max-unavailable "${MAX_UNAVAILABLE:-25%}" --no-broken \
+    --report-json "$OUT/rollout-$n.json" >"$WORK/demo-$n.log" 2>&1 \
+    || { tail -30 "$WORK/demo-$n.log"; log "rollout of $n pods failed (report above)"; }
+  stop_pid "$sampler"
+  # CPU: ticks used between each PID's first and last sample; RSS: peak.
+  cpu=$(awk -v t="$ticks" '{ if (!($2 in a)) a[$2] = $3; b[$2] = $3 } END { s = 0; for (p in a) s += b[p] - a[p]; printf "%.1f", s / t }' "$WORK/operator-$n.samples")
+  rss=$(awk '$4 > m { m = $4 } END { printf "%.1f", m / 1024 }' "$WORK/operator-$n.samples")
+  if [ -s "$OUT/rollout-$n.json" ]; then
+    jq -r --arg cpu "$cpu" --arg rss "$rss" '
+      "\(.replicas) pods: " + ([.rollouts[] | "to \(.to) \(.seconds * 10 | round / 10) s (handoff p50 \(.handoff_ms_p50) ms, p90 \(.handoff_ms_p90) ms, max \(.handoff_ms_max) ms, \(.handoffs) on record)"] | join("; "))
+      + "\n  traffic: \(.exchanges) exchanges, \(.failed) failed, \(.resets) resets; HTTP/2 reconnects \(.h2_reconnects), unprocessed re-sent \(.h2_unprocessed_resent); app restarts \(.app_restarts)"
+      + "\n  operator (2 replicas): \($cpu) CPU s over the run, peak RSS \($rss) MiB"' \
+      "$OUT/rollout-$n.json" >>"$OUT/summary.txt"
+  else
+    echo "$n pods: no report (see $WORK/demo-$n.log)" >>"$OUT/summary.txt"
+  fi
+done
+show_results "$OUT/summary.txt"

@@ -1,0 +1,380 @@
+//! `demo-rollout`: Baton's main job on a running local cluster with Baton
+//! installed (`scripts/demo.sh` brings both up and tears them down).
+//!
+//! A Deployment of echo pods is injected with sidecar v1 and put under
+//! continuous byte-checked traffic (HTTP/1.1, HTTP/2, TCP, and TLS the app
+//! speaks itself); the SidecarRelease is bumped v1 → v2 → v1, each time
+//! waiting for Complete with a progress line; then a broken v3 whose
+//! sidecar exits at once, which must leave the pods serving and the release
+//! Degraded and Paused. It ends with a report and exits non-zero when any
+//! exchange failed, any application container restarted, or a step did not
+//! end as it must.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use baton_crds::contract::labels;
+use baton_e2e::rollout::{
+    Counters, Traffic, app_restarts, complete_on, condition, create_app, create_release,
+    handoff_durations, make_versions, paused_by_failures, pki, quantile, ready_pods, restarts,
+    set_version, wait_targets_serve,
+};
+use clap::Parser;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, Client};
+
+#[derive(Parser)]
+#[command(about = "Cluster-wide lossless sidecar upgrade, under load, with a report")]
+struct Args {
+    /// Namespace the demo app runs in (created, labelled for injection,
+    /// deleted at the end).
+    #[arg(long, default_value = "baton-demo")]
+    namespace: String,
+    /// Pods in the demo Deployment (at most 50).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..=50))]
+    replicas: u16,
+    /// The release's maxUnavailable: a count or a percentage.
+    #[arg(long, default_value = "25%")]
+    max_unavailable: String,
+    /// Leave the namespace and release in place at the end.
+    #[arg(long)]
+    keep: bool,
+    /// Skip the broken-version act (benchmarks time only the rollouts).
+    #[arg(long)]
+    no_broken: bool,
+    /// Also write the report as JSON to this file (bench/rollout-bench.sh).
+    #[arg(long)]
+    report_json: Option<std::path::PathBuf>,
+}
+
+/// Time allowed for one rollout to reach Complete.
+const ROLLOUT_TIMEOUT: Duration = Duration::from_secs(300);
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let replicas = usize::from(args.replicas);
+    let client = baton_e2e::client().await;
+    let ns = args.namespace.clone();
+    let release = ns.clone();
+
+    make_versions(&["v1", "v2"], &["v3"]).map_err(anyhow::Error::msg)?;
+    create_namespace(&client, &ns).await?;
+    let outcome = run(
+        &client,
+        &ns,
+        &release,
+        replicas,
+        &args.max_unavailable,
+        !args.no_broken,
+    )
+    .await;
+    if !args.keep {
+        step("cleaning up the demo namespace and release");
+        let _ = Api::<Namespace>::all(client.clone())
+            .delete(&ns, &DeleteParams::default())
+            .await;
+    }
+    let report = outcome?;
+    println!("{report}");
+    if let Some(path) = &args.report_json {
+        std::fs::write(path, serde_json::to_vec_pretty(&report.to_json())?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if !report.problems.is_empty() {
+        bail!(
+            "the demo did not end as it must:\n  {}",
+            report.problems.join("\n  ")
+        );
+    }
+    Ok(())
+}
+
+async fn create_namespace(client: &Client, ns: &str) -> anyhow::Result<()> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let namespace: Namespace = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": ns, "labels": {labels::INJECT: labels::INJECT_ENABLED}}
+    }))?;
+    api.create(&PostParams::default(), &namespace)
+        .await
+        .with_context(|| {
+            format!("creating namespace {ns} (left over from an earlier run? delete it)")
+        })?;
+    Ok(())
+}
+
+fn step(what: &str) {
+    println!("\n\x1b[1m== {what}\x1b[0m");
+}
+
+#[derive(Default)]
+struct Report {
+    replicas: usize,
+    rollouts: Vec<(String, Duration, Vec<u64>)>,
+    broken: Option<String>,
+    exchanges: usize,
+    failed: usize,
+    resets: usize,
+    bytes: u64,
+    reconnects: usize,
+    retried: usize,
+    app_restarts: Vec<String>,
+    sidecar_restarts: i32,
+    problems: Vec<String>,
+}
+
+impl Report {
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "replicas": self.replicas,
+            "rollouts": self.rollouts.iter().map(|(to, took, d)| serde_json::json!({
+                "to": to,
+                "seconds": took.as_secs_f64(),
+                "handoffs": d.len(),
+                "handoff_ms_p50": quantile(d, 0.5),
+                "handoff_ms_p90": quantile(d, 0.9),
+                "handoff_ms_max": d.last(),
+            })).collect::<Vec<_>>(),
+            "exchanges": self.exchanges,
+            "failed": self.failed,
+            "resets": self.resets,
+            "bytes_checked": self.bytes,
+            "h2_reconnects": self.reconnects,
+            "h2_unprocessed_resent": self.retried,
+            "app_restarts": self.app_restarts.len(),
+            "problems": self.problems,
+        })
+    }
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "\n\x1b[1m== report\x1b[0m")?;
+        for (to, took, durations) in &self.rollouts {
+            let p50 = quantile(durations, 0.5).map_or("-".into(), |v| format!("{v} ms"));
+            let max = durations.last().map_or("-".into(), |v| format!("{v} ms"));
+            writeln!(
+                f,
+                "  rollout to {to:<3} {}/{} pods in place in {:>5.1} s   per-Pod handoff p50 {p50}, max {max}",
+                durations.len(),
+                self.replicas,
+                took.as_secs_f64()
+            )?;
+        }
+        if let Some(broken) = &self.broken {
+            writeln!(f, "  broken v3         {broken}")?;
+        }
+        writeln!(
+            f,
+            "  traffic           {} exchanges, {} failed, {} resets, {:.1} MiB echoed and checked byte for byte",
+            self.exchanges,
+            self.failed,
+            self.resets,
+            self.bytes as f64 / (1024.0 * 1024.0)
+        )?;
+        writeln!(
+            f,
+            "  HTTP/2 drains     {} connections reopened after GOAWAY, {} unprocessed requests re-sent (RFC 9113 §8.7)",
+            self.reconnects, self.retried
+        )?;
+        writeln!(
+            f,
+            "  restarts          {} application containers, {} sidecar slot restarts (image swaps)",
+            self.app_restarts.len(),
+            self.sidecar_restarts
+        )?;
+        if self.problems.is_empty() {
+            write!(
+                f,
+                "  result            OK: zero failed exchanges, no application restarted"
+            )
+        } else {
+            write!(
+                f,
+                "  result            FAILED ({} problems)",
+                self.problems.len()
+            )
+        }
+    }
+}
+
+/// A one-line view of the release and the traffic, printed as it changes.
+fn progress_line(started: Instant, status: &serde_json::Value, traffic: &Counters) -> String {
+    let t = traffic.snapshot();
+    let versions = status["versions"]
+        .as_array()
+        .map(|vs| {
+            vs.iter()
+                .map(|v| format!("{}:{}", v["version"].as_str().unwrap_or("?"), v["pods"]))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default();
+    format!(
+        "  [{:>5.1}s] pods by version {versions:<12} updated {} in flight {} failed {} | traffic {} exchanges, {} failed",
+        started.elapsed().as_secs_f64(),
+        status["updated"],
+        status["inFlight"],
+        status["failed"],
+        t.exchanges,
+        t.failures.len()
+    )
+}
+
+async fn run(
+    client: &Client,
+    ns: &str,
+    release: &str,
+    replicas: usize,
+    max_unavailable: &str,
+    broken: bool,
+) -> anyhow::Result<Report> {
+    let mut report = Report {
+        replicas,
+        ..Report::default()
+    };
+    step(&format!(
+        "{replicas} pods of an echo app (HTTP/1.1 + HTTP/2, TCP, app-level TLS) injected with sidecar v1"
+    ));
+    let pki = pki();
+    let _release = create_release(client, release, ns, "v1", max_unavailable).await?;
+    create_app(client, ns, ns, &pki, replicas).await?;
+    let pods = ready_pods(client, ns, "v1", replicas, Duration::from_secs(300)).await?;
+    wait_targets_serve(&pods, &pki)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let restarts_before = restarts(&pods);
+    let uids: Vec<_> = pods.iter().map(|p| p.metadata.uid.clone()).collect();
+    println!(
+        "  {} pods ready; starting continuous traffic to every pod on 4 protocols",
+        pods.len()
+    );
+    let traffic = Traffic::start(&pods, &pki);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    for to in ["v2", "v1"] {
+        step(&format!(
+            "kubectl patch sidecarrelease {release} --type merge -p '{{\"spec\":{{\"version\":\"{to}\"}}}}'"
+        ));
+        let started = Instant::now();
+        set_version(client, release, to).await?;
+        let mut last = String::new();
+        let status = baton_e2e::rollout::wait_release(
+            client,
+            release,
+            &format!("release Complete on {to}"),
+            ROLLOUT_TIMEOUT,
+            |s| complete_on(s, to, replicas),
+            |s| {
+                let line = progress_line(started, s, &traffic.counters);
+                // Print when the release moved, not every poll.
+                let key = line.split_once(']').map_or("", |x| x.1).to_owned();
+                if key != last {
+                    println!("{line}");
+                    last = key;
+                }
+            },
+        )
+        .await?;
+        let took = started.elapsed();
+        let durations = handoff_durations(client, ns, to).await?;
+        println!(
+            "  Complete: {} in {:.1} s",
+            condition(&status, "Complete")
+                .and_then(|c| c["message"].as_str())
+                .unwrap_or(""),
+            took.as_secs_f64()
+        );
+        report.rollouts.push((to.to_owned(), took, durations));
+    }
+
+    if broken {
+        step(&format!(
+            "a broken sidecar v3 (exits at once): kubectl patch sidecarrelease {release} ... v3"
+        ));
+        let started = Instant::now();
+        set_version(client, release, "v3").await?;
+        let status = baton_e2e::rollout::wait_release(
+            client,
+            release,
+            "release Paused and Degraded",
+            Duration::from_secs(180),
+            paused_by_failures,
+            |_| {},
+        )
+        .await?;
+        let degraded = condition(&status, "Degraded")
+            .and_then(|c| c["message"].as_str())
+            .unwrap_or("")
+            .to_owned();
+        println!(
+            "  after {:.1} s: rollout {}, {} pod(s) failed; Degraded: {degraded}",
+            started.elapsed().as_secs_f64(),
+            status["rollout"].as_str().unwrap_or("?"),
+            status["failed"]
+        );
+        println!(
+            "  (kubectl describe sidecarrelease {release} shows the reason and the HandoffFailed Events)"
+        );
+        report.broken = Some(format!(
+            "paused after {} failed pod(s); every pod kept serving on v1",
+            status["failed"]
+        ));
+    }
+    // The pods must still all be on v1, the same pods, serving.
+    let now = ready_pods(client, ns, "v1", replicas, Duration::from_secs(60)).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let totals = traffic.stop().await;
+    report.exchanges = totals.exchanges;
+    report.failed = totals.failures.len();
+    report.resets = totals.resets();
+    report.bytes = totals.bytes;
+    report.reconnects = totals.reconnects;
+    report.retried = totals.retried;
+    let restarts_after = restarts(&now);
+    report.app_restarts = app_restarts(&restarts_before, &restarts_after);
+    report.sidecar_restarts = restarts_after
+        .iter()
+        .filter(|(k, _)| baton_e2e::rollout::is_sidecar(k))
+        .map(|(k, n)| n - restarts_before.get(k).copied().unwrap_or(0))
+        .sum();
+
+    let uids_after: Vec<_> = now.iter().map(|p| p.metadata.uid.clone()).collect();
+    if sorted(uids) != sorted(uids_after) {
+        report.problems.push("a pod was recreated".into());
+    }
+    for f in totals.failures.iter().take(10) {
+        report.problems.push(format!("failed exchange: {f}"));
+    }
+    if totals.failures.len() > 10 {
+        report.problems.push(format!(
+            "... and {} more failed exchanges",
+            totals.failures.len() - 10
+        ));
+    }
+    report.problems.extend(
+        report
+            .app_restarts
+            .iter()
+            .map(|r| format!("application container restarted: {r}")),
+    );
+    for (to, _, durations) in &report.rollouts {
+        if durations.len() != replicas {
+            report.problems.push(format!(
+                "{} of {replicas} handoffs to {to} on record",
+                durations.len()
+            ));
+        }
+    }
+    if totals.exchanges == 0 {
+        report.problems.push("no traffic was sent".into());
+    }
+    Ok(report)
+}
+
+fn sorted<T: Ord>(mut v: Vec<T>) -> Vec<T> {
+    v.sort();
+    v
+}
