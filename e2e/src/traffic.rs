@@ -652,6 +652,84 @@ async fn connect_h2(
 mod tests {
     use super::*;
 
+    /// An h2c echo server that drains every connection gracefully (GOAWAY,
+    /// as a sidecar handing off does) once `per_conn` streams arrived on
+    /// it; with `abort` it drops the connection instead, without answering
+    /// the streams it took.
+    async fn draining_h2_server(per_conn: usize, abort: bool) -> SocketAddr {
+        use hyper::service::service_fn;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                tokio::spawn(async move {
+                    let seen = Arc::new(AtomicUsize::new(0));
+                    let full = Arc::new(tokio::sync::Notify::new());
+                    let (seen2, full2) = (seen.clone(), full.clone());
+                    let service = service_fn(move |req: Request<hyper::body::Incoming>| {
+                        let (seen, full) = (seen2.clone(), full2.clone());
+                        async move {
+                            if seen.fetch_add(1, Ordering::SeqCst) + 1 == per_conn {
+                                full.notify_one();
+                            }
+                            if abort {
+                                // Hold the stream until the connection is dropped.
+                                std::future::pending::<()>().await;
+                            }
+                            let body = req.into_body().collect().await?.to_bytes();
+                            Ok::<_, hyper::Error>(http::Response::new(Full::new(body)))
+                        }
+                    });
+                    let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service);
+                    tokio::pin!(conn);
+                    tokio::select! {
+                        _ = conn.as_mut() => return,
+                        () = full.notified() => {}
+                    }
+                    if abort {
+                        return; // dropped: a reset, not a drain
+                    }
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn http2_drained_by_goaway_reconnects_and_loses_no_exchange() {
+        let addr = draining_h2_server(4, false).await;
+        let report = run(
+            addr,
+            &Load::new(Protocol::Http2).exchanges(60).concurrency(8),
+        )
+        .await;
+        report.assert_all_ok();
+        assert!(report.reconnects >= 5, "{report}");
+        assert_eq!(report.bytes_echoed, 60 * 4096);
+    }
+
+    #[tokio::test]
+    async fn http2_streams_the_server_took_and_dropped_are_failures_not_retries() {
+        let addr = draining_h2_server(3, true).await;
+        let report = run(
+            addr,
+            &Load::new(Protocol::Http2)
+                .exchanges(3)
+                .concurrency(3)
+                .timeout(Duration::from_secs(3)),
+        )
+        .await;
+        assert_eq!(report.succeeded, 0, "{report}");
+        assert_eq!(report.failures.len(), 3, "{report}");
+        assert_eq!(report.retried_unprocessed, 0, "{report}");
+    }
+
     #[test]
     fn payloads_differ_between_exchanges_and_repeat_for_the_same_one() {
         assert_eq!(payload(1, 3, 64), payload(1, 3, 64));

@@ -33,6 +33,7 @@ pub mod handoff;
 pub mod http_proxy;
 pub mod init;
 pub mod lifecycle;
+pub mod linger;
 pub mod listener;
 pub mod loop_lag;
 pub mod metrics;

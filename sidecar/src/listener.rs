@@ -560,6 +560,9 @@ async fn serve_http2<I: ParkableIo>(
         .timer(TokioTimer::new())
         .max_concurrent_streams(rt.h2_max_concurrent_streams)
         .max_header_list_size(rt.max_header_bytes as u32);
+    // Drained connections end while clients may still be sending streams:
+    // close lingering, or a reset would hide the GOAWAY from them.
+    let io = crate::linger::Lingering::new(io);
     let conn = builder.serve_connection(TokioIo::new(io), svc);
     tokio::pin!(conn);
     let mut drain = shared.lifecycle.drain_signal();
