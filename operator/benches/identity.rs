@@ -13,10 +13,13 @@
 //!    signature, for a burst of pre-generated CSRs; certificates/s and the
 //!    ratio to (1);
 //! 3. **served**, the HTTPS endpoint on a one-thread runtime (one core), the
-//!    load generator on another thread, three bursts of `BATON_BENCH_CSRS`
+//!    load generator on another thread, four bursts of `BATON_BENCH_CSRS`
 //!    requests all sent at once:
-//!    - *handshakes only*: each on a new TLS connection, a request that
-//!      issues nothing (404) — the endpoint's TLS cost alone;
+//!    - *handshakes, stock rustls* (the peer for the endpoint's TLS
+//!      settings): each on a new TLS connection, a request that issues
+//!      nothing (404), served with rustls's default server settings;
+//!    - *handshakes only*: the same with the endpoint's own acceptor — its
+//!      TLS cost alone;
 //!    - *new connection per CSR* (what a fleet of sidecars does: each
 //!      renews once per ~16 h, so nothing is reused);
 //!    - *one HTTP/2 connection* carrying every CSR — issuance through the
@@ -199,7 +202,7 @@ struct Measured {
 /// Runs the endpoint on a fresh one-thread runtime and sends one burst.
 fn served_burst(
     service: &Arc<IdentityService<InMemory>>,
-    serving: &Arc<ServingCert>,
+    acceptor: &tokio_rustls::TlsAcceptor,
     client_config: &Arc<rustls::ClientConfig>,
     bodies: &[Bytes],
     burst: Burst,
@@ -207,25 +210,29 @@ fn served_burst(
     let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     std_listener.set_nonblocking(true).unwrap();
     let addr = std_listener.local_addr().unwrap();
-    let (server_service, serving) = (service.clone(), serving.clone());
+    let (server_service, acceptor) = (service.clone(), acceptor.clone());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<u64>();
-    let server = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let cpu_start = thread_cpu_ns();
-        ready_tx.send(cpu_start).unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
-            tokio::select! {
-                r = serve(listener, acceptor(serving), server_service, "/v1/sign") => { r.unwrap(); }
-                _ = stop_rx => {}
-            }
-        });
-        thread_cpu_ns().saturating_sub(cpu_start)
-    });
+    // Named, so a profiler can tell the server's samples from the client's.
+    let server = std::thread::Builder::new()
+        .name("identity-server".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let cpu_start = thread_cpu_ns();
+            ready_tx.send(cpu_start).unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+                tokio::select! {
+                    r = serve(listener, acceptor, server_service, "/v1/sign") => { r.unwrap(); }
+                    _ = stop_rx => {}
+                }
+            });
+            thread_cpu_ns().saturating_sub(cpu_start)
+        })
+        .unwrap();
     ready_rx.recv().unwrap();
     let client_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -256,10 +263,22 @@ fn served_burst(
                 tokio::spawn(async move {
                     match (burst, h2) {
                         (Burst::HandshakeOnly, _) => {
-                            post_new_connection(addr, config, request("/nothing", &token, Bytes::new()), http::StatusCode::NOT_FOUND).await
+                            post_new_connection(
+                                addr,
+                                config,
+                                request("/nothing", &token, Bytes::new()),
+                                http::StatusCode::NOT_FOUND,
+                            )
+                            .await
                         }
                         (_, None) => {
-                            post_new_connection(addr, config, request("/v1/sign", &token, body), http::StatusCode::OK).await
+                            post_new_connection(
+                                addr,
+                                config,
+                                request("/v1/sign", &token, body),
+                                http::StatusCode::OK,
+                            )
+                            .await
                         }
                         (_, Some(mut sender)) => {
                             let start = Instant::now();
@@ -368,9 +387,7 @@ fn main() {
         std::hint::black_box(check_csr(pem, &me, &policy).unwrap());
     }
     let check_rate = n as f64 / t.elapsed().as_secs_f64();
-    println!(
-        "peer   CSR check alone:           {check_rate:>9.0} CSRs/s  (parse + verify + SAN)"
-    );
+    println!("peer   CSR check alone:           {check_rate:>9.0} CSRs/s  (parse + verify + SAN)");
     let t = Instant::now();
     for pem in &pems {
         let checked = check_csr(pem, &me, &policy).unwrap();
@@ -434,12 +451,34 @@ fn main() {
         "served bursts of {n} concurrent requests, server on one thread; process RSS before {:.1} MiB",
         rss_before as f64 / 1024.0
     );
-    let handshake = served_burst(&service, &serving, &h1, &bodies, Burst::HandshakeOnly);
+    // Peer for the endpoint's TLS settings: rustls's defaults (the
+    // client's suite order, two session tickets per handshake).
+    let stock = {
+        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_cert_resolver(serving.clone());
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        tokio_rustls::TlsAcceptor::from(Arc::new(config))
+    };
+    let ours = acceptor(serving.clone());
+    let stock_hs = served_burst(&service, &stock, &h1, &bodies, Burst::HandshakeOnly);
+    let stock_rate = report("  handshakes, stock rustls  ", n, &stock_hs, sign_rate);
+    let handshake = served_burst(&service, &ours, &h1, &bodies, Burst::HandshakeOnly);
     let hs_rate = report("  handshakes only (404)     ", n, &handshake, sign_rate);
-    let fresh = served_burst(&service, &serving, &h1, &bodies, Burst::NewConnections);
+    let fresh = served_burst(&service, &ours, &h1, &bodies, Burst::NewConnections);
     let fresh_rate = report("  new connection per CSR    ", n, &fresh, sign_rate);
-    let reused = served_burst(&service, &serving, &h2, &bodies, Burst::OneH2Connection);
+    let reused = served_burst(&service, &ours, &h2, &bodies, Burst::OneH2Connection);
     let reused_rate = report("  one HTTP/2 connection     ", n, &reused, sign_rate);
+    if let (Some(stock), Some(hs)) = (stock_rate, hs_rate) {
+        println!(
+            "  the endpoint's TLS settings: {:.2} x the handshakes per CPU-second of stock rustls",
+            hs / stock
+        );
+    }
     if let (Some(hs), Some(fresh), Some(reused)) = (hs_rate, fresh_rate, reused_rate) {
         // Per-request CPU adds up: handshake + issuance ≈ new-connection cost.
         println!(
@@ -462,7 +501,7 @@ fn main() {
         .find(|l| l.starts_with("certificates_issued_total"))
         .unwrap_or("certificates_issued_total ?");
     println!("server metrics: {issued}");
-    if [&handshake, &fresh, &reused]
+    if [&stock_hs, &handshake, &fresh, &reused]
         .iter()
         .any(|m| !m.failures.is_empty())
     {

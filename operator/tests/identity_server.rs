@@ -581,7 +581,11 @@ impl MeshEcho {
                     };
                     let mut s = tokio::io::BufReader::new(s);
                     let who = peer.identity.map(|i| i.to_string()).unwrap_or_default();
-                    if s.get_mut().write_all(format!("{who}\n").as_bytes()).await.is_err() {
+                    if s.get_mut()
+                        .write_all(format!("{who}\n").as_bytes())
+                        .await
+                        .is_err()
+                    {
                         return;
                     }
                     let mut line = String::new();
@@ -729,7 +733,14 @@ async fn a_root_rotation_under_continuous_mtls_traffic_fails_no_request_and_rest
         let (front, backend) = (front.clone(), backend.clone());
         // ≥ 15 s of echoes on one connection opened before the rotation.
         tokio::spawn(async move {
-            mesh_exchange(&front, server_addr, &backend, 300, Duration::from_millis(50)).await
+            mesh_exchange(
+                &front,
+                server_addr,
+                &backend,
+                300,
+                Duration::from_millis(50),
+            )
+            .await
         })
     };
 
@@ -740,9 +751,11 @@ async fn a_root_rotation_under_continuous_mtls_traffic_fails_no_request_and_rest
     };
     // 1. Trust both roots; still issue from the old one.
     ep.install_ca(&both);
-    wait_for("both sidecars to hold the two-root bundle", Duration::from_secs(15), || {
-        [&front, &back].iter().all(|c| roots(&held(c).1) == 2)
-    })
+    wait_for(
+        "both sidecars to hold the two-root bundle",
+        Duration::from_secs(15),
+        || [&front, &back].iter().all(|c| roots(&held(c).1) == 2),
+    )
     .await;
     // 2. Issue from the new root (the endpoint's certificate too).
     ep.install_ca(&CaPem {
@@ -750,25 +763,40 @@ async fn a_root_rotation_under_continuous_mtls_traffic_fails_no_request_and_rest
         key: new.key.clone(),
         bundle: both.bundle.clone(),
     });
-    wait_for("both sidecars to hold leaves of the new root", Duration::from_secs(15), || {
-        [&front, &back]
-            .iter()
-            .all(|c| verifies_against(&held(c).0, &new.bundle))
-    })
+    wait_for(
+        "both sidecars to hold leaves of the new root",
+        Duration::from_secs(15),
+        || {
+            [&front, &back]
+                .iter()
+                .all(|c| verifies_against(&held(c).0, &new.bundle))
+        },
+    )
     .await;
     // 3. Drop the old root.
     ep.install_ca(&new);
-    wait_for("both sidecars to trust the new root only", Duration::from_secs(15), || {
-        [&front, &back].iter().all(|c| held(c).1 == new.bundle)
-    })
+    wait_for(
+        "both sidecars to trust the new root only",
+        Duration::from_secs(15),
+        || [&front, &back].iter().all(|c| held(c).1 == new.bundle),
+    )
     .await;
     // A few more renewals under the final CA.
     tokio::time::sleep(Duration::from_secs(3)).await;
     running.store(false, std::sync::atomic::Ordering::SeqCst);
 
     let (ok, failed) = short.await.unwrap();
-    assert!(failed.is_empty(), "{} of {} exchanges failed, first: {}", failed.len(), ok as usize + failed.len(), failed[0]);
-    assert!(ok >= 100, "too little traffic to prove anything: {ok} exchanges");
+    assert!(
+        failed.is_empty(),
+        "{} of {} exchanges failed, first: {}",
+        failed.len(),
+        ok as usize + failed.len(),
+        failed[0]
+    );
+    assert!(
+        ok >= 100,
+        "too little traffic to prove anything: {ok} exchanges"
+    );
     long.await
         .unwrap()
         .expect("the connection opened before the rotation kept working");
