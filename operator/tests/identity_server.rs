@@ -671,6 +671,11 @@ async fn a_root_rotation_under_continuous_mtls_traffic_fails_no_request_and_rest
     // both roots, issue from the new one, drop the old one. Nothing is
     // restarted; the `ca_bundle` file the sidecars started with names only
     // the old root.
+    // The sidecar's renewal errors, shown when the test fails.
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter("baton_sidecar::tls::identity_client=warn")
+        .try_init();
     let old = root();
     let new = root();
     let policy = IssuePolicy {
