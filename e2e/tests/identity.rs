@@ -201,6 +201,12 @@ fn assert_issued(body: &str, bundle: &str, uri: &str) {
     );
 }
 
+/// A CSR for `uri` with `token` is refused with `status` and `want` reason.
+async fn assert_refused(ip: IpAddr, bundle: &str, token: &str, uri: &str, status: u16, want: &str) {
+    let (got, body) = sign(ip, bundle, token, &csr_for(uri)).await.unwrap();
+    assert_eq!((got, reason(&body).as_str()), (status, want), "{body}");
+}
+
 fn reason(body: &str) -> String {
     serde_json::from_str::<serde_json::Value>(body)
         .ok()
@@ -235,10 +241,25 @@ async fn sign_when_up(ip: IpAddr, bundle: &str, token: &str, csr: &str) -> (u16,
     .unwrap_or_else(|e| panic!("{e}"))
 }
 
-#[tokio::test]
-#[ignore = "needs the local cluster: run e2e/run.sh"]
-async fn identity_a_meshed_pod_gets_its_service_account_identity_from_every_replica_and_the_rest_is_refused()
- {
+/// What a test gets from [`with_meshed_cart`].
+struct Cart {
+    /// The mesh trust bundle (`ca.crt`).
+    bundle: String,
+    /// The injected Pod `cart-0`, running as ServiceAccount `cart`.
+    pod: Pod,
+    /// `cart`'s SPIFFE identity.
+    me: String,
+    /// A token of `cart` bound to the Pod, for the mesh audience.
+    token: String,
+}
+
+/// Runs `test` (one at a time: some delete the operator's Pods) in a fresh
+/// namespace opted in to injection, with an injected Pod and its token.
+async fn with_meshed_cart<F, Fut>(test: F)
+where
+    F: FnOnce(Client, String, Cart) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
     baton_e2e::cluster::require_component("operator");
     let _serial = SERIAL.lock().await;
     let scope = format!("identity-{}", rand::random::<u32>());
@@ -253,8 +274,30 @@ async fn identity_a_meshed_pod_gets_its_service_account_identity_from_every_repl
             Some("true"),
             "the webhook injected the pod"
         );
-        let me = format!("spiffe://cluster.local/ns/{ns}/sa/cart");
         let token = token_for(&client, &ns, "cart", &pod, AUDIENCE).await;
+        let me = format!("spiffe://cluster.local/ns/{ns}/sa/cart");
+        let cart = Cart {
+            bundle,
+            pod,
+            me,
+            token,
+        };
+        test(client, ns, cart).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: run e2e/run.sh"]
+async fn identity_a_meshed_pod_gets_its_service_account_identity_from_every_replica_and_the_rest_is_refused()
+ {
+    with_meshed_cart(|client, ns, cart| async move {
+        let Cart {
+            bundle,
+            pod,
+            me,
+            token,
+        } = cart;
 
         // Issued by the Service and by each replica, all under one root.
         for ip in endpoints(&client).await {
@@ -266,14 +309,7 @@ async fn identity_a_meshed_pod_gets_its_service_account_identity_from_every_repl
 
         // A CSR for another ServiceAccount of the same namespace.
         let other = format!("spiffe://cluster.local/ns/{ns}/sa/admin");
-        let (status, body) = sign(service, &bundle, &token, &csr_for(&other))
-            .await
-            .unwrap();
-        assert_eq!(
-            (status, reason(&body).as_str()),
-            (403, "identity_mismatch"),
-            "{body}"
-        );
+        assert_refused(service, &bundle, &token, &other, 403, "identity_mismatch").await;
 
         // The same Pod's token for another audience (the API server's).
         let api_token =
@@ -297,14 +333,7 @@ async fn identity_a_meshed_pod_gets_its_service_account_identity_from_every_repl
             );
             let token = token_for(&client, &plain, "web", &pod, AUDIENCE).await;
             let uri = format!("spiffe://cluster.local/ns/{plain}/sa/web");
-            let (status, body) = sign(service, &bundle, &token, &csr_for(&uri))
-                .await
-                .unwrap();
-            assert_eq!(
-                (status, reason(&body).as_str()),
-                (403, "pod_not_meshed"),
-                "{body}"
-            );
+            assert_refused(service, &bundle, &token, &uri, 403, "pod_not_meshed").await;
         })
         .await;
     })
@@ -314,17 +343,10 @@ async fn identity_a_meshed_pod_gets_its_service_account_identity_from_every_repl
 #[tokio::test]
 #[ignore = "needs the local cluster: run e2e/run.sh"]
 async fn identity_both_operator_pods_deleted_come_back_issuing_under_the_same_root() {
-    baton_e2e::cluster::require_component("operator");
-    let _serial = SERIAL.lock().await;
-    let scope = format!("identity-{}", rand::random::<u32>());
-    let labels = baton::injected_namespace_labels(&scope);
-    with_temp_ns_labelled(labels, |client, ns| async move {
-        let bundle = trust_bundle(&client).await;
-        baton::create_release(&client, &ns, &scope).await;
-        let pod = pod_as(&client, &ns, "cart-0", "cart").await;
-        baton::delete_release(&client, &ns).await;
-        let me = format!("spiffe://cluster.local/ns/{ns}/sa/cart");
-        let token = token_for(&client, &ns, "cart", &pod, AUDIENCE).await;
+    with_meshed_cart(|client, _ns, cart| async move {
+        let Cart {
+            bundle, me, token, ..
+        } = cart;
         let service = baton::cluster_ip(&client, names::SERVICE).await;
         let (status, body) = sign_when_up(service, &bundle, &token, &csr_for(&me)).await;
         assert_eq!(status, 200, "{body}");
