@@ -17,8 +17,11 @@ use baton_operator::identity::metrics::IdentityMetrics;
 use baton_operator::identity::rate_limit::RateLimit;
 use baton_operator::identity::server::{ServingCert, acceptor, serve};
 use baton_operator::identity::service::{IdentityService, ServiceConfig};
-use baton_sidecar::tls::identity_client::{IdentityClient, IdentityClientError};
+use baton_sidecar::tls::identity_client::{
+    IdentityClient, IdentityClientError, RetryPolicy, bootstrap,
+};
 use baton_sidecar::tls::settings::KeyType;
+use baton_sidecar::tls::{Accepted, CertSource, SpiffeId, TlsContext, TlsMetrics, TlsSettings};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
@@ -93,9 +96,13 @@ fn fake() -> FakeCluster {
             },
         ),
         ("plain-token".to_owned(), bound("legacy", "web", "web-1", AUDIENCE)),
+        ("front-token".to_owned(), bound("shop", "frontend", "frontend-1", AUDIENCE)),
+        ("back-token".to_owned(), bound("shop", "backend", "backend-1", AUDIENCE)),
     ]);
     let pods = HashMap::from([
         ("shop/cart-1".to_owned(), PodState::Meshed),
+        ("shop/frontend-1".to_owned(), PodState::Meshed),
+        ("shop/backend-1".to_owned(), PodState::Meshed),
         ("legacy/web-1".to_owned(), PodState::NotMeshed),
     ]);
     FakeCluster {
@@ -110,6 +117,8 @@ struct Endpoint {
     addr: SocketAddr,
     dir: tempfile::TempDir,
     service: Arc<IdentityService<FakeCluster>>,
+    authority: Arc<ArcSwap<Authority>>,
+    serving: Arc<ServingCert>,
     events: Events,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -144,6 +153,14 @@ impl Endpoint {
         .with_timeout(Duration::from_secs(20))
     }
 
+    /// What the operator does when it reads an edited CA Secret: the
+    /// endpoint's own certificate from the new material, then issuance.
+    fn install_ca(&self, ca: &CaPem) {
+        let authority = Authority::from_pem(ca, OffsetDateTime::now_utc()).unwrap();
+        store_serving(&authority, &self.serving);
+        self.authority.store(Arc::new(authority));
+    }
+
     fn metrics_text(&self) -> String {
         let mut registry =
             prometheus_client::registry::Registry::with_prefix("baton_operator_identity");
@@ -154,19 +171,24 @@ impl Endpoint {
     }
 }
 
-async fn start(ca: &CaPem, policy: IssuePolicy, rate_limit: RateLimit) -> Endpoint {
-    let now = OffsetDateTime::now_utc();
-    let authority = Authority::from_pem(ca, now).unwrap();
-    let serving = Arc::new(ServingCert::default());
+/// The endpoint's serving certificate, issued by `authority`.
+fn store_serving(authority: &Authority, serving: &ServingCert) {
     let (chain, key) = authority
         .serving_certificate(
             &["baton-identity.baton-system.svc".into()],
             &["127.0.0.1".parse().unwrap()],
-            now,
+            OffsetDateTime::now_utc(),
             Duration::from_secs(3600),
         )
         .unwrap();
     serving.store_pem(&chain, &key).unwrap();
+}
+
+async fn start(ca: &CaPem, policy: IssuePolicy, rate_limit: RateLimit) -> Endpoint {
+    let authority = Authority::from_pem(ca, OffsetDateTime::now_utc()).unwrap();
+    let serving = Arc::new(ServingCert::default());
+    store_serving(&authority, &serving);
+    let authority = Arc::new(ArcSwap::from_pointee(authority));
     let dir = tempfile::tempdir().unwrap();
     // What the sidecar is given as the endpoint's CA: the mesh trust bundle.
     std::fs::write(dir.path().join("identity-ca.pem"), &ca.bundle).unwrap();
@@ -180,16 +202,23 @@ async fn start(ca: &CaPem, policy: IssuePolicy, rate_limit: RateLimit) -> Endpoi
             policy,
             rate_limit,
         },
-        Arc::new(ArcSwap::from_pointee(authority)),
+        authority.clone(),
         IdentityMetrics::default(),
     ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let task = tokio::spawn(serve(listener, acceptor(serving), service.clone(), PATH));
+    let task = tokio::spawn(serve(
+        listener,
+        acceptor(serving.clone()),
+        service.clone(),
+        PATH,
+    ));
     Endpoint {
         addr,
         dir,
         service,
+        authority,
+        serving,
         events,
         task,
     }
@@ -506,4 +535,283 @@ async fn a_looping_pod_is_throttled_with_retry_after() {
         ep.metrics_text()
             .contains("baton_operator_identity_refusals_total{reason=\"rate_limited\"} 2")
     );
+}
+
+/// The sidecar's TLS settings with the identity service as the source.
+fn sidecar_settings(ep: &Endpoint, token: &str, sa: &str) -> TlsSettings {
+    let token_path = ep.dir.path().join(format!("token-{token}"));
+    std::fs::write(&token_path, format!("{token}\n")).unwrap();
+    let mut s = TlsSettings::default();
+    s.identity.trust_domain = "cluster.local".into();
+    s.identity.local = Some(format!("spiffe://cluster.local/ns/shop/sa/{sa}"));
+    s.source = Some(CertSource::IdentityService {
+        url: ep.url(),
+        ca_bundle: Some(ep.bundle_path()),
+        token_path: Some(token_path),
+        key_type: KeyType::EcdsaP256,
+    });
+    s
+}
+
+/// A mesh server on the sidecar's acceptor: a banner naming the client's
+/// identity, then every line echoed. Aborted on drop.
+struct MeshEcho {
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for MeshEcho {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl MeshEcho {
+    async fn start(ctx: Arc<TlsContext>) -> MeshEcho {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let acceptor = ctx.acceptor();
+        let task = tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(Accepted::Tls(s, peer)) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let mut s = tokio::io::BufReader::new(s);
+                    let who = peer.identity.map(|i| i.to_string()).unwrap_or_default();
+                    if s.get_mut()
+                        .write_all(format!("{who}\n").as_bytes())
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                    let mut line = String::new();
+                    while matches!(s.read_line(&mut line).await, Ok(n) if n > 0) {
+                        if s.get_mut().write_all(line.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        line.clear();
+                    }
+                });
+            }
+        });
+        MeshEcho { addr, task }
+    }
+}
+
+/// One mTLS connection from `client` to `server_addr`, expecting `expected`;
+/// `rounds` echoes on it, `pause` apart. Returns the banner.
+async fn mesh_exchange(
+    client: &Arc<TlsContext>,
+    server_addr: SocketAddr,
+    expected: &SpiffeId,
+    rounds: usize,
+    pause: Duration,
+) -> Result<String, String> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let work = async {
+        let tcp = tokio::net::TcpStream::connect(server_addr)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (s, _) = client
+            .connector()
+            .connect(tcp, expected, None)
+            .await
+            .map_err(|e| format!("handshake: {e}: {:?}", std::error::Error::source(&e)))?;
+        let mut s = tokio::io::BufReader::new(s);
+        let mut banner = String::new();
+        s.read_line(&mut banner).await.map_err(|e| e.to_string())?;
+        for i in 0..rounds {
+            let msg = format!("ping {i}\n");
+            s.get_mut()
+                .write_all(msg.as_bytes())
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut back = String::new();
+            s.read_line(&mut back).await.map_err(|e| e.to_string())?;
+            if back != msg {
+                return Err(format!("echo {back:?} for {msg:?}"));
+            }
+            tokio::time::sleep(pause).await;
+        }
+        Ok(banner.trim().to_owned())
+    };
+    let limit = Duration::from_secs(10) + pause * u32::try_from(rounds).unwrap_or(u32::MAX);
+    tokio::time::timeout(limit, work)
+        .await
+        .map_err(|_| "exchange timed out".to_owned())?
+}
+
+fn held(ctx: &TlsContext) -> (String, String) {
+    let (chain, _key, bundle) = ctx.material().to_pem();
+    (chain, bundle)
+}
+
+/// Polls `done` every 50 ms for at most `limit`.
+async fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_rotation_under_continuous_mtls_traffic_fails_no_request_and_restarts_nothing() {
+    // Two sidecars renew every ~2 s (3 s certificates, no backdating) from the
+    // real endpoint while the frontend talks to the backend over Strict mTLS:
+    // new handshakes back to back, and one connection held open throughout.
+    // The CA Secret goes through the runbook's edits (docs/tls.md): trust
+    // both roots, issue from the new one, drop the old one. Nothing is
+    // restarted; the `ca_bundle` file the sidecars started with names only
+    // the old root.
+    // The sidecar's renewal errors, shown when the test fails.
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter("baton_sidecar::tls::identity_client=warn")
+        .try_init();
+    let old = root();
+    let new = root();
+    let policy = IssuePolicy {
+        lifetime: Duration::from_secs(3),
+        backdate: Duration::ZERO,
+        ..IssuePolicy::default()
+    };
+    let rate = RateLimit {
+        burst: 100,
+        refill: Duration::from_millis(100),
+    };
+    let ep = start(&old, policy, rate).await;
+    let retry = RetryPolicy {
+        attempts: 5,
+        base: Duration::from_millis(50),
+        max: Duration::from_millis(400),
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let front = bootstrap(
+        &sidecar_settings(&ep, "front-token", "frontend"),
+        TlsMetrics::default(),
+        stop_rx.clone(),
+        retry,
+    )
+    .await
+    .unwrap();
+    let back = bootstrap(
+        &sidecar_settings(&ep, "back-token", "backend"),
+        TlsMetrics::default(),
+        stop_rx,
+        retry,
+    )
+    .await
+    .unwrap();
+    let server = MeshEcho::start(back.clone()).await;
+    let backend: SpiffeId = "spiffe://cluster.local/ns/shop/sa/backend".parse().unwrap();
+
+    // Traffic, bounded in count and time, until `running` drops to false.
+    let running = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let server_addr = server.addr;
+    let short = {
+        let (front, backend, running) = (front.clone(), backend.clone(), running.clone());
+        tokio::spawn(async move {
+            let (mut ok, mut failed) = (0u32, Vec::new());
+            for _ in 0..20_000 {
+                if !running.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                match mesh_exchange(&front, server_addr, &backend, 1, Duration::ZERO).await {
+                    Ok(banner) if banner == "spiffe://cluster.local/ns/shop/sa/frontend" => ok += 1,
+                    Ok(banner) => failed.push(format!("server saw {banner:?}")),
+                    Err(e) => failed.push(e),
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            (ok, failed)
+        })
+    };
+    let long = {
+        let (front, backend) = (front.clone(), backend.clone());
+        // ≥ 15 s of echoes on one connection opened before the rotation.
+        tokio::spawn(async move {
+            mesh_exchange(
+                &front,
+                server_addr,
+                &backend,
+                300,
+                Duration::from_millis(50),
+            )
+            .await
+        })
+    };
+
+    let roots = |pem: &str| CertificateDer::pem_slice_iter(pem.as_bytes()).count();
+    let both = CaPem {
+        bundle: format!("{}{}", old.bundle, new.bundle),
+        ..old.clone()
+    };
+    // 1. Trust both roots; still issue from the old one.
+    ep.install_ca(&both);
+    wait_for(
+        "both sidecars to hold the two-root bundle",
+        Duration::from_secs(15),
+        || [&front, &back].iter().all(|c| roots(&held(c).1) == 2),
+    )
+    .await;
+    // 2. Issue from the new root (the endpoint's certificate too).
+    ep.install_ca(&CaPem {
+        cert: new.cert.clone(),
+        key: new.key.clone(),
+        bundle: both.bundle.clone(),
+    });
+    wait_for(
+        "both sidecars to hold leaves of the new root",
+        Duration::from_secs(15),
+        || {
+            [&front, &back]
+                .iter()
+                .all(|c| verifies_against(&held(c).0, &new.bundle))
+        },
+    )
+    .await;
+    // 3. Drop the old root.
+    ep.install_ca(&new);
+    wait_for(
+        "both sidecars to trust the new root only",
+        Duration::from_secs(15),
+        || [&front, &back].iter().all(|c| held(c).1 == new.bundle),
+    )
+    .await;
+    // A few more renewals under the final CA.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    running.store(false, std::sync::atomic::Ordering::SeqCst);
+
+    let (ok, failed) = short.await.unwrap();
+    assert!(
+        failed.is_empty(),
+        "{} of {} exchanges failed, first: {}",
+        failed.len(),
+        ok as usize + failed.len(),
+        failed[0]
+    );
+    assert!(
+        ok >= 100,
+        "too little traffic to prove anything: {ok} exchanges"
+    );
+    long.await
+        .unwrap()
+        .expect("the connection opened before the rotation kept working");
+    // Every certificate now chains to the new root only, and nothing
+    // verifies against the old one.
+    for c in [&front, &back] {
+        let (chain, bundle) = held(c);
+        assert!(verifies_against(&chain, &new.bundle));
+        assert!(!verifies_against(&chain, &old.bundle));
+        assert_eq!(bundle, new.bundle);
+    }
+    let _ = stop_tx.send(true);
 }

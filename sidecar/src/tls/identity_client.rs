@@ -131,6 +131,9 @@ pub fn renewal_delay(
 pub struct IdentityClient {
     uri: http::Uri,
     https: Option<Arc<rustls::ClientConfig>>,
+    /// The roots of `ca_bundle`, kept so [`IdentityClient::trust_also`] can
+    /// rebuild `https` with the mesh bundle the sidecar holds added.
+    configured_roots: Vec<CertificateDer<'static>>,
     token_path: PathBuf,
     identity: SpiffeId,
     key_type: KeyType,
@@ -151,36 +154,26 @@ impl IdentityClient {
         if uri.host().is_none() {
             return Err(IdentityClientError::Url(url.to_string()));
         }
-        let https = match uri.scheme_str() {
-            Some("http") => None,
+        let (https, configured_roots) = match uri.scheme_str() {
+            Some("http") => (None, Vec::new()),
             Some("https") => {
-                let mut roots = rustls::RootCertStore::empty();
                 let path = ca_bundle
                     .ok_or_else(|| IdentityClientError::CaBundle("https needs ca_bundle".into()))?;
                 let pem = std::fs::read(path).map_err(|e| {
                     IdentityClientError::CaBundle(format!("{}: {e}", path.display()))
                 })?;
                 use rustls_pki_types::pem::PemObject;
-                for c in CertificateDer::pem_slice_iter(&pem) {
-                    let c = c.map_err(|e| IdentityClientError::CaBundle(e.to_string()))?;
-                    roots
-                        .add(c)
-                        .map_err(|e| IdentityClientError::CaBundle(e.to_string()))?;
-                }
-                let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-                    rustls::crypto::ring::default_provider(),
-                ))
-                .with_safe_default_protocol_versions()
-                .map_err(|e| IdentityClientError::CaBundle(e.to_string()))?
-                .with_root_certificates(roots)
-                .with_no_client_auth();
-                Some(Arc::new(cfg))
+                let roots = CertificateDer::pem_slice_iter(&pem)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| IdentityClientError::CaBundle(e.to_string()))?;
+                (Some(https_config(&roots, &[])?), roots)
             }
             _ => return Err(IdentityClientError::Url(url.to_string())),
         };
         Ok(IdentityClient {
             uri,
             https,
+            configured_roots,
             token_path: token_path.unwrap_or_else(|| {
                 Path::new(baton_crds::contract::volumes::TOKEN_MOUNT_PATH)
                     .join(baton_crds::contract::volumes::TOKEN_FILE)
@@ -218,6 +211,24 @@ impl IdentityClient {
             identity,
             *key_type,
         )
+    }
+
+    /// Also trusts `bundle` — the mesh roots this sidecar holds now, which
+    /// came with its last certificate — for the identity endpoint.
+    ///
+    /// The endpoint's serving certificate is issued by the mesh CA, so after
+    /// a root rotation's "issue from the new root" step it chains to a root
+    /// that the `ca_bundle` file mounted at start may not contain; the
+    /// bundle received with the previous certificate does (rotation step 1
+    /// put both roots in it). Without this a rotated mesh could not renew.
+    pub fn trust_also(
+        &mut self,
+        bundle: &[CertificateDer<'static>],
+    ) -> Result<(), IdentityClientError> {
+        if self.https.is_some() {
+            self.https = Some(https_config(&self.configured_roots, bundle)?);
+        }
+        Ok(())
     }
 
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
@@ -328,9 +339,10 @@ impl IdentityClient {
         }
     }
 
-    /// Renews for as long as `ctx` lives and `stop` stays false.
+    /// Renews for as long as `ctx` lives and `stop` stays false. Each
+    /// round trusts the endpoint with the bundle the context holds then.
     pub async fn run(
-        self,
+        mut self,
         ctx: std::sync::Weak<TlsContext>,
         mut stop: tokio::sync::watch::Receiver<bool>,
         policy: RetryPolicy,
@@ -349,6 +361,11 @@ impl IdentityClient {
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 r = stop.wait_for(|s| *s) => { let _ = r; return; }
+            }
+            if let Some(current) = ctx.upgrade()
+                && let Err(e) = self.trust_also(&current.material().trust_bundle)
+            {
+                tracing::warn!(error = %e, "held trust bundle not usable for the identity endpoint");
             }
             match self.issue_with_retries(policy).await {
                 Ok(m) => {
@@ -409,6 +426,28 @@ impl IdentityClient {
             }
         }
     }
+}
+
+/// Client TLS for the identity endpoint: server authentication against
+/// `configured` ∪ `held` (duplicates are harmless), no client certificate.
+fn https_config(
+    configured: &[CertificateDer<'static>],
+    held: &[CertificateDer<'static>],
+) -> Result<Arc<rustls::ClientConfig>, IdentityClientError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in configured.iter().chain(held) {
+        roots
+            .add(c.clone())
+            .map_err(|e| IdentityClientError::CaBundle(e.to_string()))?;
+    }
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| IdentityClientError::CaBundle(e.to_string()))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(Arc::new(cfg))
 }
 
 async fn send<IO>(
