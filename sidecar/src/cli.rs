@@ -160,36 +160,6 @@ pub fn quick_snapshot(listen: SocketAddr, upstream: SocketAddr) -> Snapshot {
     }
 }
 
-/// The in-pod default without a config file: transparent outbound and
-/// inbound listeners forwarding to the original destination.
-pub fn pod_default_snapshot() -> Snapshot {
-    let listener = |name: &str, port: u16, direction| ListenerConfig {
-        name: name.into(),
-        address: SocketAddr::from(([0, 0, 0, 0], port)),
-        direction,
-        capture: Capture::Transparent,
-        protocol: Default::default(),
-        opaque_ports: vec![],
-        detect_timeout_ms: 500,
-        tcp_cluster: None,
-        port_map: Default::default(),
-        passthrough: true,
-        max_connections: None,
-        rbac: None,
-        access_log: false,
-    };
-    Snapshot {
-        listeners: vec![
-            listener("outbound", contract::ports::OUTBOUND, Direction::Outbound),
-            listener("inbound", contract::ports::INBOUND, Direction::Inbound),
-        ],
-        admin: crate::config::AdminConfig {
-            address: SocketAddr::from(([0, 0, 0, 0], contract::ports::ADMIN)),
-        },
-        ..Default::default()
-    }
-}
-
 type LogHandle =
     tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>;
 
@@ -250,7 +220,7 @@ fn run_proxy(args: RunArgs) -> Result<(), CliError> {
             Some((path.clone(), Duration::from_millis(args.watch_interval_ms))),
         ),
         (None, Some(l), Some(u)) => (quick_snapshot(l, u), None),
-        _ => (pod_default_snapshot(), None),
+        _ => (crate::config::pod_default(), None),
     };
     if let Some(w) = args.workers {
         snapshot.runtime.worker_threads = w;
@@ -399,7 +369,7 @@ mod tests {
             "127.0.0.1:2".parse().unwrap(),
         ))
         .unwrap();
-        crate::config::compile(&pod_default_snapshot()).unwrap();
+        crate::config::compile(&crate::config::pod_default()).unwrap();
     }
 
     #[test]
