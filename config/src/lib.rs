@@ -322,6 +322,12 @@ pub struct MatchConfig {
     /// any subdomain. Empty = any host.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<String>,
+    /// Destination ports (any of): the port in the Host header, else the
+    /// connection's original destination port (transparent) or the
+    /// listener's own port. Empty = any port. The operator sets it so two
+    /// ports of one Service (same host names) route apart.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathMatch>,
     /// Methods (any of); empty = any method.
