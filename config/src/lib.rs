@@ -403,6 +403,22 @@ pub struct RetryConfig {
     pub budget_min_per_sec: u32,
 }
 
+impl RetryConfig {
+    /// `attempts` retries with every other field at its default (the same
+    /// defaults a YAML file that leaves them out gets).
+    pub fn new(attempts: u32) -> Self {
+        Self {
+            attempts,
+            on_connect_failure: true,
+            on_reset: true,
+            on_statuses: Vec::new(),
+            per_try_timeout_ms: None,
+            budget_ratio: default_budget_ratio(),
+            budget_min_per_sec: default_budget_min(),
+        }
+    }
+}
+
 fn yes() -> bool {
     true
 }
@@ -508,6 +524,23 @@ pub struct ClusterConfig {
     /// with this sidecar's identity; needs the snapshot's `tls` section.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtls: Option<ClusterMtls>,
+}
+
+impl ClusterConfig {
+    /// A cluster of `endpoints` with every other field at its default.
+    pub fn new(name: impl Into<String>, endpoints: Vec<SocketAddr>) -> Self {
+        Self {
+            name: name.into(),
+            endpoints,
+            lb: LbPolicy::default(),
+            protocol: UpstreamProtocol::default(),
+            connect_timeout_ms: default_connect_timeout_ms(),
+            pool_idle_timeout_ms: default_pool_idle_ms(),
+            pool_max_idle_per_endpoint: default_pool_max_idle(),
+            outlier: None,
+            mtls: None,
+        }
+    }
 }
 
 /// Outbound mesh mTLS for a cluster.

@@ -25,6 +25,7 @@
 pub mod admin;
 pub mod identity;
 pub mod leader;
+pub mod mesh;
 pub mod metrics;
 pub mod release;
 pub mod rollout;
