@@ -15,6 +15,7 @@
 //! the handoff sends it verbatim to the next process. Everything here is
 //! plain serde data with no behaviour, so it is serializable both ways.
 
+pub mod push;
 pub mod yaml;
 
 use std::collections::BTreeMap;

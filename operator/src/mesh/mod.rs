@@ -14,7 +14,10 @@
 //! in).
 
 pub mod compile;
+pub mod hub;
 pub mod index;
+pub mod metrics;
+pub mod server;
 
 #[cfg(test)]
 mod tests;
