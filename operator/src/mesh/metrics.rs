@@ -20,6 +20,12 @@ pub struct RefusalLabels {
     pub reason: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WatchLabels {
+    /// The watched kind (`Service`, `EndpointSlice`, `Pod`, ...).
+    pub kind: &'static str,
+}
+
 #[derive(Clone, Debug)]
 pub struct PushMetrics {
     pub connected: Gauge,
@@ -30,6 +36,8 @@ pub struct PushMetrics {
     pub refusals: Family<RefusalLabels, Counter>,
     /// Streams closed for a malformed frame.
     pub bad_frames: Counter,
+    /// Watch (list or watch call) failures feeding the index, by kind.
+    pub watch_errors: Family<WatchLabels, Counter>,
 }
 
 impl Default for PushMetrics {
@@ -44,6 +52,7 @@ impl Default for PushMetrics {
             compile_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 15)),
             refusals: Family::default(),
             bad_frames: Counter::default(),
+            watch_errors: Family::default(),
         }
     }
 }
@@ -77,6 +86,11 @@ impl PushMetrics {
             "stream_refusals",
             "Config streams refused, by reason",
             self.refusals.clone(),
+        );
+        registry.register(
+            "watch_errors",
+            "Failed list or watch calls feeding the config index, by kind",
+            self.watch_errors.clone(),
         );
         registry.register(
             "bad_frames",

@@ -11,13 +11,15 @@
 //! ```
 //!
 //! [`index`] and [`compile`] are pure (tested with objects fed straight
-//! in).
+//! in); [`watch`] fills the index, [`hub`] turns index changes into pushes,
+//! [`server`] serves the sidecars' streams.
 
 pub mod compile;
 pub mod hub;
 pub mod index;
 pub mod metrics;
 pub mod server;
+pub mod watch;
 
 #[cfg(test)]
 mod tests;
