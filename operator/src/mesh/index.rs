@@ -143,17 +143,7 @@ impl Index {
         let Some(service) = slice_service(slice) else {
             return;
         };
-        let ports: BTreeMap<String, u16> = slice
-            .ports
-            .iter()
-            .flatten()
-            .filter_map(|p| {
-                Some((
-                    p.name.clone().unwrap_or_default(),
-                    u16::try_from(p.port?).ok()?,
-                ))
-            })
-            .collect();
+        let ports = port_map(slice.ports.iter().flatten().map(|p| (&p.name, p.port)));
         let endpoints = slice
             .endpoints
             .iter()
@@ -189,17 +179,13 @@ impl Index {
         let service = ObjKey::of(eps);
         let mut endpoints = Vec::new();
         for subset in eps.subsets.iter().flatten() {
-            let ports: BTreeMap<String, u16> = subset
-                .ports
-                .iter()
-                .flatten()
-                .filter_map(|p| {
-                    Some((
-                        p.name.clone().unwrap_or_default(),
-                        u16::try_from(p.port).ok()?,
-                    ))
-                })
-                .collect();
+            let ports = port_map(
+                subset
+                    .ports
+                    .iter()
+                    .flatten()
+                    .map(|p| (&p.name, Some(p.port))),
+            );
             for (list, ready) in [
                 (&subset.addresses, true),
                 (&subset.not_ready_addresses, false),
@@ -296,6 +282,18 @@ impl Index {
         all.retain(|e| seen.insert(e.ip));
         all
     }
+}
+
+/// Endpoint ports by name (`""` for the unnamed port); out-of-range
+/// numbers are dropped.
+fn port_map<'a>(
+    ports: impl Iterator<Item = (&'a Option<String>, Option<i32>)>,
+) -> BTreeMap<String, u16> {
+    ports
+        .filter_map(|(name, port)| {
+            Some((name.clone().unwrap_or_default(), u16::try_from(port?).ok()?))
+        })
+        .collect()
 }
 
 /// The Service an EndpointSlice belongs to (its `kubernetes.io/service-name`

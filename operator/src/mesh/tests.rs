@@ -98,6 +98,11 @@ fn tls_policy(name: &str, selector: Value, mode: &str) -> TlsPolicy {
     }))
 }
 
+/// A policy named `server` selecting the server's Pods.
+fn server_policy(mode: &str) -> TlsPolicy {
+    tls_policy("server", json!({"matchLabels": {"app": "server"}}), mode)
+}
+
 fn params() -> MeshParams {
     MeshParams {
         trust_domain: "cluster.local".into(),
@@ -661,11 +666,7 @@ fn the_selected_tls_policy_gives_the_inbound_mode() {
         ("Disabled", "Disabled"),
     ] {
         let mut ix = shop();
-        ix.apply_tls_policy(&tls_policy(
-            "server",
-            json!({"matchLabels": {"app": "server"}}),
-            mode,
-        ));
+        ix.apply_tls_policy(&server_policy(mode));
         let out = compiled(&ix, &server_v1());
         let tls = out.snapshot.tls.expect("a selected pod gets a tls section");
         assert_eq!(tls["mode"], want);
@@ -735,11 +736,7 @@ fn a_secret_certificate_source_is_refused_and_the_policy_not_applied() {
 fn clients_originate_mtls_to_strict_or_permissive_meshed_servers_expecting_their_identity() {
     for mode in ["Strict", "Permissive"] {
         let mut ix = shop();
-        ix.apply_tls_policy(&tls_policy(
-            "server",
-            json!({"matchLabels": {"app": "server"}}),
-            mode,
-        ));
+        ix.apply_tls_policy(&server_policy(mode));
         let s = compiled(&ix, &client()).snapshot;
         let mtls = cluster(&s, "shop/server:80")
             .mtls
@@ -764,11 +761,7 @@ fn clients_originate_mtls_to_strict_or_permissive_meshed_servers_expecting_their
 fn mtls_is_not_originated_to_disabled_mixed_or_unmeshed_endpoints_nor_by_disabled_clients() {
     // Server Disabled: plaintext, and the client needs no certificates.
     let mut ix = shop();
-    ix.apply_tls_policy(&tls_policy(
-        "server",
-        json!({"matchLabels": {"app": "server"}}),
-        "Disabled",
-    ));
+    ix.apply_tls_policy(&server_policy("Disabled"));
     let s = compiled(&ix, &client()).snapshot;
     assert_eq!(cluster(&s, "shop/server:80").mtls, None);
     assert_eq!(s.tls, None);
@@ -786,11 +779,7 @@ fn mtls_is_not_originated_to_disabled_mixed_or_unmeshed_endpoints_nor_by_disable
 
     // An endpoint Pod without a sidecar.
     let mut ix = shop();
-    ix.apply_tls_policy(&tls_policy(
-        "server",
-        json!({"matchLabels": {"app": "server"}}),
-        "Strict",
-    ));
+    ix.apply_tls_policy(&server_policy("Strict"));
     let mut bare = pod("server-v2", "10.1.1.2", "server", json!({"app": "server"}));
     bare.metadata
         .labels
@@ -803,11 +792,7 @@ fn mtls_is_not_originated_to_disabled_mixed_or_unmeshed_endpoints_nor_by_disable
 
     // A client whose own policy is Disabled originates plaintext.
     let mut ix = shop();
-    ix.apply_tls_policy(&tls_policy(
-        "server",
-        json!({"matchLabels": {"app": "server"}}),
-        "Strict",
-    ));
+    ix.apply_tls_policy(&server_policy("Strict"));
     ix.apply_tls_policy(&tls_policy(
         "client",
         json!({"matchLabels": {"app": "client"}}),
@@ -821,11 +806,7 @@ fn mtls_is_not_originated_to_disabled_mixed_or_unmeshed_endpoints_nor_by_disable
 #[test]
 fn endpoints_under_two_service_accounts_stay_plaintext() {
     let mut ix = shop();
-    ix.apply_tls_policy(&tls_policy(
-        "server",
-        json!({"matchLabels": {"app": "server"}}),
-        "Strict",
-    ));
+    ix.apply_tls_policy(&server_policy("Strict"));
     ix.apply_pod(&pod(
         "server-v2",
         "10.1.1.2",
@@ -859,11 +840,7 @@ type Feed = Box<dyn Fn(&mut Index)>;
 #[test]
 fn the_same_objects_compile_to_the_same_snapshot_in_any_order() {
     let split = split_route("split", "2026-01-01T00:00:00Z", 3, 1);
-    let policy = tls_policy(
-        "server",
-        json!({"matchLabels": {"app": "server"}}),
-        "Strict",
-    );
+    let policy = server_policy("Strict");
     let v1 = pod(
         "server-v1",
         "10.1.1.1",
