@@ -289,9 +289,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         });
     }
     // Every replica serves config streams too; only the leader writes status.
-    if args.config_push.enabled {
-        start_config_push(&args, &client, &metrics, serving, &identity).await?;
-    }
+    let hub = if args.config_push.enabled {
+        Some(start_config_push(&args, &client, &metrics, serving, &identity).await?)
+    } else {
+        None
+    };
     let elector = leader::LeaderElector::new(
         client.clone(),
         &args.namespace,
@@ -319,8 +321,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         rollout::controller::http_probe(),
         Some(identity.clone()),
     ));
+    // Only the leader writes Route and TlsPolicy status.
+    let status_writer = {
+        let client = ctx.client.clone();
+        async move {
+            match hub {
+                Some(hub) => mesh::status::run(client, hub, Duration::from_secs(1)).await,
+                None => std::future::pending().await,
+            }
+        }
+    };
     let result = tokio::select! {
         result = rollout::controller::run(ctx) => result,
+        () = status_writer => Err(anyhow::anyhow!("the status writer stopped")),
         lost = leadership.lost() => {
             // Like client-go's OnStoppedLeading: exit, let the pod restart and
             // rejoin as a candidate, so two replicas never write at once.
@@ -349,7 +362,7 @@ async fn start_config_push(
     metrics: &metrics::Metrics,
     serving: Arc<identity::server::ServingCert>,
     instance: &str,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Arc<mesh::hub::Hub>> {
     let hub = Arc::new(mesh::hub::Hub::new(
         args.config_push.params(&args.mesh_identity.trust_domain),
         metrics.push.clone(),
@@ -361,7 +374,7 @@ async fn start_config_push(
         .with_context(|| format!("bind --config-push-addr {}", args.config_push.listen))?;
     tracing::info!(addr = %args.config_push.listen, "config push listening");
     let server = Arc::new(mesh::server::PushServer {
-        hub,
+        hub: hub.clone(),
         cluster: identity::cluster::KubeCluster::new(client.clone(), Some(instance.to_owned())),
         audience: contract::volumes::TOKEN_AUDIENCE.to_owned(),
         trust_domain: args.mesh_identity.trust_domain.clone(),
@@ -373,7 +386,7 @@ async fn start_config_push(
             tracing::error!(%error, "config push endpoint stopped");
         }
     });
-    Ok(())
+    Ok(hub)
 }
 
 fn default_identity() -> String {

@@ -14,7 +14,7 @@ use baton_operator::identity::cluster::{Cluster, PodState};
 use baton_operator::identity::issue::{Caller, Refusal, ReviewResult};
 use baton_operator::identity::server::{ServingCert, acceptor};
 use baton_operator::mesh::compile::MeshParams;
-use baton_operator::mesh::hub::Hub;
+use baton_operator::mesh::hub::{Hub, Source};
 use baton_operator::mesh::index::{Index, ObjKey};
 use baton_operator::mesh::metrics::{PushMetrics, RefusalLabels, ReplyLabels};
 use baton_operator::mesh::server::{PushServer, serve};
@@ -184,7 +184,7 @@ fn start_sidecar(op: &Operator, pod: &str, token: &str) -> Sidecar {
 fn start_sidecar_serving(op: &Operator, pod: &str, token: &str, snapshot: &Snapshot) -> Sidecar {
     let metrics = Arc::new(Metrics::new());
     let store = Arc::new(ConfigStore::new(snapshot, metrics.clone()).unwrap());
-    let token_path = op.dir.path().join(format!("{pod}-token"));
+    let token_path = op.dir.path().join(format!("{pod}-{token}"));
     std::fs::write(&token_path, token).unwrap();
     let cfg = ControlConfig {
         address: op.addr.to_string(),
@@ -205,15 +205,19 @@ fn start_sidecar_serving(op: &Operator, pod: &str, token: &str, snapshot: &Snaps
     }
 }
 
-/// Polls `f` every 10 ms for up to 10 s.
-async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+/// Polls `f` every 10 ms for up to 10 s; whether it came true.
+async fn wait_for(mut f: impl FnMut() -> bool) -> bool {
     for _ in 0..1000 {
         if f() {
-            return;
+            return true;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("timed out waiting for {what}");
+    false
+}
+
+async fn eventually(what: &str, f: impl FnMut() -> bool) {
+    assert!(wait_for(f).await, "timed out waiting for {what}");
 }
 
 fn has_route(store: &ConfigStore, name: &str) -> bool {
@@ -255,6 +259,11 @@ async fn a_sidecar_gets_its_snapshot_then_every_change_and_acks_each() {
         op.hub.sidecars().iter().any(|s| s.acked == Some(2))
     })
     .await;
+    // Status counts the sidecar as serving the Route's generation.
+    let split = Source::Route(ObjKey::new("shop", "split"), 0);
+    let programmed = op.hub.programmed(&split);
+    assert_eq!((programmed.acked, programmed.total), (1, 1));
+    assert_eq!(programmed.nack, None);
 
     // A change that does not alter this sidecar's snapshot pushes nothing.
     let pushes = op.hub.metrics().pushes.get();
@@ -290,6 +299,12 @@ async fn a_refused_snapshot_is_nacked_and_the_last_good_one_keeps_serving() {
     })
     .await;
     assert_eq!(sc.store.version(), 1, "the refused version never serves");
+    // Status sees the refusal of the Route's generation.
+    let programmed = op
+        .hub
+        .programmed(&Source::Route(ObjKey::new("shop", "split"), 0));
+    assert_eq!((programmed.acked, programmed.total), (0, 1));
+    assert!(programmed.nack.unwrap().contains("no certificates here"));
     assert!(has_route(&sc.store, "service:shop/server:80"));
     assert_eq!(
         op.hub.sidecars()[0].acked,
@@ -311,12 +326,20 @@ async fn streams_for_another_pod_or_without_a_valid_token_are_refused_and_counte
             .get_or_create(&RefusalLabels { reason })
             .get()
     };
-    eventually("both refusals", || {
+    let refused = wait_for(|| {
         refusals("pod_mismatch") >= 1
             && refusals("token_rejected") >= 1
             && thief.metrics.control_reconnects.get() >= 1
     })
     .await;
+    assert!(
+        refused,
+        "pod_mismatch {} token_rejected {} reconnects {} {}",
+        refusals("pod_mismatch"),
+        refusals("token_rejected"),
+        thief.metrics.control_reconnects.get(),
+        forged.metrics.control_reconnects.get()
+    );
     assert_eq!(thief.store.version(), 0);
     assert_eq!(forged.store.version(), 0);
     assert!(op.hub.sidecars().is_empty());

@@ -11,7 +11,7 @@
 //! partial config. Each stream holds only the latest push (a `watch`
 //! channel): a slow sidecar gets the newest config, never a backlog.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,25 @@ use super::metrics::PushMetrics;
 /// Identifies one connected stream.
 pub type StreamId = u64;
 
+/// An object that went into a snapshot, at its generation: what status
+/// counts as programmed once the snapshot is ACKed.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Source {
+    Route(ObjKey, i64),
+    TlsPolicy(ObjKey, i64),
+}
+
+/// How many sidecars serve an object's current generation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Programmed {
+    /// Sidecars whose last ACKed snapshot holds this generation.
+    pub acked: usize,
+    /// Sidecars the object is programmed into (its last push holds it).
+    pub total: usize,
+    /// A NACK of a snapshot holding this generation, if any.
+    pub nack: Option<String>,
+}
+
 /// What the hub knows of one stream.
 #[derive(Debug)]
 struct Stream {
@@ -34,6 +53,9 @@ struct Stream {
     /// The last snapshot sent (version 0), to tell whether a change affects
     /// this sidecar.
     sent: Option<Snapshot>,
+    /// What went into the last push, and into the last ACKed one.
+    sent_sources: BTreeSet<Source>,
+    acked_sources: BTreeSet<Source>,
     version: u64,
     /// Push awaiting its reply: nonce and when it was sent.
     pending: Option<(String, Instant)>,
@@ -125,6 +147,8 @@ impl Hub {
                     pod,
                     tx,
                     sent: None,
+                    sent_sources: BTreeSet::new(),
+                    acked_sources: BTreeSet::new(),
                     version,
                     pending: None,
                     acked: (version > 0).then_some(version),
@@ -172,6 +196,7 @@ impl Hub {
                     .get_or_create(&reply_labels("ack"))
                     .inc();
                 s.acked = Some(version);
+                s.acked_sources = s.sent_sources.clone();
                 s.nack = None;
             }
             Reply::Nack { error, .. } => {
@@ -199,6 +224,39 @@ impl Hub {
             .collect()
     }
 
+    /// How many of this replica's sidecars serve `source` (a Route or
+    /// TlsPolicy at its current generation).
+    pub fn programmed(&self, source: &Source) -> Programmed {
+        let same_object = |s: &Source| match (s, source) {
+            (Source::Route(a, _), Source::Route(b, _))
+            | (Source::TlsPolicy(a, _), Source::TlsPolicy(b, _)) => a == b,
+            _ => false,
+        };
+        let inner = self.lock();
+        let mut out = Programmed::default();
+        for s in inner.streams.values() {
+            if !s.sent_sources.iter().any(same_object) {
+                continue;
+            }
+            out.total += 1;
+            if s.acked_sources.contains(source) {
+                out.acked += 1;
+            } else if s.sent_sources.contains(source) && out.nack.is_none() {
+                out.nack = s.nack.clone();
+            }
+        }
+        out
+    }
+
+    /// The Routes and TlsPolicies in the index (for the status writer).
+    pub fn objects(&self) -> (Vec<Arc<baton_crds::Route>>, Vec<Arc<baton_crds::TlsPolicy>>) {
+        let inner = self.lock();
+        (
+            inner.index.routes.values().cloned().collect(),
+            inner.index.tls_policies.values().cloned().collect(),
+        )
+    }
+
     /// Route attachment as of the last recompile.
     pub fn attachments(&self) -> Arc<Attachments> {
         self.lock().attachments.clone()
@@ -216,14 +274,30 @@ impl Hub {
         inner.attachments = attachments.clone();
         let Inner { index, streams, .. } = &mut *inner;
         // Streams of one Pod (a handoff's old and new process) share a compile.
-        let mut compiled: BTreeMap<ObjKey, Option<Snapshot>> = BTreeMap::new();
+        let mut compiled: BTreeMap<ObjKey, Option<(Snapshot, BTreeSet<Source>)>> = BTreeMap::new();
         let mut pushes = 0;
         for s in streams.values_mut() {
             let snapshot = compiled
                 .entry(s.pod.clone())
                 .or_insert_with(
                     || match compile(index, &attachments, &self.params, &s.pod) {
-                        Ok(c) => Some(c.snapshot),
+                        Ok(c) => {
+                            let generation =
+                                |meta: &kube::api::ObjectMeta| meta.generation.unwrap_or(0);
+                            let sources = c
+                                .routes
+                                .iter()
+                                .filter_map(|k| {
+                                    let r = index.routes.get(k)?;
+                                    Some(Source::Route(k.clone(), generation(&r.metadata)))
+                                })
+                                .chain(c.tls_policy.iter().filter_map(|k| {
+                                    let p = index.tls_policies.get(k)?;
+                                    Some(Source::TlsPolicy(k.clone(), generation(&p.metadata)))
+                                }))
+                                .collect();
+                            Some((c.snapshot, sources))
+                        }
                         Err(error) => {
                             // The Pod is not (yet) in the index: it connected
                             // before its watch event arrived. Its push follows
@@ -234,10 +308,22 @@ impl Hub {
                     },
                 )
                 .clone();
-            let Some(snapshot) = snapshot else { continue };
+            let Some((snapshot, sources)) = snapshot else {
+                continue;
+            };
             if s.sent.as_ref() == Some(&snapshot) {
+                // Same config: a new generation that compiles the same
+                // (a cosmetic edit) counts as served once the current
+                // snapshot is ACKed.
+                if s.sent_sources != sources {
+                    if s.pending.is_none() && s.acked_sources == s.sent_sources {
+                        s.acked_sources = sources.clone();
+                    }
+                    s.sent_sources = sources;
+                }
                 continue;
             }
+            s.sent_sources = sources;
             s.version += 1;
             let nonce = format!("{}-{}", s.version, rand::random::<u32>());
             let mut versioned = snapshot.clone();

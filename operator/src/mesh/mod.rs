@@ -19,6 +19,7 @@ pub mod hub;
 pub mod index;
 pub mod metrics;
 pub mod server;
+pub mod status;
 pub mod watch;
 
 #[cfg(test)]

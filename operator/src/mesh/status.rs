@@ -1,0 +1,387 @@
+//! Route and TlsPolicy status: what users read in `kubectl get brt`.
+//!
+//! [`route_status`] and [`tls_policy_status`] are pure (object, verdict,
+//! how many sidecars serve it → status); [`run`] is the leader's writer,
+//! applying a status only when it changed (server-side apply, the
+//! operator's one field manager).
+//!
+//! Programmed counts the sidecars connected to *this* replica (the leader):
+//! with two replicas serving streams, sidecars on the standby are not in
+//! the count until they reconnect to the leader.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_crds::conditions::{route as rc, tls_policy as tc, upsert};
+use baton_crds::{Route, RouteStatus, TlsPolicy, TlsPolicyStatus, contract};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+
+use super::compile::{RouteVerdict, tls_policy_refusal};
+use super::hub::{Hub, Programmed, Source};
+use super::index::ObjKey;
+
+/// Programmed=True when every sidecar it is programmed into ACKed the
+/// current generation; a NACK names its error; "n/m" in the message.
+fn programmed(
+    conditions: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    type_: &str,
+    accepted: bool,
+    p: &Programmed,
+    generation: Option<i64>,
+    now: &Time,
+) {
+    let (ok, reason, message) = if !accepted {
+        (false, rc::reasons::PENDING, "not accepted".to_owned())
+    } else if let Some(error) = &p.nack {
+        (
+            false,
+            "Refused",
+            format!(
+                "{}/{} sidecars ACKed; a sidecar refused it: {error}",
+                p.acked, p.total
+            ),
+        )
+    } else if p.acked < p.total {
+        (
+            false,
+            rc::reasons::PENDING,
+            format!("{}/{} sidecars ACKed", p.acked, p.total),
+        )
+    } else {
+        (
+            true,
+            rc::reasons::PROGRAMMED,
+            format!("{}/{} sidecars ACKed", p.acked, p.total),
+        )
+    };
+    upsert(conditions, type_, ok, reason, &message, generation, now);
+}
+
+/// A Route's status from its verdict and how many sidecars serve it.
+pub fn route_status(
+    route: &Route,
+    verdict: Option<&RouteVerdict>,
+    p: &Programmed,
+    now: &Time,
+) -> RouteStatus {
+    let generation = route.metadata.generation;
+    let mut status = route.status.clone().unwrap_or_default();
+    status.observed_generation = generation;
+    let c = &mut status.conditions;
+    let accepted = match verdict.map(|v| &v.accepted) {
+        Some(Ok(())) => {
+            upsert(
+                c,
+                rc::ACCEPTED,
+                true,
+                rc::reasons::ACCEPTED,
+                "attached to its Service port",
+                generation,
+                now,
+            );
+            true
+        }
+        Some(Err(refusal)) => {
+            upsert(
+                c,
+                rc::ACCEPTED,
+                false,
+                refusal.reason,
+                &refusal.message,
+                generation,
+                now,
+            );
+            false
+        }
+        None => {
+            upsert(
+                c,
+                rc::ACCEPTED,
+                false,
+                rc::reasons::PENDING,
+                "not compiled yet",
+                generation,
+                now,
+            );
+            false
+        }
+    };
+    match verdict.map(|v| v.unresolved.as_slice()) {
+        Some([]) | None => upsert(
+            c,
+            rc::RESOLVED_REFS,
+            true,
+            rc::reasons::RESOLVED_REFS,
+            "every backend Service port exists",
+            generation,
+            now,
+        ),
+        Some(missing) => upsert(
+            c,
+            rc::RESOLVED_REFS,
+            false,
+            rc::reasons::BACKEND_NOT_FOUND,
+            &format!(
+                "no such Service port: {} (traffic for it gets 503)",
+                missing.join(", ")
+            ),
+            generation,
+            now,
+        ),
+    };
+    programmed(c, rc::PROGRAMMED, accepted, p, generation, now);
+    status
+}
+
+/// A TlsPolicy's status.
+pub fn tls_policy_status(policy: &TlsPolicy, p: &Programmed, now: &Time) -> TlsPolicyStatus {
+    let generation = policy.metadata.generation;
+    let mut status = policy.status.clone().unwrap_or_default();
+    status.observed_generation = generation;
+    let c = &mut status.conditions;
+    let accepted = match tls_policy_refusal(policy) {
+        None => {
+            upsert(
+                c,
+                tc::ACCEPTED,
+                true,
+                tc::reasons::ACCEPTED,
+                "valid",
+                generation,
+                now,
+            );
+            true
+        }
+        Some(refusal) => {
+            upsert(
+                c,
+                tc::ACCEPTED,
+                false,
+                refusal.reason,
+                &refusal.message,
+                generation,
+                now,
+            );
+            false
+        }
+    };
+    programmed(c, tc::PROGRAMMED, accepted, p, generation, now);
+    status
+}
+
+/// Writes changed statuses every `period` until dropped (leader only).
+pub async fn run(client: Client, hub: Arc<Hub>, period: Duration) {
+    let params = PatchParams::apply(contract::FIELD_MANAGER).force();
+    let mut tick = tokio::time::interval(period);
+    loop {
+        tick.tick().await;
+        if !hub.is_synced() {
+            continue;
+        }
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let attachments = hub.attachments();
+        let (routes, policies) = hub.objects();
+        for route in routes {
+            let key = ObjKey::of(route.as_ref());
+            let source = Source::Route(key.clone(), route.metadata.generation.unwrap_or(0));
+            let status = route_status(
+                &route,
+                attachments.verdicts.get(&key),
+                &hub.programmed(&source),
+                &now,
+            );
+            if route.status.as_ref() == Some(&status) {
+                continue;
+            }
+            let api: Api<Route> = Api::namespaced(client.clone(), &key.namespace);
+            let patch = serde_json::json!({
+                "apiVersion": format!("{}/{}", contract::GROUP, contract::VERSION),
+                "kind": "Route",
+                "status": status,
+            });
+            if let Err(error) = api
+                .patch_status(&route.name_any(), &params, &Patch::Apply(&patch))
+                .await
+            {
+                tracing::warn!(route = %key, %error, "route status not written");
+            }
+        }
+        for policy in policies {
+            let key = ObjKey::of(policy.as_ref());
+            let source = Source::TlsPolicy(key.clone(), policy.metadata.generation.unwrap_or(0));
+            let status = tls_policy_status(&policy, &hub.programmed(&source), &now);
+            if policy.status.as_ref() == Some(&status) {
+                continue;
+            }
+            let api: Api<TlsPolicy> = Api::namespaced(client.clone(), &key.namespace);
+            let patch = serde_json::json!({
+                "apiVersion": format!("{}/{}", contract::GROUP, contract::VERSION),
+                "kind": "TlsPolicy",
+                "status": status,
+            });
+            if let Err(error) = api
+                .patch_status(&policy.name_any(), &params, &Patch::Apply(&patch))
+                .await
+            {
+                tracing::warn!(policy = %key, %error, "tls policy status not written");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mesh::compile::Refusal;
+    use baton_crds::conditions;
+
+    fn route(generation: i64) -> Route {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "baton.dev/v1alpha1", "kind": "Route",
+            "metadata": {"name": "r", "namespace": "shop", "generation": generation},
+            "spec": {"parentRef": {"name": "server", "port": 80},
+                     "rules": [{"backendRefs": [{"name": "server", "port": 80}]}]}
+        }))
+        .unwrap()
+    }
+
+    fn cond<'s>(
+        s: &'s RouteStatus,
+        t: &str,
+    ) -> &'s k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        s.conditions.iter().find(|c| c.type_ == t).unwrap()
+    }
+
+    fn now() -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap())
+    }
+
+    #[test]
+    fn an_accepted_route_acked_by_every_sidecar_is_programmed_n_of_n() {
+        let v = RouteVerdict {
+            accepted: Ok(()),
+            unresolved: vec![],
+        };
+        let p = Programmed {
+            acked: 37,
+            total: 37,
+            nack: None,
+        };
+        let s = route_status(&route(3), Some(&v), &p, &now());
+        assert_eq!(s.observed_generation, Some(3));
+        for t in [rc::ACCEPTED, rc::RESOLVED_REFS, rc::PROGRAMMED] {
+            assert_eq!(cond(&s, t).status, conditions::TRUE, "{t}");
+            assert_eq!(cond(&s, t).observed_generation, Some(3));
+        }
+        assert_eq!(cond(&s, rc::PROGRAMMED).message, "37/37 sidecars ACKed");
+    }
+
+    #[test]
+    fn pending_acks_a_nack_and_missing_backends_show_in_their_conditions() {
+        let v = RouteVerdict {
+            accepted: Ok(()),
+            unresolved: vec!["ghost:80".into()],
+        };
+        let pending = route_status(
+            &route(1),
+            Some(&v),
+            &Programmed {
+                acked: 2,
+                total: 5,
+                nack: None,
+            },
+            &now(),
+        );
+        assert_eq!(cond(&pending, rc::PROGRAMMED).reason, rc::reasons::PENDING);
+        assert_eq!(cond(&pending, rc::PROGRAMMED).message, "2/5 sidecars ACKed");
+        assert_eq!(
+            cond(&pending, rc::RESOLVED_REFS).reason,
+            rc::reasons::BACKEND_NOT_FOUND
+        );
+        assert!(
+            cond(&pending, rc::RESOLVED_REFS)
+                .message
+                .contains("ghost:80")
+        );
+        let nack = Programmed {
+            acked: 4,
+            total: 5,
+            nack: Some("invalid config: x".into()),
+        };
+        let refused = route_status(&route(1), Some(&v), &nack, &now());
+        assert_eq!(cond(&refused, rc::PROGRAMMED).status, conditions::FALSE);
+        assert!(
+            cond(&refused, rc::PROGRAMMED)
+                .message
+                .contains("invalid config: x")
+        );
+    }
+
+    #[test]
+    fn a_conflicted_route_is_not_accepted_nor_programmed() {
+        let v = RouteVerdict {
+            accepted: Err(Refusal {
+                reason: "Conflicted",
+                message: "older Route a".into(),
+            }),
+            unresolved: vec![],
+        };
+        let s = route_status(&route(1), Some(&v), &Programmed::default(), &now());
+        assert_eq!(cond(&s, rc::ACCEPTED).reason, "Conflicted");
+        assert_eq!(cond(&s, rc::ACCEPTED).status, conditions::FALSE);
+        assert_eq!(cond(&s, rc::PROGRAMMED).status, conditions::FALSE);
+    }
+
+    #[test]
+    fn an_unchanged_status_keeps_its_transition_times() {
+        let v = RouteVerdict {
+            accepted: Ok(()),
+            unresolved: vec![],
+        };
+        let p = Programmed {
+            acked: 1,
+            total: 1,
+            nack: None,
+        };
+        let mut r = route(1);
+        r.status = Some(route_status(&r, Some(&v), &p, &now()));
+        let later = Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_100).unwrap());
+        assert_eq!(
+            r.status.as_ref(),
+            Some(&route_status(&r, Some(&v), &p, &later))
+        );
+    }
+
+    #[test]
+    fn a_tls_policy_with_a_secret_source_is_not_accepted() {
+        let mut p: TlsPolicy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "baton.dev/v1alpha1", "kind": "TlsPolicy",
+            "metadata": {"name": "p", "namespace": "shop", "generation": 2},
+            "spec": {"podSelector": {}, "mtls": {"mode": "Strict"}}
+        }))
+        .unwrap();
+        let ok = tls_policy_status(
+            &p,
+            &Programmed {
+                acked: 3,
+                total: 3,
+                nack: None,
+            },
+            &now(),
+        );
+        assert!(ok.conditions.iter().all(|c| c.status == conditions::TRUE));
+        p.spec.certificate.source = baton_crds::tls_policy::CertificateSourceKind::Secret;
+        p.spec.certificate.secret_ref =
+            Some(baton_crds::tls_policy::SecretRef { name: "s".into() });
+        let refused = tls_policy_status(&p, &Programmed::default(), &now());
+        let accepted = refused
+            .conditions
+            .iter()
+            .find(|c| c.type_ == tc::ACCEPTED)
+            .unwrap();
+        assert_eq!(accepted.reason, "UnsupportedValue");
+        assert_eq!(refused.observed_generation, Some(2));
+    }
+}
