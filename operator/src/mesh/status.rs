@@ -173,62 +173,72 @@ pub fn tls_policy_status(policy: &TlsPolicy, p: &Programmed, now: &Time) -> TlsP
 
 /// Writes changed statuses every `period` until dropped (leader only).
 pub async fn run(client: Client, hub: Arc<Hub>, period: Duration) {
-    let params = PatchParams::apply(contract::FIELD_MANAGER).force();
     let mut tick = tokio::time::interval(period);
     loop {
         tick.tick().await;
-        if !hub.is_synced() {
-            continue;
-        }
-        let now = Time(k8s_openapi::jiff::Timestamp::now());
-        let attachments = hub.attachments();
-        let (routes, policies) = hub.objects();
-        for route in routes {
-            let key = ObjKey::of(route.as_ref());
-            let source = Source::Route(key.clone(), route.metadata.generation.unwrap_or(0));
-            let status = route_status(
-                &route,
-                attachments.verdicts.get(&key),
-                &hub.programmed(&source),
-                &now,
-            );
-            if route.status.as_ref() == Some(&status) {
-                continue;
-            }
-            let api: Api<Route> = Api::namespaced(client.clone(), &key.namespace);
-            let patch = serde_json::json!({
-                "apiVersion": format!("{}/{}", contract::GROUP, contract::VERSION),
-                "kind": "Route",
-                "status": status,
-            });
-            if let Err(error) = api
-                .patch_status(&route.name_any(), &params, &Patch::Apply(&patch))
-                .await
-            {
-                tracing::warn!(route = %key, %error, "route status not written");
-            }
-        }
-        for policy in policies {
-            let key = ObjKey::of(policy.as_ref());
-            let source = Source::TlsPolicy(key.clone(), policy.metadata.generation.unwrap_or(0));
-            let status = tls_policy_status(&policy, &hub.programmed(&source), &now);
-            if policy.status.as_ref() == Some(&status) {
-                continue;
-            }
-            let api: Api<TlsPolicy> = Api::namespaced(client.clone(), &key.namespace);
-            let patch = serde_json::json!({
-                "apiVersion": format!("{}/{}", contract::GROUP, contract::VERSION),
-                "kind": "TlsPolicy",
-                "status": status,
-            });
-            if let Err(error) = api
-                .patch_status(&policy.name_any(), &params, &Patch::Apply(&patch))
-                .await
-            {
-                tracing::warn!(policy = %key, %error, "tls policy status not written");
-            }
+        if hub.is_synced() {
+            let now = Time(k8s_openapi::jiff::Timestamp::now());
+            write_once(&client, &hub, &now).await;
         }
     }
+}
+
+/// One pass: applies every Route and TlsPolicy status that differs from the
+/// one the object carries. Returns how many were written. A failed write is
+/// logged and retried on the next pass.
+pub async fn write_once(client: &Client, hub: &Hub, now: &Time) -> usize {
+    let params = PatchParams::apply(contract::FIELD_MANAGER).force();
+    let attachments = hub.attachments();
+    let (routes, policies) = hub.objects();
+    let mut written = 0;
+    for route in routes {
+        let key = ObjKey::of(route.as_ref());
+        let source = Source::Route(key.clone(), route.metadata.generation.unwrap_or(0));
+        let status = route_status(
+            &route,
+            attachments.verdicts.get(&key),
+            &hub.programmed(&source),
+            now,
+        );
+        if route.status.as_ref() == Some(&status) {
+            continue;
+        }
+        let api: Api<Route> = Api::namespaced(client.clone(), &key.namespace);
+        let patch = serde_json::json!({
+            "apiVersion": format!("{}/{}", contract::GROUP, contract::VERSION),
+            "kind": "Route",
+            "status": status,
+        });
+        match api
+            .patch_status(&route.name_any(), &params, &Patch::Apply(&patch))
+            .await
+        {
+            Ok(_) => written += 1,
+            Err(error) => tracing::warn!(route = %key, %error, "route status not written"),
+        }
+    }
+    for policy in policies {
+        let key = ObjKey::of(policy.as_ref());
+        let source = Source::TlsPolicy(key.clone(), policy.metadata.generation.unwrap_or(0));
+        let status = tls_policy_status(&policy, &hub.programmed(&source), now);
+        if policy.status.as_ref() == Some(&status) {
+            continue;
+        }
+        let api: Api<TlsPolicy> = Api::namespaced(client.clone(), &key.namespace);
+        let patch = serde_json::json!({
+            "apiVersion": format!("{}/{}", contract::GROUP, contract::VERSION),
+            "kind": "TlsPolicy",
+            "status": status,
+        });
+        match api
+            .patch_status(&policy.name_any(), &params, &Patch::Apply(&patch))
+            .await
+        {
+            Ok(_) => written += 1,
+            Err(error) => tracing::warn!(policy = %key, %error, "tls policy status not written"),
+        }
+    }
+    written
 }
 
 #[cfg(test)]
@@ -383,5 +393,100 @@ mod tests {
             .unwrap();
         assert_eq!(accepted.reason, "UnsupportedValue");
         assert_eq!(refused.observed_generation, Some(2));
+    }
+
+    #[tokio::test]
+    async fn the_writer_applies_a_changed_status_once_with_the_operators_field_manager() {
+        use crate::mesh::compile::MeshParams;
+        use crate::mesh::metrics::PushMetrics;
+        use http::{Request, Response};
+        use kube::client::Body;
+
+        let hub = Hub::new(
+            MeshParams {
+                trust_domain: "cluster.local".into(),
+                cluster_domain: "cluster.local".into(),
+                identity: None,
+            },
+            PushMetrics::default(),
+        );
+        let svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "server", "namespace": "shop"},
+            "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": 80}]}
+        }))
+        .unwrap();
+        hub.update(|ix| {
+            ix.apply_service(&svc);
+            ix.apply_route(&route(4));
+        });
+        hub.mark_synced();
+        hub.recompile();
+
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "default");
+        let server = tokio::spawn(async move {
+            let (request, send) = handle.next_request().await.expect("a status patch");
+            assert_eq!(request.method(), http::Method::PATCH);
+            assert_eq!(
+                request.uri().path(),
+                "/apis/baton.dev/v1alpha1/namespaces/shop/routes/r/status"
+            );
+            let query = request.uri().query().unwrap_or_default().to_owned();
+            assert!(
+                query.contains("fieldManager=baton.dev%2Foperator"),
+                "{query}"
+            );
+            assert!(query.contains("force=true"), "{query}");
+            let body: serde_json::Value =
+                serde_json::from_slice(&request.into_body().collect_bytes().await.unwrap())
+                    .unwrap();
+            assert_eq!(body["kind"], "Route");
+            assert_eq!(body["status"]["observedGeneration"], 4);
+            let accepted = body["status"]["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["type"] == "Accepted")
+                .unwrap()
+                .clone();
+            assert_eq!(accepted["status"], "True");
+            // No sidecar connected: nothing to wait for.
+            let programmed = body["status"]["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["type"] == "Programmed")
+                .unwrap()
+                .clone();
+            assert_eq!(programmed["message"], "0/0 sidecars ACKed");
+            let mut echoed = serde_json::to_value(route(4)).unwrap();
+            echoed["status"] = body["status"].clone();
+            send.send_response(
+                Response::builder()
+                    .status(200)
+                    .body(Body::from(serde_json::to_vec(&echoed).unwrap()))
+                    .unwrap(),
+            );
+            handle
+        });
+        assert_eq!(write_once(&client, &hub, &now()).await, 1);
+        let mut handle = server.await.unwrap();
+
+        // Once the Route carries that status, the next pass writes nothing.
+        let mut written = route(4);
+        written.status = Some(route_status(
+            &written,
+            hub.attachments().verdicts.get(&ObjKey::new("shop", "r")),
+            &Programmed::default(),
+            &now(),
+        ));
+        hub.update(|ix| ix.apply_route(&written));
+        assert_eq!(write_once(&client, &hub, &now()).await, 0);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), handle.next_request())
+                .await
+                .is_err(),
+            "no request when nothing changed"
+        );
     }
 }
