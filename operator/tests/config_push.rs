@@ -378,3 +378,61 @@ async fn a_sidecar_keeps_its_config_without_the_operator_and_resumes_at_its_vers
     assert!(next.store.version() > inherited);
     assert!(has_route(&next.store, "route:shop/split/0"));
 }
+
+/// An authenticated stream whose request body is `garbage`, over a raw
+/// HTTP/2 client (the sidecar's client never sends a bad frame).
+async fn raw_stream(op: &Operator, token: &str, pod: &str, garbage: &'static [u8]) -> u16 {
+    use http_body_util::Full;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, ServerName};
+
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(&std::fs::read(op.dir.path().join("ca.pem")).unwrap()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(op.addr).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp)
+        .await
+        .unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::post(format!(
+        "https://{SERVER_NAME}{}",
+        baton_config::push::WATCH_PATH
+    ))
+    .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
+    .header(baton_config::push::POD_HEADER, pod)
+    .body(Full::new(bytes::Bytes::from_static(garbage)))
+    .unwrap();
+    sender.send_request(req).await.unwrap().status().as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_reply_closes_only_that_stream() {
+    let op = start_operator().await;
+    let good = start_sidecar(&op, "client-1", "token-1");
+    eventually("the first snapshot", || good.store.version() == 1).await;
+    // client-2 authenticates, then sends a frame that is not JSON.
+    let status = raw_stream(&op, "token-2", "shop/client-2", b"\0\0\0\x03{x}").await;
+    assert_eq!(status, 200, "the stream opened before the bad frame");
+    eventually("the bad frame to close that stream", || {
+        op.hub.metrics().bad_frames.get() == 1 && op.hub.sidecars().len() == 1
+    })
+    .await;
+    // The well-behaved sidecar keeps getting its config.
+    op.hub.update(|ix| ix.apply_route(&split_route()));
+    eventually("the route", || has_route(&good.store, "route:shop/split/0")).await;
+}
