@@ -16,7 +16,11 @@ use baton_crds::conditions::{route as rc, tls_policy as tc, upsert};
 use baton_crds::{Route, RouteStatus, TlsPolicy, TlsPolicyStatus, contract};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client, ResourceExt};
+
+/// Programmed=False reason when a sidecar NACKed the object's generation.
+pub const REFUSED: &str = "Refused";
 
 use super::compile::{RouteVerdict, tls_policy_refusal};
 use super::hub::{Hub, Programmed, Source};
@@ -37,7 +41,7 @@ fn programmed(
     } else if let Some(error) = &p.nack {
         (
             false,
-            "Refused",
+            REFUSED,
             format!(
                 "{}/{} sidecars ACKed; a sidecar refused it: {error}",
                 p.acked, p.total
@@ -173,20 +177,71 @@ pub fn tls_policy_status(policy: &TlsPolicy, p: &Programmed, now: &Time) -> TlsP
 
 /// Writes changed statuses every `period` until dropped (leader only).
 pub async fn run(client: Client, hub: Arc<Hub>, period: Duration) {
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "baton-operator".into(),
+            instance: None,
+        },
+    );
     let mut tick = tokio::time::interval(period);
     loop {
         tick.tick().await;
         if hub.is_synced() {
             let now = Time(k8s_openapi::jiff::Timestamp::now());
-            write_once(&client, &hub, &now).await;
+            write_once(&client, Some(&recorder), &hub, &now).await;
         }
     }
+}
+
+/// A Warning Event on the object a sidecar refused (`kubectl describe`
+/// shows the sidecar's error). Published with the status change that first
+/// carries the refusal, so once per distinct refusal.
+async fn refusal_event(
+    recorder: &Recorder,
+    kind: &str,
+    meta: &kube::api::ObjectMeta,
+    message: &str,
+) {
+    let reference = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some(format!("{}/{}", contract::GROUP, contract::VERSION)),
+        kind: Some(kind.into()),
+        name: meta.name.clone(),
+        namespace: meta.namespace.clone(),
+        uid: meta.uid.clone(),
+        ..Default::default()
+    };
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "ConfigRefused".into(),
+        note: Some(message.chars().take(1000).collect()),
+        action: "PushConfig".into(),
+        secondary: None,
+    };
+    if let Err(error) = recorder.publish(&event, &reference).await {
+        tracing::debug!(%error, "config refusal event not published");
+    }
+}
+
+/// The Programmed condition's message when it reports a refusal.
+fn refused(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+) -> Option<&str> {
+    conditions
+        .iter()
+        .find(|c| c.type_ == rc::PROGRAMMED && c.reason == REFUSED)
+        .map(|c| c.message.as_str())
 }
 
 /// One pass: applies every Route and TlsPolicy status that differs from the
 /// one the object carries. Returns how many were written. A failed write is
 /// logged and retried on the next pass.
-pub async fn write_once(client: &Client, hub: &Hub, now: &Time) -> usize {
+pub async fn write_once(
+    client: &Client,
+    recorder: Option<&Recorder>,
+    hub: &Hub,
+    now: &Time,
+) -> usize {
     let params = PatchParams::apply(contract::FIELD_MANAGER).force();
     let attachments = hub.attachments();
     let (routes, policies) = hub.objects();
@@ -213,7 +268,15 @@ pub async fn write_once(client: &Client, hub: &Hub, now: &Time) -> usize {
             .patch_status(&route.name_any(), &params, &Patch::Apply(&patch))
             .await
         {
-            Ok(_) => written += 1,
+            Ok(_) => {
+                written += 1;
+                let before = route.status.as_ref().and_then(|s| refused(&s.conditions));
+                if let (Some(recorder), Some(message)) = (recorder, refused(&status.conditions))
+                    && before != Some(message)
+                {
+                    refusal_event(recorder, "Route", &route.metadata, message).await;
+                }
+            }
             Err(error) => tracing::warn!(route = %key, %error, "route status not written"),
         }
     }
@@ -234,7 +297,15 @@ pub async fn write_once(client: &Client, hub: &Hub, now: &Time) -> usize {
             .patch_status(&policy.name_any(), &params, &Patch::Apply(&patch))
             .await
         {
-            Ok(_) => written += 1,
+            Ok(_) => {
+                written += 1;
+                let before = policy.status.as_ref().and_then(|s| refused(&s.conditions));
+                if let (Some(recorder), Some(message)) = (recorder, refused(&status.conditions))
+                    && before != Some(message)
+                {
+                    refusal_event(recorder, "TlsPolicy", &policy.metadata, message).await;
+                }
+            }
             Err(error) => tracing::warn!(policy = %key, %error, "tls policy status not written"),
         }
     }
@@ -469,7 +540,7 @@ mod tests {
             );
             handle
         });
-        assert_eq!(write_once(&client, &hub, &now()).await, 1);
+        assert_eq!(write_once(&client, None, &hub, &now()).await, 1);
         let mut handle = server.await.unwrap();
 
         // Once the Route carries that status, the next pass writes nothing.
@@ -481,12 +552,118 @@ mod tests {
             &now(),
         ));
         hub.update(|ix| ix.apply_route(&written));
-        assert_eq!(write_once(&client, &hub, &now()).await, 0);
+        assert_eq!(write_once(&client, None, &hub, &now()).await, 0);
         assert!(
             tokio::time::timeout(Duration::from_millis(50), handle.next_request())
                 .await
                 .is_err(),
             "no request when nothing changed"
         );
+    }
+
+    #[tokio::test]
+    async fn a_nack_lands_in_programmed_and_in_one_warning_event_on_the_route() {
+        use crate::mesh::compile::MeshParams;
+        use crate::mesh::metrics::PushMetrics;
+        use baton_config::push::Reply;
+        use http::{Request, Response};
+        use kube::client::Body;
+
+        let hub = Hub::new(
+            MeshParams {
+                trust_domain: "cluster.local".into(),
+                cluster_domain: "cluster.local".into(),
+                identity: None,
+            },
+            PushMetrics::default(),
+        );
+        let svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "server", "namespace": "shop"},
+            "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": 80}]}
+        }))
+        .unwrap();
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "client", "namespace": "shop",
+                         "labels": {"baton.dev/injected": "true"}},
+            "spec": {"containers": [{"name": "app"}]}
+        }))
+        .unwrap();
+        hub.update(|ix| {
+            ix.apply_service(&svc);
+            ix.apply_pod(&pod);
+            ix.apply_route(&route(2));
+        });
+        hub.mark_synced();
+        let (id, rx) = hub.connect(ObjKey::new("shop", "client"), 0);
+        hub.recompile();
+        let nonce = rx.borrow().as_ref().expect("a push").nonce.clone();
+        hub.reply(
+            id,
+            Reply::Nack {
+                nonce,
+                error: "invalid config: routes[0]: bad".into(),
+            },
+        );
+
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "default");
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "baton-operator".into(),
+                instance: None,
+            },
+        );
+        let server = tokio::spawn(async move {
+            let (request, send) = handle.next_request().await.expect("a status patch");
+            assert!(request.uri().path().ends_with("/routes/r/status"));
+            let body: serde_json::Value =
+                serde_json::from_slice(&request.into_body().collect_bytes().await.unwrap())
+                    .unwrap();
+            let programmed = body["status"]["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["type"] == "Programmed")
+                .unwrap()
+                .clone();
+            assert_eq!(programmed["reason"], REFUSED);
+            assert!(
+                programmed["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("routes[0]: bad")
+            );
+            let mut echoed = serde_json::to_value(route(2)).unwrap();
+            echoed["status"] = body["status"].clone();
+            send.send_response(
+                Response::builder()
+                    .status(200)
+                    .body(Body::from(serde_json::to_vec(&echoed).unwrap()))
+                    .unwrap(),
+            );
+            let (request, send) = handle.next_request().await.expect("an event");
+            assert_eq!(request.method(), http::Method::POST);
+            assert!(
+                request.uri().path().ends_with("/namespaces/shop/events"),
+                "{}",
+                request.uri()
+            );
+            let event: serde_json::Value =
+                serde_json::from_slice(&request.into_body().collect_bytes().await.unwrap())
+                    .unwrap();
+            assert_eq!(event["type"], "Warning");
+            assert_eq!(event["reason"], "ConfigRefused");
+            assert_eq!(event["regarding"]["kind"], "Route");
+            assert!(event["note"].as_str().unwrap().contains("routes[0]: bad"));
+            send.send_response(
+                Response::builder()
+                    .status(201)
+                    .body(Body::from(serde_json::to_vec(&event).unwrap()))
+                    .unwrap(),
+            );
+        });
+        assert_eq!(write_once(&client, Some(&recorder), &hub, &now()).await, 1);
+        server.await.unwrap();
     }
 }
