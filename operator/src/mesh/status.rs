@@ -17,7 +17,7 @@ use baton_crds::{Route, RouteStatus, TlsPolicy, TlsPolicyStatus, contract};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 
 /// Programmed=False reason when a sidecar NACKed the object's generation.
 pub const REFUSED: &str = "Refused";
@@ -242,74 +242,91 @@ pub async fn write_once(
     hub: &Hub,
     now: &Time,
 ) -> usize {
-    let params = PatchParams::apply(contract::FIELD_MANAGER).force();
     let attachments = hub.attachments();
     let (routes, policies) = hub.objects();
     let mut written = 0;
     for route in routes {
         let key = ObjKey::of(route.as_ref());
         let source = Source::Route(key.clone(), route.metadata.generation.unwrap_or(0));
-        let status = route_status(
-            &route,
-            attachments.verdicts.get(&key),
-            &hub.programmed(&source),
-            now,
-        );
-        if route.status.as_ref() == Some(&status) {
-            continue;
-        }
-        let api: Api<Route> = Api::namespaced(client.clone(), &key.namespace);
-        let patch = serde_json::json!({
-            "apiVersion": format!("{}/{}", contract::GROUP, contract::VERSION),
-            "kind": "Route",
-            "status": status,
-        });
-        match api
-            .patch_status(&route.name_any(), &params, &Patch::Apply(&patch))
+        let verdict = attachments.verdicts.get(&key);
+        let status = route_status(&route, verdict, &hub.programmed(&source), now);
+        let before = route.status.as_ref().map(|s| s.conditions.as_slice());
+        if route.status.as_ref() != Some(&status)
+            && apply_status(
+                client,
+                recorder,
+                route.as_ref(),
+                before,
+                &status.conditions,
+                &status,
+            )
             .await
         {
-            Ok(_) => {
-                written += 1;
-                let before = route.status.as_ref().and_then(|s| refused(&s.conditions));
-                if let (Some(recorder), Some(message)) = (recorder, refused(&status.conditions))
-                    && before != Some(message)
-                {
-                    refusal_event(recorder, "Route", &route.metadata, message).await;
-                }
-            }
-            Err(error) => tracing::warn!(route = %key, %error, "route status not written"),
+            written += 1;
         }
     }
     for policy in policies {
         let key = ObjKey::of(policy.as_ref());
         let source = Source::TlsPolicy(key.clone(), policy.metadata.generation.unwrap_or(0));
         let status = tls_policy_status(&policy, &hub.programmed(&source), now);
-        if policy.status.as_ref() == Some(&status) {
-            continue;
-        }
-        let api: Api<TlsPolicy> = Api::namespaced(client.clone(), &key.namespace);
-        let patch = serde_json::json!({
-            "apiVersion": format!("{}/{}", contract::GROUP, contract::VERSION),
-            "kind": "TlsPolicy",
-            "status": status,
-        });
-        match api
-            .patch_status(&policy.name_any(), &params, &Patch::Apply(&patch))
+        let before = policy.status.as_ref().map(|s| s.conditions.as_slice());
+        if policy.status.as_ref() != Some(&status)
+            && apply_status(
+                client,
+                recorder,
+                policy.as_ref(),
+                before,
+                &status.conditions,
+                &status,
+            )
             .await
         {
-            Ok(_) => {
-                written += 1;
-                let before = policy.status.as_ref().and_then(|s| refused(&s.conditions));
-                if let (Some(recorder), Some(message)) = (recorder, refused(&status.conditions))
-                    && before != Some(message)
-                {
-                    refusal_event(recorder, "TlsPolicy", &policy.metadata, message).await;
-                }
-            }
-            Err(error) => tracing::warn!(policy = %key, %error, "tls policy status not written"),
+            written += 1;
         }
     }
     written
+}
+
+/// Server-side applies `status` to `obj` and, when the new conditions
+/// carry a refusal the old ones did not, publishes its Event. Whether the
+/// write succeeded.
+async fn apply_status<K>(
+    client: &Client,
+    recorder: Option<&Recorder>,
+    obj: &K,
+    before: Option<&[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]>,
+    after: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    status: &impl serde::Serialize,
+) -> bool
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let kind = K::kind(&());
+    let key = ObjKey::of(obj);
+    let api: Api<K> = Api::namespaced(client.clone(), &key.namespace);
+    let patch = serde_json::json!({
+        "apiVersion": format!("{}/{}", contract::GROUP, contract::VERSION),
+        "kind": kind,
+        "status": status,
+    });
+    let params = PatchParams::apply(contract::FIELD_MANAGER).force();
+    if let Err(error) = api
+        .patch_status(&key.name, &params, &Patch::Apply(&patch))
+        .await
+    {
+        tracing::warn!(%kind, object = %key, %error, "status not written");
+        return false;
+    }
+    let was = before.and_then(refused);
+    if let (Some(recorder), Some(message)) = (recorder, refused(after))
+        && was != Some(message)
+    {
+        refusal_event(recorder, &kind, obj.meta(), message).await;
+    }
+    true
 }
 
 #[cfg(test)]
