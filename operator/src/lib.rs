@@ -25,6 +25,7 @@
 pub mod admin;
 pub mod identity;
 pub mod leader;
+pub mod mesh;
 pub mod metrics;
 pub mod release;
 pub mod rollout;
@@ -58,6 +59,62 @@ pub struct Args {
     pub log: String,
     #[command(flatten)]
     pub mesh_identity: IdentityArgs,
+    #[command(flatten)]
+    pub config_push: PushArgs,
+}
+
+/// The config push flags (see `mesh`).
+#[derive(Debug, clap::Args)]
+pub struct PushArgs {
+    /// Watch Services, endpoints, injected Pods, Routes and TlsPolicies and
+    /// serve the sidecars' config streams (every replica). Needs the
+    /// identity service, whose certificate it serves.
+    #[arg(id = "config_push_enabled", long = "config-push", env = "BATON_CONFIG_PUSH", default_value_t = false, action = clap::ArgAction::Set)]
+    pub enabled: bool,
+    /// HTTPS (HTTP/2) listener of the config streams.
+    #[arg(
+        long = "config-push-addr",
+        env = "BATON_CONFIG_PUSH_ADDR",
+        default_value = "0.0.0.0:8444"
+    )]
+    pub listen: SocketAddr,
+    /// DNS suffix of the cluster's Services.
+    #[arg(
+        long = "cluster-domain",
+        env = "BATON_CLUSTER_DOMAIN",
+        default_value = "cluster.local"
+    )]
+    pub cluster_domain: String,
+    /// Identity endpoint URL written into compiled TLS sections. Unset: no
+    /// TLS is compiled (sidecars talk plaintext; TlsPolicies select nothing).
+    #[arg(
+        long = "config-push-identity-url",
+        env = "BATON_CONFIG_PUSH_IDENTITY_URL"
+    )]
+    pub identity_url: Option<String>,
+    /// CA bundle path, inside the sidecar, that authenticates that endpoint.
+    #[arg(
+        long = "config-push-identity-ca-bundle",
+        env = "BATON_CONFIG_PUSH_IDENTITY_CA_BUNDLE"
+    )]
+    pub identity_ca_bundle: Option<std::path::PathBuf>,
+}
+
+impl PushArgs {
+    /// The compiler's cluster-wide parameters.
+    pub fn params(&self, trust_domain: &str) -> mesh::compile::MeshParams {
+        mesh::compile::MeshParams {
+            trust_domain: trust_domain.to_owned(),
+            cluster_domain: self.cluster_domain.clone(),
+            identity: self
+                .identity_url
+                .clone()
+                .map(|url| mesh::compile::IdentitySource {
+                    url,
+                    ca_bundle: self.identity_ca_bundle.clone(),
+                }),
+        }
+    }
 }
 
 /// Where the mesh CA comes from.
@@ -214,17 +271,29 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let identity = args.identity.clone().unwrap_or_else(default_identity);
     // Every replica serves identity, leader or not: started before the
     // election. Its failures are logged and never stop the controllers.
+    anyhow::ensure!(
+        !args.config_push.enabled || args.mesh_identity.enabled,
+        "--config-push needs --identity-service (it serves that endpoint's certificate)"
+    );
+    let serving = Arc::new(identity::server::ServingCert::default());
     if args.mesh_identity.enabled {
         let cfg = args
             .mesh_identity
             .config(&args.namespace, Some(identity.clone()))?;
         let (client, m) = (client.clone(), metrics.identity.clone());
+        let serving = serving.clone();
         tokio::spawn(async move {
-            if let Err(error) = crate::identity::run(client, cfg, m).await {
+            if let Err(error) = crate::identity::run_with_serving(client, cfg, m, serving).await {
                 tracing::error!(%error, reason = error.metric_label(), "identity service stopped");
             }
         });
     }
+    // Every replica serves config streams too; only the leader writes status.
+    let hub = if args.config_push.enabled {
+        Some(start_config_push(&args, &client, &metrics, serving, &identity).await?)
+    } else {
+        None
+    };
     let elector = leader::LeaderElector::new(
         client.clone(),
         &args.namespace,
@@ -252,8 +321,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         rollout::controller::http_probe(),
         Some(identity.clone()),
     ));
+    // Only the leader writes Route and TlsPolicy status.
+    let status_writer = {
+        let client = ctx.client.clone();
+        async move {
+            match hub {
+                Some(hub) => mesh::status::run(client, hub, Duration::from_secs(1)).await,
+                None => std::future::pending().await,
+            }
+        }
+    };
     let result = tokio::select! {
         result = rollout::controller::run(ctx) => result,
+        () = status_writer => Err(anyhow::anyhow!("the status writer stopped")),
         lost = leadership.lost() => {
             // Like client-go's OnStoppedLeading: exit, let the pod restart and
             // rejoin as a candidate, so two replicas never write at once.
@@ -273,6 +353,40 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         Err(error) => tracing::warn!(%error, "releasing the Lease failed; it expires on its own"),
     }
     result
+}
+
+/// Starts the watchers, the hub's debouncer and the config stream endpoint.
+async fn start_config_push(
+    args: &Args,
+    client: &kube::Client,
+    metrics: &metrics::Metrics,
+    serving: Arc<identity::server::ServingCert>,
+    instance: &str,
+) -> anyhow::Result<Arc<mesh::hub::Hub>> {
+    let hub = Arc::new(mesh::hub::Hub::new(
+        args.config_push.params(&args.mesh_identity.trust_domain),
+        metrics.push.clone(),
+    ));
+    tokio::spawn(mesh::watch::run(client.clone(), hub.clone()));
+    tokio::spawn(hub.clone().run());
+    let listener = tokio::net::TcpListener::bind(args.config_push.listen)
+        .await
+        .with_context(|| format!("bind --config-push-addr {}", args.config_push.listen))?;
+    tracing::info!(addr = %args.config_push.listen, "config push listening");
+    let server = Arc::new(mesh::server::PushServer {
+        hub: hub.clone(),
+        cluster: identity::cluster::KubeCluster::new(client.clone(), Some(instance.to_owned())),
+        audience: contract::volumes::TOKEN_AUDIENCE.to_owned(),
+        trust_domain: args.mesh_identity.trust_domain.clone(),
+    });
+    tokio::spawn(async move {
+        if let Err(error) =
+            mesh::server::serve(listener, identity::server::acceptor(serving), server).await
+        {
+            tracing::error!(%error, "config push endpoint stopped");
+        }
+    });
+    Ok(hub)
 }
 
 fn default_identity() -> String {
@@ -310,6 +424,38 @@ mod tests {
         assert!(
             cfg.dns_names
                 .contains(&"baton-identity.baton-system.svc".to_owned())
+        );
+    }
+
+    #[test]
+    fn config_push_is_off_by_default_and_its_flags_fill_the_compiler_params() {
+        let args = Args::try_parse_from(["baton-operator"]).unwrap();
+        assert!(!args.config_push.enabled);
+        assert_eq!(args.config_push.params("cluster.local").identity, None);
+        let args = Args::try_parse_from([
+            "baton-operator",
+            "--config-push",
+            "true",
+            "--cluster-domain",
+            "corp.internal",
+            "--config-push-identity-url",
+            "https://baton-identity.baton-system.svc:8443/v1/sign",
+            "--config-push-identity-ca-bundle",
+            "/var/run/baton/ca.crt",
+        ])
+        .unwrap();
+        assert!(args.config_push.enabled);
+        let p = args.config_push.params("mesh.example");
+        assert_eq!(p.trust_domain, "mesh.example");
+        assert_eq!(p.cluster_domain, "corp.internal");
+        let id = p.identity.unwrap();
+        assert_eq!(
+            id.url,
+            "https://baton-identity.baton-system.svc:8443/v1/sign"
+        );
+        assert_eq!(
+            id.ca_bundle.as_deref(),
+            Some(std::path::Path::new("/var/run/baton/ca.crt"))
         );
     }
 

@@ -34,6 +34,8 @@ pub struct Metrics {
     handoff_duration: Histogram,
     /// The identity service's metrics (`baton_operator_identity_*`).
     pub identity: crate::identity::metrics::IdentityMetrics,
+    /// The config push's metrics (`baton_operator_push_*`).
+    pub push: crate::mesh::metrics::PushMetrics,
 }
 
 impl Default for Metrics {
@@ -69,6 +71,8 @@ impl Default for Metrics {
         );
         let identity = crate::identity::metrics::IdentityMetrics::default();
         identity.register(registry.sub_registry_with_prefix("identity"));
+        let push = crate::mesh::metrics::PushMetrics::default();
+        push.register(registry.sub_registry_with_prefix("push"));
         Self {
             registry,
             reconciles,
@@ -76,6 +80,7 @@ impl Default for Metrics {
             rollout_actions,
             handoff_duration,
             identity,
+            push,
         }
     }
 }

@@ -64,6 +64,87 @@ pub struct RunArgs {
     /// Admin address (overrides the config).
     #[arg(long)]
     pub admin: Option<SocketAddr>,
+    #[command(flatten)]
+    pub control: ControlArgs,
+}
+
+/// The operator's config stream (see [`crate::control`]).
+#[derive(Debug, Args)]
+pub struct ControlArgs {
+    /// Take config from the operator's push stream (on top of the in-pod
+    /// default or --config, which serve until the first push).
+    #[arg(long = "config-push", env = "BATON_CONFIG_PUSH", default_value_t = false, action = clap::ArgAction::Set)]
+    pub enabled: bool,
+    /// Operator host (DNS name or IP); the webhook injects it.
+    #[arg(long = "control-plane-address", env = contract::env::CONTROL_PLANE_ADDRESS)]
+    pub address: Option<String>,
+    #[arg(
+        long = "control-plane-port",
+        env = "BATON_CONTROL_PLANE_PORT",
+        default_value_t = 8444
+    )]
+    pub port: u16,
+    /// Name the operator's certificate carries.
+    #[arg(
+        long = "control-plane-server-name",
+        env = "BATON_CONTROL_PLANE_SERVER_NAME",
+        default_value = "baton-identity.baton-system.svc"
+    )]
+    pub server_name: String,
+    /// CA bundle that authenticates the operator.
+    #[arg(long = "control-plane-ca", env = "BATON_CONTROL_PLANE_CA")]
+    pub ca_bundle: Option<PathBuf>,
+    /// Projected ServiceAccount token (audience of the mesh); default: where
+    /// the webhook mounts it.
+    #[arg(long = "control-plane-token")]
+    pub token_path: Option<PathBuf>,
+    #[arg(long = "pod-namespace", env = contract::env::POD_NAMESPACE)]
+    pub pod_namespace: Option<String>,
+    #[arg(long = "pod-name", env = contract::env::POD_NAME)]
+    pub pod_name: Option<String>,
+}
+
+impl ControlArgs {
+    /// The client's configuration, `None` when the stream is off, or what is
+    /// missing to turn it on.
+    pub fn config(&self) -> Result<Option<crate::control::ControlConfig>, String> {
+        if !self.enabled {
+            return Ok(None);
+        }
+        let need = |v: &Option<String>, what: &str| {
+            v.clone()
+                .filter(|s| !s.is_empty())
+                .ok_or_else(|| format!("--config-push needs {what}"))
+        };
+        let address = need(&self.address, "--control-plane-address")?;
+        let ca_bundle = self
+            .ca_bundle
+            .clone()
+            .ok_or("--config-push needs --control-plane-ca")?;
+        let pod = format!(
+            "{}/{}",
+            need(&self.pod_namespace, "--pod-namespace")?,
+            need(&self.pod_name, "--pod-name")?
+        );
+        // An IPv6 literal needs brackets before the port.
+        let host = if address.contains(':') && !address.starts_with('[') {
+            format!("[{address}]")
+        } else {
+            address
+        };
+        Ok(Some(crate::control::ControlConfig {
+            address: format!("{host}:{}", self.port),
+            server_name: self.server_name.clone(),
+            ca_bundle,
+            token_path: self.token_path.clone().unwrap_or_else(|| {
+                std::path::Path::new(contract::volumes::TOKEN_MOUNT_PATH)
+                    .join(contract::volumes::TOKEN_FILE)
+            }),
+            pod,
+            min_backoff: std::time::Duration::from_millis(200),
+            max_backoff: std::time::Duration::from_secs(30),
+        }))
+    }
 }
 
 #[derive(Debug, Args)]
@@ -160,36 +241,6 @@ pub fn quick_snapshot(listen: SocketAddr, upstream: SocketAddr) -> Snapshot {
     }
 }
 
-/// The in-pod default without a config file: transparent outbound and
-/// inbound listeners forwarding to the original destination.
-pub fn pod_default_snapshot() -> Snapshot {
-    let listener = |name: &str, port: u16, direction| ListenerConfig {
-        name: name.into(),
-        address: SocketAddr::from(([0, 0, 0, 0], port)),
-        direction,
-        capture: Capture::Transparent,
-        protocol: Default::default(),
-        opaque_ports: vec![],
-        detect_timeout_ms: 500,
-        tcp_cluster: None,
-        port_map: Default::default(),
-        passthrough: true,
-        max_connections: None,
-        rbac: None,
-        access_log: false,
-    };
-    Snapshot {
-        listeners: vec![
-            listener("outbound", contract::ports::OUTBOUND, Direction::Outbound),
-            listener("inbound", contract::ports::INBOUND, Direction::Inbound),
-        ],
-        admin: crate::config::AdminConfig {
-            address: SocketAddr::from(([0, 0, 0, 0], contract::ports::ADMIN)),
-        },
-        ..Default::default()
-    }
-}
-
 type LogHandle =
     tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>;
 
@@ -250,7 +301,7 @@ fn run_proxy(args: RunArgs) -> Result<(), CliError> {
             Some((path.clone(), Duration::from_millis(args.watch_interval_ms))),
         ),
         (None, Some(l), Some(u)) => (quick_snapshot(l, u), None),
-        _ => (pod_default_snapshot(), None),
+        _ => (crate::config::pod_default(), None),
     };
     if let Some(w) = args.workers {
         snapshot.runtime.worker_threads = w;
@@ -262,6 +313,7 @@ fn run_proxy(args: RunArgs) -> Result<(), CliError> {
         snapshot.admin.address = SocketAddr::from(([127, 0, 0, 1], 0));
     }
     crate::config::compile(&snapshot)?;
+    let control = args.control.config().map_err(CliError::Usage)?;
     // One worker: a current-thread runtime (no work-stealing machinery, no
     // cross-thread wakeups); more: the multi-thread scheduler.
     let rt = &snapshot.runtime;
@@ -311,8 +363,22 @@ fn run_proxy(args: RunArgs) -> Result<(), CliError> {
             // The certificate and key travel with the handoff.
             crate::handoff::HandoffConfig::from_env().with_identity(tls.clone()),
             // Reloaded `tls` sections are checked and applied, /ready reflects
-            // the offload engine, and /metrics carries the TLS series.
-            |running| tls.attach(running),
+            // the offload engine, and /metrics carries the TLS series. The
+            // config stream starts after the store holds what a handoff
+            // handed over, so it resumes at that version.
+            |running| {
+                tls.attach(running);
+                if let Some(cfg) = control {
+                    let shared = running.shared.clone();
+                    // The stream lives as long as the process.
+                    let (_stop, stop) = tokio::sync::watch::channel(false);
+                    tokio::spawn(async move {
+                        let _stop = _stop;
+                        crate::control::run(cfg, shared.store.clone(), shared.metrics.clone(), stop)
+                            .await
+                    });
+                }
+            },
         )
         .await?;
         if ending == crate::lifecycle::Ending::HandedOff && retirement.enabled() {
@@ -393,13 +459,51 @@ mod tests {
     }
 
     #[test]
+    fn the_config_stream_is_off_by_default_and_names_what_it_is_missing() {
+        let parse = |args: &[&str]| {
+            let mut all = vec!["baton-sidecar", "run"];
+            all.extend_from_slice(args);
+            match Cli::try_parse_from(all).unwrap().command {
+                Command::Run(r) => r.control,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert!(parse(&[]).config().unwrap().is_none());
+        let err = parse(&["--config-push", "true", "--control-plane-ca", "/ca.pem"])
+            .config()
+            .unwrap_err();
+        assert!(err.contains("--control-plane-address"), "{err}");
+        let cfg = parse(&[
+            "--config-push",
+            "true",
+            "--control-plane-address",
+            "fd00::10",
+            "--control-plane-ca",
+            "/ca.pem",
+            "--pod-namespace",
+            "shop",
+            "--pod-name",
+            "cart-1",
+        ])
+        .config()
+        .unwrap()
+        .unwrap();
+        assert_eq!(cfg.address, "[fd00::10]:8444");
+        assert_eq!(cfg.pod, "shop/cart-1");
+        assert_eq!(
+            cfg.token_path,
+            std::path::Path::new("/var/run/secrets/baton.dev/identity/token")
+        );
+    }
+
+    #[test]
     fn quick_and_pod_default_snapshots_are_valid() {
         crate::config::compile(&quick_snapshot(
             "127.0.0.1:1".parse().unwrap(),
             "127.0.0.1:2".parse().unwrap(),
         ))
         .unwrap();
-        crate::config::compile(&pod_default_snapshot()).unwrap();
+        crate::config::compile(&crate::config::pod_default()).unwrap();
     }
 
     #[test]

@@ -323,6 +323,7 @@ fn plan(head: &[u8], meta: &ConnMeta, shared: &Shared) -> Result<Plan, Fallback>
     };
     let view = RequestView {
         host: hostname,
+        port: host_port.unwrap_or(meta.dst_port()),
         path,
         query,
         method: &method,

@@ -331,6 +331,7 @@ impl HttpService {
         let (host, host_port) = split_host_port(authority);
         let view = RequestView {
             host,
+            port: host_port.unwrap_or(self.conn.dst_port()),
             path: req.uri().path(),
             query: req.uri().query(),
             method: req.method(),

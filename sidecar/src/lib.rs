@@ -25,6 +25,7 @@ pub mod cli;
 pub mod coarse_timer;
 pub mod config;
 pub mod conn;
+pub mod control;
 pub mod detect;
 pub mod filters;
 pub mod h1fast;

@@ -178,6 +178,10 @@ pub struct Metrics {
     pub config_version: Gauge,
     pub config_applies: Counter,
     pub config_apply_errors: Family<Labels, Counter>,
+    /// 1 while the config stream to the operator is open.
+    pub control_connected: Gauge,
+    /// Config stream (re)connection attempts that failed or ended.
+    pub control_reconnects: Counter,
     pub phase: Family<Labels, Gauge>,
     pub local_responses: Family<Labels, Counter>,
     /// HTTP/1 request heads refused by `h1valid::validate`, by reason.
@@ -223,6 +227,8 @@ impl Metrics {
             mirror: Family::default(),
             config_version: Gauge::default(),
             config_applies: Counter::default(),
+            control_connected: Gauge::default(),
+            control_reconnects: Counter::default(),
             config_apply_errors: Family::default(),
             phase: Family::default(),
             local_responses: Family::default(),
@@ -282,6 +288,16 @@ impl Metrics {
             "config_applies",
             "Config snapshots applied",
             m.config_applies.clone(),
+        );
+        r.register(
+            "control_stream_connected",
+            "1 while the config stream to the operator is open",
+            m.control_connected.clone(),
+        );
+        r.register(
+            "control_stream_reconnects",
+            "Config stream connections to the operator that failed or ended",
+            m.control_reconnects.clone(),
         );
         r.register(
             "config_apply_errors",

@@ -212,6 +212,8 @@ impl RetryPolicy {
 pub struct CompiledRoute {
     pub name: Arc<str>,
     pub hosts: Vec<HostMatch>,
+    /// Destination ports (any of); empty = any.
+    pub ports: Vec<u16>,
     pub path: Option<PathMatcher>,
     pub methods: Vec<Method>,
     pub headers: Vec<HeaderCondition>,
@@ -235,6 +237,9 @@ pub struct CompiledRoute {
 pub struct RequestView<'a> {
     /// Host without port.
     pub host: &'a str,
+    /// Destination port: the Host header's port, else the connection's
+    /// (original) destination port.
+    pub port: u16,
     pub path: &'a str,
     pub query: Option<&'a str>,
     pub method: &'a Method,
@@ -245,6 +250,7 @@ impl CompiledRoute {
     /// True when every condition of the route holds for `req`.
     pub fn matches(&self, req: &RequestView<'_>) -> bool {
         (self.hosts.is_empty() || self.hosts.iter().any(|h| h.matches(req.host)))
+            && (self.ports.is_empty() || self.ports.contains(&req.port))
             && self.path.as_ref().is_none_or(|p| p.matches(req.path))
             && (self.methods.is_empty() || self.methods.iter().any(|m| m == req.method))
             && self
@@ -339,6 +345,7 @@ clusters: [{name: a, endpoints: ['127.0.0.1:1']}, {name: b, endpoints: ['127.0.0
         };
         RequestView {
             host,
+            port: 80,
             path,
             query,
             method,
@@ -393,6 +400,29 @@ clusters: [{name: a, endpoints: ['127.0.0.1:1']}, {name: b, endpoints: ['127.0.0
                 want,
                 "host {host}"
             );
+        }
+    }
+
+    #[test]
+    fn destination_ports_separate_routes_with_the_same_host() {
+        let t = table(&format!(
+            "{BASE}routes:
+- {{name: web, match: {{hosts: [svc], ports: [80]}}, backends: [{{cluster: a}}]}}
+- {{name: admin, match: {{hosts: [svc], ports: [8080, 8081]}}, backends: [{{cluster: a}}]}}"
+        ));
+        let h = HeaderMap::new();
+        let m = Method::GET;
+        for (port, want) in [
+            (80, Some("web")),
+            (8080, Some("admin")),
+            (8081, Some("admin")),
+            (9000, None),
+        ] {
+            let view = RequestView {
+                port,
+                ..req("svc", "/", &m, &h)
+            };
+            assert_eq!(route_name(&t, view).as_deref(), want, "port {port}");
         }
     }
 

@@ -143,11 +143,21 @@ pub async fn run(
     cfg: IdentityConfig,
     metrics: IdentityMetrics,
 ) -> Result<(), IdentityError> {
+    run_with_serving(client, cfg, metrics, Arc::new(ServingCert::default())).await
+}
+
+/// [`run`], keeping `serving` issued and rotated: another endpoint of this
+/// replica (the config push) serves the same certificate.
+pub async fn run_with_serving(
+    client: Client,
+    cfg: IdentityConfig,
+    metrics: IdentityMetrics,
+    serving: Arc<ServingCert>,
+) -> Result<(), IdentityError> {
     let api: Api<Secret> = Api::namespaced(client.clone(), &cfg.namespace);
     let (authority, mut rv) = load_authority(&api, &cfg).await;
     tracing::info!(?authority, "mesh CA loaded");
     publish_ca(&metrics, &authority);
-    let serving = Arc::new(ServingCert::default());
     let mut renew_serving_at = issue_serving(&authority, &cfg, &serving)?;
     let authority = Arc::new(ArcSwap::from_pointee(authority));
 

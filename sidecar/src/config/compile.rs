@@ -395,6 +395,7 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
             Arc::new(CompiledRoute {
                 name: Arc::from(r.name.as_str()),
                 hosts,
+                ports: m.ports.clone(),
                 path,
                 methods,
                 headers,

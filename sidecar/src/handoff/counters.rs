@@ -397,6 +397,7 @@ mod tests {
             m.outlier_ejections.inc();
             m.mirror.get_or_create(&vec![("outcome", "sent")]).inc();
             m.config_applies.inc();
+            m.control_reconnects.inc();
             m.config_apply_errors
                 .get_or_create(&vec![("reason", "invalid")])
                 .inc();

@@ -1,7 +1,7 @@
 //! The one place YAML is read or written (serde_yaml_ng), plus redaction for
 //! `/config`. Everything else deals in typed [`Snapshot`]s.
 
-use super::Snapshot;
+use crate::Snapshot;
 
 /// Parse error with a line/column the user can act on.
 #[derive(Debug, thiserror::Error)]
@@ -71,7 +71,7 @@ mod tests {
 
     #[test]
     fn snapshot_round_trips_through_yaml() {
-        let text = include_str!("../../../examples/standalone.yaml");
+        let text = include_str!("../../examples/standalone.yaml");
         let snap = parse(text).unwrap();
         let again = parse(&to_string(&snap).unwrap()).unwrap();
         assert_eq!(snap, again);

@@ -1,0 +1,363 @@
+//! The push hub: the index, the connected sidecar streams, and the loop that
+//! turns index changes into pushes.
+//!
+//! Watchers write into the index through [`Hub::update`]; every write marks
+//! the hub dirty. The debouncer waits [`Hub::DEBOUNCE`] after the first
+//! write (so a burst of changes — a Deployment scaling, a Route and its
+//! Services applied together — becomes one push), then recompiles every
+//! connected sidecar and sends a new version only to those whose snapshot
+//! changed. Nothing is pushed before every watcher has listed its kind once
+//! (resync complete), so an operator restart or failover never sends a
+//! partial config. Each stream holds only the latest push (a `watch`
+//! channel): a slow sidecar gets the newest config, never a backlog.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use baton_config::Snapshot;
+use baton_config::push::{Push, Reply};
+use tokio::sync::{Notify, watch};
+
+use super::compile::{Attachments, MeshParams, attach_routes, compile};
+use super::index::{Index, ObjKey};
+use super::metrics::PushMetrics;
+
+/// Identifies one connected stream.
+pub type StreamId = u64;
+
+/// An object that went into a snapshot, at its generation: what status
+/// counts as programmed once the snapshot is ACKed.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Source {
+    Route(ObjKey, i64),
+    TlsPolicy(ObjKey, i64),
+}
+
+/// How many sidecars serve an object's current generation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Programmed {
+    /// Sidecars whose last ACKed snapshot holds this generation.
+    pub acked: usize,
+    /// Sidecars the object is programmed into (its last push holds it).
+    pub total: usize,
+    /// A NACK of a snapshot holding this generation, if any.
+    pub nack: Option<String>,
+}
+
+/// What the hub knows of one stream.
+#[derive(Debug)]
+struct Stream {
+    pod: ObjKey,
+    tx: watch::Sender<Option<Arc<Push>>>,
+    /// The last snapshot sent (version 0), to tell whether a change affects
+    /// this sidecar.
+    sent: Option<Snapshot>,
+    /// What went into the last push, and into the last ACKed one.
+    sent_sources: BTreeSet<Source>,
+    acked_sources: BTreeSet<Source>,
+    version: u64,
+    /// Push awaiting its reply: nonce and when it was sent.
+    pending: Option<(String, Instant)>,
+    acked: Option<u64>,
+    /// The last NACK's error, cleared by the next ACK.
+    nack: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    index: Index,
+    attachments: Arc<Attachments>,
+    streams: HashMap<StreamId, Stream>,
+    next_id: StreamId,
+}
+
+/// State of one sidecar's config, as status reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SidecarState {
+    pub pod: ObjKey,
+    pub version: u64,
+    pub acked: Option<u64>,
+    pub nack: Option<String>,
+}
+
+#[derive(Debug)]
+pub struct Hub {
+    inner: Mutex<Inner>,
+    params: MeshParams,
+    dirty: Notify,
+    synced: watch::Sender<bool>,
+    metrics: PushMetrics,
+}
+
+impl Hub {
+    /// Coalescing window after the first change of a burst.
+    pub const DEBOUNCE: Duration = Duration::from_millis(100);
+
+    pub fn new(params: MeshParams, metrics: PushMetrics) -> Self {
+        Self {
+            inner: Mutex::new(Inner::default()),
+            params,
+            dirty: Notify::new(),
+            synced: watch::channel(false).0,
+            metrics,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Change the index (a watcher event) and schedule a recompile.
+    pub fn update(&self, f: impl FnOnce(&mut Index)) {
+        f(&mut self.lock().index);
+        self.dirty.notify_one();
+    }
+
+    /// Every watcher has listed its kind once: pushes may start.
+    pub fn mark_synced(&self) {
+        self.synced.send_replace(true);
+        self.dirty.notify_one();
+    }
+
+    pub fn metrics(&self) -> &PushMetrics {
+        &self.metrics
+    }
+
+    pub fn is_synced(&self) -> bool {
+        *self.synced.borrow()
+    }
+
+    /// A sidecar connected for `pod`, serving `version`. Its first push
+    /// (the full snapshot) comes with the next recompile, which this
+    /// schedules.
+    pub fn connect(
+        &self,
+        pod: ObjKey,
+        version: u64,
+    ) -> (StreamId, watch::Receiver<Option<Arc<Push>>>) {
+        let (tx, rx) = watch::channel(None);
+        let id = {
+            let mut inner = self.lock();
+            let id = inner.next_id;
+            inner.next_id += 1;
+            inner.streams.insert(
+                id,
+                Stream {
+                    pod,
+                    tx,
+                    sent: None,
+                    sent_sources: BTreeSet::new(),
+                    acked_sources: BTreeSet::new(),
+                    version,
+                    pending: None,
+                    acked: (version > 0).then_some(version),
+                    nack: None,
+                },
+            );
+            self.metrics.connected.set(inner.streams.len() as i64);
+            id
+        };
+        self.dirty.notify_one();
+        (id, rx)
+    }
+
+    pub fn disconnect(&self, id: StreamId) {
+        let mut inner = self.lock();
+        inner.streams.remove(&id);
+        self.metrics.connected.set(inner.streams.len() as i64);
+    }
+
+    /// A sidecar answered. Replies naming another nonce than the pending
+    /// push (a stale reply) are counted and ignored.
+    pub fn reply(&self, id: StreamId, reply: Reply) {
+        let mut inner = self.lock();
+        let Some(s) = inner.streams.get_mut(&id) else {
+            return;
+        };
+        let nonce = match &reply {
+            Reply::Ack { nonce, .. } | Reply::Nack { nonce, .. } => nonce,
+        };
+        let Some((pending, sent_at)) = s.pending.take_if(|(n, _)| n == nonce) else {
+            self.metrics
+                .replies
+                .get_or_create(&reply_labels("stale"))
+                .inc();
+            return;
+        };
+        debug_assert_eq!(&pending, nonce);
+        match reply {
+            Reply::Ack { version, .. } => {
+                self.metrics
+                    .push_to_ack
+                    .observe(sent_at.elapsed().as_secs_f64());
+                self.metrics
+                    .replies
+                    .get_or_create(&reply_labels("ack"))
+                    .inc();
+                s.acked = Some(version);
+                s.acked_sources = s.sent_sources.clone();
+                s.nack = None;
+            }
+            Reply::Nack { error, .. } => {
+                self.metrics
+                    .replies
+                    .get_or_create(&reply_labels("nack"))
+                    .inc();
+                tracing::warn!(pod = %s.pod, version = s.version, %error, "sidecar refused its config; it keeps its last good one");
+                s.nack = Some(error);
+            }
+        }
+    }
+
+    /// Each connected sidecar's state (for status).
+    pub fn sidecars(&self) -> Vec<SidecarState> {
+        self.lock()
+            .streams
+            .values()
+            .map(|s| SidecarState {
+                pod: s.pod.clone(),
+                version: s.version,
+                acked: s.acked,
+                nack: s.nack.clone(),
+            })
+            .collect()
+    }
+
+    /// How many of this replica's sidecars serve `source` (a Route or
+    /// TlsPolicy at its current generation).
+    pub fn programmed(&self, source: &Source) -> Programmed {
+        let same_object = |s: &Source| match (s, source) {
+            (Source::Route(a, _), Source::Route(b, _))
+            | (Source::TlsPolicy(a, _), Source::TlsPolicy(b, _)) => a == b,
+            _ => false,
+        };
+        let inner = self.lock();
+        let mut out = Programmed::default();
+        for s in inner.streams.values() {
+            if !s.sent_sources.iter().any(same_object) {
+                continue;
+            }
+            out.total += 1;
+            if s.acked_sources.contains(source) {
+                out.acked += 1;
+            } else if s.sent_sources.contains(source) && out.nack.is_none() {
+                out.nack = s.nack.clone();
+            }
+        }
+        out
+    }
+
+    /// The Routes and TlsPolicies in the index (for the status writer).
+    pub fn objects(&self) -> (Vec<Arc<baton_crds::Route>>, Vec<Arc<baton_crds::TlsPolicy>>) {
+        let inner = self.lock();
+        (
+            inner.index.routes.values().cloned().collect(),
+            inner.index.tls_policies.values().cloned().collect(),
+        )
+    }
+
+    /// Route attachment as of the last recompile.
+    pub fn attachments(&self) -> Arc<Attachments> {
+        self.lock().attachments.clone()
+    }
+
+    /// Recompile every stream and push where the snapshot changed. Returns
+    /// how many pushes were sent.
+    pub fn recompile(&self) -> usize {
+        if !self.is_synced() {
+            return 0;
+        }
+        let started = Instant::now();
+        let mut inner = self.lock();
+        let attachments = Arc::new(attach_routes(&inner.index));
+        inner.attachments = attachments.clone();
+        let Inner { index, streams, .. } = &mut *inner;
+        // Streams of one Pod (a handoff's old and new process) share a compile.
+        let mut compiled: BTreeMap<ObjKey, Option<(Snapshot, BTreeSet<Source>)>> = BTreeMap::new();
+        let mut pushes = 0;
+        for s in streams.values_mut() {
+            let snapshot = compiled
+                .entry(s.pod.clone())
+                .or_insert_with(
+                    || match compile(index, &attachments, &self.params, &s.pod) {
+                        Ok(c) => {
+                            let generation =
+                                |meta: &kube::api::ObjectMeta| meta.generation.unwrap_or(0);
+                            let sources = c
+                                .routes
+                                .iter()
+                                .filter_map(|k| {
+                                    let r = index.routes.get(k)?;
+                                    Some(Source::Route(k.clone(), generation(&r.metadata)))
+                                })
+                                .chain(c.tls_policy.iter().filter_map(|k| {
+                                    let p = index.tls_policies.get(k)?;
+                                    Some(Source::TlsPolicy(k.clone(), generation(&p.metadata)))
+                                }))
+                                .collect();
+                            Some((c.snapshot, sources))
+                        }
+                        Err(error) => {
+                            // The Pod is not (yet) in the index: it connected
+                            // before its watch event arrived. Its push follows
+                            // that event.
+                            tracing::debug!(%error, "no config for a connected sidecar yet");
+                            None
+                        }
+                    },
+                )
+                .clone();
+            let Some((snapshot, sources)) = snapshot else {
+                continue;
+            };
+            if s.sent.as_ref() == Some(&snapshot) {
+                // Same config: a new generation that compiles the same
+                // (a cosmetic edit) counts as served once the current
+                // snapshot is ACKed.
+                if s.sent_sources != sources {
+                    if s.pending.is_none() && s.acked_sources == s.sent_sources {
+                        s.acked_sources = sources.clone();
+                    }
+                    s.sent_sources = sources;
+                }
+                continue;
+            }
+            s.sent_sources = sources;
+            s.version += 1;
+            let nonce = format!("{}-{}", s.version, rand::random::<u32>());
+            let mut versioned = snapshot.clone();
+            versioned.version = s.version;
+            s.pending = Some((nonce.clone(), Instant::now()));
+            s.sent = Some(snapshot);
+            s.tx.send_replace(Some(Arc::new(Push {
+                version: s.version,
+                nonce,
+                snapshot: versioned,
+            })));
+            pushes += 1;
+        }
+        drop(inner);
+        self.metrics.pushes.inc_by(pushes as u64);
+        self.metrics
+            .compile_seconds
+            .observe(started.elapsed().as_secs_f64());
+        pushes
+    }
+
+    /// The debounce loop: runs until the process ends.
+    pub async fn run(self: Arc<Self>) {
+        let mut synced = self.synced.subscribe();
+        // A connect or update before the first resync only waits for it.
+        let _ = synced.wait_for(|s| *s).await;
+        loop {
+            self.dirty.notified().await;
+            tokio::time::sleep(Self::DEBOUNCE).await;
+            self.recompile();
+        }
+    }
+}
+
+fn reply_labels(kind: &'static str) -> super::metrics::ReplyLabels {
+    super::metrics::ReplyLabels { kind }
+}

@@ -1,0 +1,326 @@
+//! In-memory indexes of what the config compiler reads: Services, their
+//! endpoints, injected Pods, Routes and TlsPolicies.
+//!
+//! Why our own index rather than kube-runtime's reflector stores: the
+//! compiler runs for every affected sidecar on every change, so it must read
+//! small, pre-digested records (a Service's ports and ClusterIP, an
+//! endpoint's address and readiness) instead of walking full API objects;
+//! and each kind of endpoints object (`discovery.k8s.io/v1` EndpointSlices
+//! or core/v1 Endpoints, whichever the API server serves) lands in one
+//! shape. Everything here is pure: `apply_*`/`delete_*` take the API object,
+//! so unit tests feed objects straight in with no API server (linkerd2's
+//! policy controller index is the model).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use baton_crds::contract;
+use baton_crds::{Route, TlsPolicy};
+use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+
+/// A namespaced object's name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjKey {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// The key of a namespaced API object (`default` namespace when unset).
+    pub fn of<K: kube::Resource>(obj: &K) -> Self {
+        Self::new(
+            obj.meta().namespace.as_deref().unwrap_or("default"),
+            obj.meta().name.as_deref().unwrap_or_default(),
+        )
+    }
+}
+
+impl std::fmt::Display for ObjKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// One port of a Service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServicePortInfo {
+    pub port: u16,
+    /// Port name; endpoints name their ports after it.
+    pub name: Option<String>,
+    /// Only TCP ports are meshed (the sidecar proxies TCP).
+    pub tcp: bool,
+}
+
+/// What the compiler needs of a Service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceInfo {
+    /// `None` for headless Services.
+    pub cluster_ip: Option<IpAddr>,
+    pub ports: Vec<ServicePortInfo>,
+}
+
+/// One endpoint address of a Service and the ports it serves, by the
+/// Service port's name (`""` for an unnamed port).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointInfo {
+    pub ip: IpAddr,
+    pub ready: bool,
+    /// The Pod behind the address (`targetRef`), when it is one.
+    pub pod: Option<ObjKey>,
+    pub ports: BTreeMap<String, u16>,
+}
+
+/// What the compiler needs of an injected Pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodInfo {
+    pub ip: Option<IpAddr>,
+    pub labels: BTreeMap<String, String>,
+    pub service_account: String,
+    pub ready: bool,
+    /// Carries Baton's sidecar (the webhook's `baton.dev/injected` label).
+    pub injected: bool,
+}
+
+/// Everything the compiler reads, keyed for lookups by the compiler.
+#[derive(Debug, Default, Clone)]
+pub struct Index {
+    pub services: BTreeMap<ObjKey, ServiceInfo>,
+    /// Service → endpoints source (one EndpointSlice, or the Service's one
+    /// Endpoints object, by name) → its endpoints. Slices of one Service are
+    /// kept apart so a slice's update replaces only its own addresses.
+    pub endpoints: BTreeMap<ObjKey, BTreeMap<String, Vec<EndpointInfo>>>,
+    pub pods: BTreeMap<ObjKey, PodInfo>,
+    pub routes: BTreeMap<ObjKey, Arc<Route>>,
+    pub tls_policies: BTreeMap<ObjKey, Arc<TlsPolicy>>,
+}
+
+/// Label of an EndpointSlice naming its Service.
+const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+impl Index {
+    pub fn apply_service(&mut self, svc: &Service) {
+        let spec = svc.spec.as_ref();
+        let cluster_ip = spec
+            .and_then(|s| s.cluster_ip.as_deref())
+            .and_then(|ip| ip.parse().ok());
+        let ports = spec
+            .and_then(|s| s.ports.as_ref())
+            .map(|ports| {
+                ports
+                    .iter()
+                    .filter_map(|p| {
+                        Some(ServicePortInfo {
+                            port: u16::try_from(p.port).ok()?,
+                            name: p.name.clone().filter(|n| !n.is_empty()),
+                            tcp: p.protocol.as_deref().is_none_or(|p| p == "TCP"),
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        self.services
+            .insert(ObjKey::of(svc), ServiceInfo { cluster_ip, ports });
+    }
+
+    pub fn delete_service(&mut self, key: &ObjKey) {
+        self.services.remove(key);
+    }
+
+    /// An EndpointSlice replaces what the same slice said before. Addresses
+    /// without a `ready` condition count as ready (the API's rule).
+    pub fn apply_endpoint_slice(&mut self, slice: &EndpointSlice) {
+        let Some(service) = slice_service(slice) else {
+            return;
+        };
+        let ports = port_map(slice.ports.iter().flatten().map(|p| (&p.name, p.port)));
+        let endpoints = slice
+            .endpoints
+            .iter()
+            .flat_map(|e| {
+                let ready = e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+                let pod = pod_ref(e.target_ref.as_ref(), &service.namespace);
+                let ports = ports.clone();
+                e.addresses.iter().filter_map(move |a| {
+                    Some(EndpointInfo {
+                        ip: a.parse().ok()?,
+                        ready,
+                        pod: pod.clone(),
+                        ports: ports.clone(),
+                    })
+                })
+            })
+            .collect();
+        self.endpoints
+            .entry(service)
+            .or_default()
+            .insert(slice.name_any(), endpoints);
+    }
+
+    pub fn delete_endpoint_slice(&mut self, slice: &EndpointSlice) {
+        if let Some(service) = slice_service(slice) {
+            self.remove_endpoints_source(&service, &slice.name_any());
+        }
+    }
+
+    /// core/v1 Endpoints (API servers without `discovery.k8s.io/v1`): one
+    /// object per Service, same name; `notReadyAddresses` are not ready.
+    pub fn apply_endpoints(&mut self, eps: &Endpoints) {
+        let service = ObjKey::of(eps);
+        let mut endpoints = Vec::new();
+        for subset in eps.subsets.iter().flatten() {
+            let ports = port_map(
+                subset
+                    .ports
+                    .iter()
+                    .flatten()
+                    .map(|p| (&p.name, Some(p.port))),
+            );
+            for (list, ready) in [
+                (&subset.addresses, true),
+                (&subset.not_ready_addresses, false),
+            ] {
+                for a in list.iter().flatten() {
+                    let Ok(ip) = a.ip.parse() else { continue };
+                    endpoints.push(EndpointInfo {
+                        ip,
+                        ready,
+                        pod: pod_ref(a.target_ref.as_ref(), &service.namespace),
+                        ports: ports.clone(),
+                    });
+                }
+            }
+        }
+        let source = service.name.clone();
+        self.endpoints
+            .entry(service)
+            .or_default()
+            .insert(source, endpoints);
+    }
+
+    pub fn delete_endpoints(&mut self, key: &ObjKey) {
+        self.remove_endpoints_source(key, &key.name.clone());
+    }
+
+    fn remove_endpoints_source(&mut self, service: &ObjKey, source: &str) {
+        if let Some(sources) = self.endpoints.get_mut(service) {
+            sources.remove(source);
+            if sources.is_empty() {
+                self.endpoints.remove(service);
+            }
+        }
+    }
+
+    pub fn apply_pod(&mut self, pod: &Pod) {
+        let status = pod.status.as_ref();
+        let ready = status
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        let info = PodInfo {
+            ip: status
+                .and_then(|s| s.pod_ip.as_deref())
+                .and_then(|ip| ip.parse().ok()),
+            labels: pod.labels().clone(),
+            service_account: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.service_account_name.clone())
+                .unwrap_or_else(|| "default".into()),
+            ready,
+            injected: pod
+                .labels()
+                .get(contract::labels::INJECTED)
+                .is_some_and(|v| v == "true"),
+        };
+        self.pods.insert(ObjKey::of(pod), info);
+    }
+
+    pub fn delete_pod(&mut self, key: &ObjKey) {
+        self.pods.remove(key);
+    }
+
+    pub fn apply_route(&mut self, route: &Route) {
+        self.routes
+            .insert(ObjKey::of(route), Arc::new(route.clone()));
+    }
+
+    pub fn delete_route(&mut self, key: &ObjKey) {
+        self.routes.remove(key);
+    }
+
+    pub fn apply_tls_policy(&mut self, policy: &TlsPolicy) {
+        self.tls_policies
+            .insert(ObjKey::of(policy), Arc::new(policy.clone()));
+    }
+
+    pub fn delete_tls_policy(&mut self, key: &ObjKey) {
+        self.tls_policies.remove(key);
+    }
+
+    /// The endpoints of `service` (every source merged, duplicates of one
+    /// address kept once, ready wins).
+    pub fn service_endpoints(&self, service: &ObjKey) -> Vec<&EndpointInfo> {
+        let mut seen = BTreeSet::new();
+        let mut all: Vec<&EndpointInfo> = self
+            .endpoints
+            .get(service)
+            .into_iter()
+            .flat_map(|sources| sources.values().flatten())
+            .collect();
+        // Ready addresses first so a duplicate not-ready copy never hides one.
+        all.sort_by_key(|e| (!e.ready, e.ip));
+        all.retain(|e| seen.insert(e.ip));
+        all
+    }
+}
+
+/// Endpoint ports by name (`""` for the unnamed port); out-of-range
+/// numbers are dropped.
+fn port_map<'a>(
+    ports: impl Iterator<Item = (&'a Option<String>, Option<i32>)>,
+) -> BTreeMap<String, u16> {
+    ports
+        .filter_map(|(name, port)| {
+            Some((name.clone().unwrap_or_default(), u16::try_from(port?).ok()?))
+        })
+        .collect()
+}
+
+/// The Service an EndpointSlice belongs to (its `kubernetes.io/service-name`
+/// label), `None` for slices no Service owns.
+fn slice_service(slice: &EndpointSlice) -> Option<ObjKey> {
+    let name = slice.labels().get(SERVICE_NAME_LABEL)?;
+    Some(ObjKey::new(
+        slice.namespace().unwrap_or_else(|| "default".into()),
+        name.clone(),
+    ))
+}
+
+fn pod_ref(
+    target: Option<&k8s_openapi::api::core::v1::ObjectReference>,
+    namespace: &str,
+) -> Option<ObjKey> {
+    let t = target?;
+    (t.kind.as_deref() == Some("Pod")).then(|| {
+        ObjKey::new(
+            t.namespace.as_deref().unwrap_or(namespace),
+            t.name.clone().unwrap_or_default(),
+        )
+    })
+}
+
+/// A Route's age for conflict resolution: older wins; equal timestamps are
+/// ordered by name so the outcome never depends on event order.
+pub fn creation(route: &Route) -> (Option<&Time>, String) {
+    (route.metadata.creation_timestamp.as_ref(), route.name_any())
+}

@@ -1,0 +1,277 @@
+//! The config watch endpoint: HTTP/2 over TLS, one long-lived stream per
+//! sidecar (wire format in [`baton_config::push`]).
+//!
+//! A stream opens only for a caller whose projected ServiceAccount token the
+//! API server accepts for the mesh audience (TokenReview, the audience
+//! checked), bound to a meshed Pod, and that Pod must be the one the
+//! sidecar claims in `x-baton-pod`: a sidecar can never read another Pod's
+//! config. Authentication reuses the identity service's TokenReview path
+//! ([`crate::identity::cluster::Cluster`], [`caller_from_review`]). A
+//! refused stream gets a status and a JSON reason, and is counted; a
+//! malformed reply frame closes that stream only.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use baton_config::push::{self, Decoder, Reply};
+use bytes::Bytes;
+use http::{Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+use super::hub::{Hub, StreamId};
+use super::index::ObjKey;
+use crate::identity::cluster::{Cluster, PodState};
+use crate::identity::issue::{Refusal, caller_from_review};
+
+/// Why a stream was not opened.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamRefusal {
+    #[error(transparent)]
+    Auth(#[from] Refusal),
+    #[error(
+        "header {} must name the sidecar's Pod as namespace/name",
+        push::POD_HEADER
+    )]
+    MissingPod,
+    #[error("the token is bound to pod {bound}, not {claimed}")]
+    PodMismatch { claimed: String, bound: String },
+    #[error("use POST {}", push::WATCH_PATH)]
+    NotFound,
+}
+
+impl StreamRefusal {
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            StreamRefusal::Auth(r) => r.metric_label(),
+            StreamRefusal::MissingPod => "missing_pod",
+            StreamRefusal::PodMismatch { .. } => "pod_mismatch",
+            StreamRefusal::NotFound => "not_found",
+        }
+    }
+
+    fn status(&self) -> StatusCode {
+        match self {
+            StreamRefusal::Auth(r) => {
+                StatusCode::from_u16(r.http_status()).unwrap_or(StatusCode::FORBIDDEN)
+            }
+            StreamRefusal::MissingPod => StatusCode::BAD_REQUEST,
+            StreamRefusal::PodMismatch { .. } => StatusCode::FORBIDDEN,
+            StreamRefusal::NotFound => StatusCode::NOT_FOUND,
+        }
+    }
+}
+
+/// The endpoint's state: the hub and how callers are authenticated.
+#[derive(Debug)]
+pub struct PushServer<C> {
+    pub hub: Arc<Hub>,
+    pub cluster: C,
+    /// Audience the sidecar's token must carry.
+    pub audience: String,
+    pub trust_domain: String,
+}
+
+type Body = BoxBody<Bytes, Infallible>;
+
+impl<C: Cluster> PushServer<C> {
+    /// Who may open a stream for which Pod.
+    async fn authenticate(&self, req: &Request<Incoming>) -> Result<ObjKey, StreamRefusal> {
+        if req.uri().path() != push::WATCH_PATH || req.method() != http::Method::POST {
+            return Err(StreamRefusal::NotFound);
+        }
+        let token = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .ok_or(Refusal::MissingToken)?;
+        let claimed = req
+            .headers()
+            .get(push::POD_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split_once('/'))
+            .map(|(ns, name)| ObjKey::new(ns, name))
+            .ok_or(StreamRefusal::MissingPod)?;
+        let review = self.cluster.review(token, &self.audience).await?;
+        let caller = caller_from_review(&review, &self.audience, &self.trust_domain)?;
+        let bound = ObjKey::new(&caller.identity.namespace, &caller.pod_name);
+        if bound != claimed {
+            return Err(StreamRefusal::PodMismatch {
+                claimed: claimed.to_string(),
+                bound: bound.to_string(),
+            });
+        }
+        match self
+            .cluster
+            .pod(&bound.namespace, &bound.name, caller.pod_uid.as_deref())
+            .await?
+        {
+            PodState::Meshed => Ok(bound),
+            PodState::NotMeshed => Err(Refusal::PodNotMeshed {
+                namespace: bound.namespace,
+                pod: bound.name,
+            }
+            .into()),
+            PodState::Gone => Err(Refusal::PodNotFound {
+                namespace: bound.namespace,
+                pod: bound.name,
+            }
+            .into()),
+        }
+    }
+
+    /// Answers one request: a refusal, or the stream of pushes.
+    pub async fn respond(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+        let pod = match self.authenticate(&req).await {
+            Ok(pod) => pod,
+            Err(refusal) => {
+                self.hub
+                    .metrics()
+                    .refusals
+                    .get_or_create(&super::metrics::RefusalLabels {
+                        reason: refusal.metric_label(),
+                    })
+                    .inc();
+                tracing::info!(reason = refusal.metric_label(), error = %refusal, "config stream refused");
+                let body = serde_json::json!({
+                    "reason": refusal.metric_label(),
+                    "message": refusal.to_string(),
+                });
+                return Response::builder()
+                    .status(refusal.status())
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Full::new(Bytes::from(body.to_string())).boxed())
+                    .expect("static response parts");
+            }
+        };
+        let version = req
+            .headers()
+            .get(push::VERSION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        tracing::info!(%pod, version, "config stream opened");
+        let (id, pushes) = self.hub.connect(pod, version);
+        let guard = Arc::new(Disconnect {
+            hub: self.hub.clone(),
+            id,
+        });
+        tokio::spawn(read_replies(req.into_body(), guard.clone()));
+        let frames = futures::stream::unfold((pushes, guard), |(mut rx, guard)| async move {
+            loop {
+                // The sender lives in the hub until disconnect.
+                rx.changed().await.ok()?;
+                let push = rx.borrow_and_update().clone();
+                if let Some(push) = push {
+                    let frame = Frame::data(Bytes::from(push::encode(&*push)));
+                    return Some((Ok::<_, Infallible>(frame), (rx, guard)));
+                }
+            }
+        });
+        Response::builder()
+            .status(StatusCode::OK)
+            .header(header::CONTENT_TYPE, "application/x-baton-push")
+            .body(BodyExt::boxed(StreamBody::new(frames)))
+            .expect("static response parts")
+    }
+}
+
+/// Removes a stream from the hub when both halves are gone.
+#[derive(Debug)]
+struct Disconnect {
+    hub: Arc<Hub>,
+    id: StreamId,
+}
+
+impl Drop for Disconnect {
+    fn drop(&mut self) {
+        self.hub.disconnect(self.id);
+    }
+}
+
+/// Reads the sidecar's replies until it closes its side or sends garbage.
+async fn read_replies(mut body: Incoming, stream: Arc<Disconnect>) {
+    let mut decoder = Decoder::default();
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else { break };
+        let Some(data) = frame.data_ref() else {
+            continue;
+        };
+        decoder.extend(data);
+        loop {
+            match decoder.next_message::<Reply>() {
+                Ok(Some(reply)) => stream.hub.reply(stream.id, reply),
+                Ok(None) => break,
+                Err(error) => {
+                    stream.hub.metrics().bad_frames.inc();
+                    tracing::warn!(%error, "malformed reply frame; closing that stream");
+                    stream.hub.disconnect(stream.id);
+                    return;
+                }
+            }
+        }
+    }
+    // The sidecar closed its half: the stream is over.
+    stream.hub.disconnect(stream.id);
+}
+
+/// Accepts TLS connections and serves HTTP/2 on each. The connections are
+/// owned by this future: dropping it (aborting its task) closes every
+/// stream, as a process exit would.
+pub async fn serve<C: Cluster>(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    server: Arc<PushServer<C>>,
+) -> std::io::Result<()> {
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            Some(_) = connections.join_next() => continue,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(conn) => conn,
+            Err(error) => {
+                tracing::warn!(%error, "config push accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let acceptor = acceptor.clone();
+        let server = server.clone();
+        connections.spawn(async move {
+            let tls = match tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                acceptor.accept(tcp),
+            )
+            .await
+            {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(error)) => {
+                    tracing::debug!(%peer, %error, "config push TLS handshake failed");
+                    return;
+                }
+                Err(_) => return,
+            };
+            let service = hyper::service::service_fn(move |req| {
+                let server = server.clone();
+                async move { Ok::<_, Infallible>(server.respond(req).await) }
+            });
+            let mut h2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+            // Idle sidecars must not look dead to middleboxes, and dead
+            // sidecars must not hold a stream forever.
+            h2.keep_alive_interval(Some(std::time::Duration::from_secs(30)))
+                .keep_alive_timeout(std::time::Duration::from_secs(20))
+                .timer(hyper_util::rt::TokioTimer::new());
+            if let Err(error) = h2.serve_connection(TokioIo::new(tls), service).await {
+                tracing::debug!(%peer, %error, "config push connection ended");
+            }
+        });
+    }
+}

@@ -1,0 +1,893 @@
+//! The compiler's behaviour, with objects fed straight into the index. Every
+//! compiled snapshot is also run through the sidecar's own validation
+//! (`baton_sidecar::config::compile` and its TLS settings), so "the operator
+//! produced it" implies "a sidecar accepts it".
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+
+use baton_config::{ClusterConfig, RouteConfig, Snapshot};
+use baton_crds::{Route, TlsPolicy};
+use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use serde_json::{Value, json};
+
+use super::compile::{
+    Attachments, IdentitySource, MeshParams, WorkloadConfig, attach_routes, compile,
+    tls_policy_refusal,
+};
+use super::index::{Index, ObjKey};
+
+const NS: &str = "shop";
+
+fn from<T: serde::de::DeserializeOwned>(v: Value) -> T {
+    serde_json::from_value(v).expect("test object")
+}
+
+fn service(name: &str, ip: &str, ports: &[(&str, u16)]) -> Service {
+    let ports: Vec<Value> = ports
+        .iter()
+        .map(|(n, p)| {
+            let mut v = json!({"port": p, "protocol": "TCP"});
+            if !n.is_empty() {
+                v["name"] = json!(n);
+            }
+            v
+        })
+        .collect();
+    from(json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"clusterIP": ip, "ports": ports}
+    }))
+}
+
+/// One EndpointSlice of `svc`: (pod name, ip, ready), every address serving
+/// `ports` (port name, number).
+fn slice(
+    svc: &str,
+    name: &str,
+    addrs: &[(&str, &str, bool)],
+    ports: &[(&str, u16)],
+) -> EndpointSlice {
+    let endpoints: Vec<Value> = addrs
+        .iter()
+        .map(|(pod, ip, ready)| {
+            json!({
+                "addresses": [ip],
+                "conditions": {"ready": ready},
+                "targetRef": {"kind": "Pod", "name": pod, "namespace": NS}
+            })
+        })
+        .collect();
+    let ports: Vec<Value> = ports
+        .iter()
+        .map(|(n, p)| json!({"name": n, "port": p, "protocol": "TCP"}))
+        .collect();
+    from(json!({
+        "metadata": {"name": name, "namespace": NS,
+                     "labels": {"kubernetes.io/service-name": svc}},
+        "addressType": "IPv4",
+        "endpoints": endpoints,
+        "ports": ports
+    }))
+}
+
+fn pod(name: &str, ip: &str, sa: &str, labels: Value) -> Pod {
+    let mut labels = labels;
+    labels["baton.dev/injected"] = json!("true");
+    from(json!({
+        "metadata": {"name": name, "namespace": NS, "labels": labels},
+        "spec": {"serviceAccountName": sa, "containers": [{"name": "app"}]},
+        "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}
+    }))
+}
+
+fn route(name: &str, created: &str, spec: Value) -> Route {
+    from(json!({
+        "apiVersion": "baton.dev/v1alpha1", "kind": "Route",
+        "metadata": {"name": name, "namespace": NS, "creationTimestamp": created},
+        "spec": spec
+    }))
+}
+
+fn tls_policy(name: &str, selector: Value, mode: &str) -> TlsPolicy {
+    from(json!({
+        "apiVersion": "baton.dev/v1alpha1", "kind": "TlsPolicy",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"podSelector": selector, "mtls": {"mode": mode}}
+    }))
+}
+
+/// A policy named `server` selecting the server's Pods.
+fn server_policy(mode: &str) -> TlsPolicy {
+    tls_policy("server", json!({"matchLabels": {"app": "server"}}), mode)
+}
+
+fn params() -> MeshParams {
+    MeshParams {
+        trust_domain: "cluster.local".into(),
+        cluster_domain: "cluster.local".into(),
+        identity: Some(IdentitySource {
+            url: "https://baton-identity.baton-system.svc:8443/v1/sign".into(),
+            ca_bundle: Some("/var/run/secrets/baton.dev/ca/ca.crt".into()),
+        }),
+    }
+}
+
+/// A shop: `client` Pod, `server` Service (port 80 → 8080) with v1 and v2
+/// Pods behind it, and `server-v1`/`server-v2` Services for each version.
+fn shop() -> Index {
+    let mut ix = Index::default();
+    ix.apply_pod(&pod(
+        "client",
+        "10.1.0.1",
+        "client",
+        json!({"app": "client"}),
+    ));
+    for (i, v) in ["v1", "v2"].iter().enumerate() {
+        let ip = format!("10.1.1.{}", i + 1);
+        ix.apply_pod(&pod(
+            &format!("server-{v}"),
+            &ip,
+            "server",
+            json!({"app": "server", "version": v}),
+        ));
+        ix.apply_service(&service(
+            &format!("server-{v}"),
+            &format!("10.96.0.{}", i + 11),
+            &[("http", 80)],
+        ));
+        ix.apply_endpoint_slice(&slice(
+            &format!("server-{v}"),
+            &format!("server-{v}-abc"),
+            &[(&format!("server-{v}"), &ip, true)],
+            &[("http", 8080)],
+        ));
+    }
+    ix.apply_service(&service("server", "10.96.0.10", &[("http", 80)]));
+    ix.apply_endpoint_slice(&slice(
+        "server",
+        "server-abc",
+        &[
+            ("server-v1", "10.1.1.1", true),
+            ("server-v2", "10.1.1.2", true),
+        ],
+        &[("http", 8080)],
+    ));
+    ix
+}
+
+fn client() -> ObjKey {
+    ObjKey::new(NS, "client")
+}
+
+/// Compile for `pod`, checking the sidecar accepts the result.
+fn compiled(ix: &Index, pod: &ObjKey) -> WorkloadConfig {
+    compiled_with(ix, &params(), pod)
+}
+
+fn compiled_with(ix: &Index, params: &MeshParams, pod: &ObjKey) -> WorkloadConfig {
+    let out = compile(ix, &attach_routes(ix), params, pod).unwrap();
+    sidecar_accepts(&out.snapshot);
+    out
+}
+
+fn sidecar_accepts(snapshot: &Snapshot) {
+    if let Err(e) = baton_sidecar::config::compile(snapshot) {
+        panic!("the sidecar refuses the compiled snapshot: {e}\n{snapshot:#?}");
+    }
+    if let Some(tls) = &snapshot.tls {
+        let settings: baton_sidecar::tls::settings::TlsSettings =
+            serde_json::from_value(tls.clone()).expect("tls section parses as TlsSettings");
+        settings.compile().expect("tls section compiles");
+    }
+}
+
+fn route_named<'s>(s: &'s Snapshot, name: &str) -> &'s RouteConfig {
+    s.routes
+        .iter()
+        .find(|r| r.name == name)
+        .unwrap_or_else(|| panic!("no route {name}: {:?}", names(s)))
+}
+
+fn names(s: &Snapshot) -> Vec<&str> {
+    s.routes.iter().map(|r| r.name.as_str()).collect()
+}
+
+fn cluster<'s>(s: &'s Snapshot, name: &str) -> &'s ClusterConfig {
+    s.clusters
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("no cluster {name}"))
+}
+
+fn addrs(list: &[&str]) -> Vec<SocketAddr> {
+    list.iter().map(|a| a.parse().unwrap()).collect()
+}
+
+// ------------------------------------------------------------ no Route
+
+#[test]
+fn without_a_route_service_traffic_goes_to_its_ready_endpoints_on_the_target_port() {
+    let mut ix = shop();
+    ix.apply_endpoint_slice(&slice(
+        "server",
+        "server-abc",
+        &[
+            ("server-v1", "10.1.1.1", true),
+            ("server-v2", "10.1.1.2", false),
+        ],
+        &[("http", 8080)],
+    ));
+    let s = compiled(&ix, &client()).snapshot;
+    let r = route_named(&s, "service:shop/server:80");
+    assert_eq!(r.backends.len(), 1);
+    assert_eq!(r.backends[0].cluster, "shop/server:80");
+    assert_eq!(r.matches.ports, vec![80]);
+    assert_eq!(
+        r.matches.hosts,
+        vec![
+            "server",
+            "server.shop",
+            "server.shop.svc",
+            "server.shop.svc.cluster.local",
+            "10.96.0.10"
+        ]
+    );
+    assert_eq!(r.listeners, vec!["outbound"]);
+    assert_eq!(
+        cluster(&s, "shop/server:80").endpoints,
+        addrs(&["10.1.1.1:8080"])
+    );
+    // The in-pod default stays underneath: other traffic passes through.
+    assert!(s.listeners.iter().all(|l| l.passthrough));
+}
+
+#[test]
+fn the_short_service_name_is_a_host_only_for_clients_in_its_namespace() {
+    let mut ix = shop();
+    let mut other = pod("elsewhere", "10.2.0.1", "default", json!({}));
+    other.metadata.namespace = Some("other".into());
+    ix.apply_pod(&other);
+    let s = compiled(&ix, &ObjKey::new("other", "elsewhere")).snapshot;
+    let hosts = &route_named(&s, "service:shop/server:80").matches.hosts;
+    assert!(!hosts.contains(&"server".to_string()), "{hosts:?}");
+    assert!(hosts.contains(&"server.shop".to_string()));
+}
+
+#[test]
+fn two_ports_of_one_service_route_to_their_own_endpoints_ports() {
+    let mut ix = shop();
+    ix.apply_service(&service(
+        "multi",
+        "10.96.0.20",
+        &[("web", 80), ("admin", 9000)],
+    ));
+    ix.apply_endpoint_slice(&slice(
+        "multi",
+        "multi-1",
+        &[("server-v1", "10.1.1.1", true)],
+        &[("web", 8080), ("admin", 9901)],
+    ));
+    let s = compiled(&ix, &client()).snapshot;
+    assert_eq!(
+        route_named(&s, "service:shop/multi:80").matches.ports,
+        vec![80]
+    );
+    assert_eq!(
+        route_named(&s, "service:shop/multi:9000").matches.ports,
+        vec![9000]
+    );
+    assert_eq!(
+        cluster(&s, "shop/multi:80").endpoints,
+        addrs(&["10.1.1.1:8080"])
+    );
+    assert_eq!(
+        cluster(&s, "shop/multi:9000").endpoints,
+        addrs(&["10.1.1.1:9901"])
+    );
+}
+
+#[test]
+fn unnamed_ports_headless_services_and_udp_ports_compile_as_expected() {
+    let mut ix = Index::default();
+    ix.apply_pod(&pod("client", "10.1.0.1", "client", json!({})));
+    ix.apply_service(&service("plain", "10.96.0.30", &[("", 80)]));
+    ix.apply_endpoint_slice(&slice(
+        "plain",
+        "plain-1",
+        &[("p", "10.1.3.1", true)],
+        &[("", 8080)],
+    ));
+    ix.apply_service(&service("headless", "None", &[("http", 80)]));
+    let mut dns = service("dns", "10.96.0.53", &[("dns", 53)]);
+    dns.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].protocol = Some("UDP".into());
+    ix.apply_service(&dns);
+    let s = compiled(&ix, &client()).snapshot;
+    assert_eq!(
+        cluster(&s, "shop/plain:80").endpoints,
+        addrs(&["10.1.3.1:8080"])
+    );
+    let headless = route_named(&s, "service:shop/headless:80");
+    assert!(headless.matches.hosts.iter().all(|h| h != "None"));
+    assert_eq!(headless.matches.hosts.len(), 4);
+    assert!(
+        !names(&s).contains(&"service:shop/dns:53"),
+        "UDP is not meshed"
+    );
+}
+
+// ------------------------------------------------------------ endpoints
+
+#[test]
+fn endpoints_follow_pods_as_they_come_go_and_change_readiness() {
+    let mut ix = shop();
+    let eps = |ix: &Index| {
+        compiled(ix, &client())
+            .snapshot
+            .clusters
+            .into_iter()
+            .find(|c| c.name == "shop/server:80")
+            .unwrap()
+            .endpoints
+    };
+    assert_eq!(eps(&ix), addrs(&["10.1.1.1:8080", "10.1.1.2:8080"]));
+    // v2 turns not ready.
+    ix.apply_endpoint_slice(&slice(
+        "server",
+        "server-abc",
+        &[
+            ("server-v1", "10.1.1.1", true),
+            ("server-v2", "10.1.1.2", false),
+        ],
+        &[("http", 8080)],
+    ));
+    assert_eq!(eps(&ix), addrs(&["10.1.1.1:8080"]));
+    // A scale-up lands in a second slice; both slices count.
+    let extra = slice(
+        "server",
+        "server-def",
+        &[("server-v3", "10.1.1.3", true)],
+        &[("http", 8080)],
+    );
+    ix.apply_endpoint_slice(&extra);
+    assert_eq!(eps(&ix), addrs(&["10.1.1.1:8080", "10.1.1.3:8080"]));
+    // The slice goes away with its Pods.
+    ix.delete_endpoint_slice(&extra);
+    assert_eq!(eps(&ix), addrs(&["10.1.1.1:8080"]));
+    // An address with no ready condition counts as ready (the API's rule).
+    let mut unknown = slice(
+        "server",
+        "server-abc",
+        &[("server-v2", "10.1.1.2", true)],
+        &[("http", 8080)],
+    );
+    unknown.endpoints[0].conditions = None;
+    ix.apply_endpoint_slice(&unknown);
+    assert_eq!(eps(&ix), addrs(&["10.1.1.2:8080"]));
+}
+
+#[test]
+fn core_v1_endpoints_give_the_same_endpoints_as_slices() {
+    let mut ix = shop();
+    ix.endpoints.clear();
+    let eps: Endpoints = from(json!({
+        "metadata": {"name": "server", "namespace": NS},
+        "subsets": [{
+            "addresses": [{"ip": "10.1.1.1", "targetRef": {"kind": "Pod", "name": "server-v1"}}],
+            "notReadyAddresses": [{"ip": "10.1.1.2", "targetRef": {"kind": "Pod", "name": "server-v2"}}],
+            "ports": [{"name": "http", "port": 8080}]
+        }]
+    }));
+    ix.apply_endpoints(&eps);
+    let s = compiled(&ix, &client()).snapshot;
+    assert_eq!(
+        cluster(&s, "shop/server:80").endpoints,
+        addrs(&["10.1.1.1:8080"])
+    );
+    ix.delete_endpoints(&ObjKey::new(NS, "server"));
+    let s = compiled(&ix, &client()).snapshot;
+    assert!(cluster(&s, "shop/server:80").endpoints.is_empty());
+}
+
+// ------------------------------------------------------------ Routes
+
+fn split_route(name: &str, created: &str, v1: i32, v2: i32) -> Route {
+    route(
+        name,
+        created,
+        json!({
+            "parentRef": {"name": "server", "port": 80},
+            "rules": [{"backendRefs": [
+                {"name": "server-v1", "port": 80, "weight": v1},
+                {"name": "server-v2", "port": 80, "weight": v2}
+            ]}]
+        }),
+    )
+}
+
+#[test]
+fn a_split_route_replaces_the_default_route_with_weighted_backends() {
+    let mut ix = shop();
+    ix.apply_route(&split_route("split", "2026-01-01T00:00:00Z", 90, 10));
+    let out = compiled(&ix, &client());
+    let s = &out.snapshot;
+    assert!(
+        !names(s).contains(&"service:shop/server:80"),
+        "{:?}",
+        names(s)
+    );
+    let r = route_named(s, "route:shop/split/0");
+    let backends: Vec<(&str, u32)> = r
+        .backends
+        .iter()
+        .map(|b| (b.cluster.as_str(), b.weight))
+        .collect();
+    assert_eq!(
+        backends,
+        vec![("shop/server-v1:80", 90), ("shop/server-v2:80", 10)]
+    );
+    assert_eq!(r.matches.ports, vec![80]);
+    assert!(r.matches.hosts.contains(&"10.96.0.10".to_string()));
+    assert_eq!(
+        cluster(s, "shop/server-v1:80").endpoints,
+        addrs(&["10.1.1.1:8080"])
+    );
+    assert_eq!(
+        cluster(s, "shop/server-v2:80").endpoints,
+        addrs(&["10.1.1.2:8080"])
+    );
+    assert_eq!(out.routes, BTreeSet::from([ObjKey::new(NS, "split")]));
+    // Deleting the Route brings plain Service balancing back.
+    ix.delete_route(&ObjKey::new(NS, "split"));
+    let s = compiled(&ix, &client()).snapshot;
+    assert_eq!(
+        route_named(&s, "service:shop/server:80").backends[0].cluster,
+        "shop/server:80"
+    );
+}
+
+#[test]
+fn a_rule_with_several_matches_becomes_one_route_per_match_in_rule_order() {
+    let mut ix = shop();
+    ix.apply_route(&route(
+        "canary",
+        "2026-01-01T00:00:00Z",
+        json!({
+            "parentRef": {"name": "server", "port": 80},
+            "rules": [
+                {"name": "canary",
+                 "matches": [
+                    {"headers": [{"name": "x-canary", "value": "true"}]},
+                    {"path": {"type": "Exact", "value": "/beta"}, "method": "GET",
+                     "queryParams": [{"type": "RegularExpression", "name": "u", "value": "[0-9]+"}]}
+                 ],
+                 "backendRefs": [{"name": "server-v2", "port": 80}]},
+                {"backendRefs": [{"name": "server-v1", "port": 80}]}
+            ]
+        }),
+    ));
+    let s = compiled(&ix, &client()).snapshot;
+    assert_eq!(
+        names(&s)
+            .into_iter()
+            .filter(|n| n.starts_with("route:"))
+            .collect::<Vec<_>>(),
+        vec![
+            "route:shop/canary/canary#0",
+            "route:shop/canary/canary#1",
+            "route:shop/canary/1"
+        ]
+    );
+    let header = &route_named(&s, "route:shop/canary/canary#0").matches;
+    assert_eq!(header.headers[0].name, "x-canary");
+    assert_eq!(header.headers[0].exact.as_deref(), Some("true"));
+    let path = &route_named(&s, "route:shop/canary/canary#1").matches;
+    assert_eq!(path.path.as_ref().unwrap().exact.as_deref(), Some("/beta"));
+    assert_eq!(path.methods, vec!["GET"]);
+    assert_eq!(path.query[0].regex.as_deref(), Some("[0-9]+"));
+    assert_eq!(route_named(&s, "route:shop/canary/1").matches.path, None);
+}
+
+#[test]
+fn retries_faults_timeouts_mirrors_and_header_rewrites_carry_over() {
+    let mut ix = shop();
+    ix.apply_route(&route(
+        "policy",
+        "2026-01-01T00:00:00Z",
+        json!({
+            "parentRef": {"name": "server", "port": 80},
+            "rules": [{
+                "backendRefs": [{"name": "server-v1", "port": 80}],
+                "timeout": "2s",
+                "retries": {"attempts": 3, "perTryTimeout": "500ms", "retryOn": ["gateway-error", "connect-failure", "404"]},
+                "fault": {"delay": {"fixedDelay": "1s500ms", "percent": 10},
+                          "abort": {"httpStatus": 418, "percent": 50}},
+                "mirror": {"backendRef": {"name": "server-v2", "port": 80}, "percent": 25},
+                "requestHeaderModifier": {"set": [{"name": "x-a", "value": "1"}], "remove": ["x-b"]},
+                "responseHeaderModifier": {"add": [{"name": "x-c", "value": "2"}]}
+            }]
+        }),
+    ));
+    let s = compiled(&ix, &client()).snapshot;
+    let r = route_named(&s, "route:shop/policy/0");
+    assert_eq!(r.timeout_ms, Some(2_000));
+    let retry = r.retry.as_ref().unwrap();
+    assert_eq!(retry.attempts, 3);
+    assert_eq!(retry.per_try_timeout_ms, Some(500));
+    assert!(retry.on_connect_failure);
+    assert!(!retry.on_reset);
+    // 404 is not retried by the sidecar (5xx only); gateway-error is 502-504.
+    assert_eq!(retry.on_statuses, vec![502, 503, 504]);
+    let fault = r.fault.as_ref().unwrap();
+    let delay = fault.delay.as_ref().unwrap();
+    assert_eq!((delay.ms, delay.percent), (1_500, 10.0));
+    let abort = fault.abort.as_ref().unwrap();
+    assert_eq!((abort.status, abort.percent), (418, 50.0));
+    let mirror = r.mirror.as_ref().unwrap();
+    assert_eq!(
+        (mirror.cluster.as_str(), mirror.percent),
+        ("shop/server-v2:80", 25.0)
+    );
+    assert_eq!(r.request_headers.set["x-a"], "1");
+    assert_eq!(r.request_headers.remove, vec!["x-b"]);
+    assert_eq!(r.response_headers.add["x-c"], "2");
+}
+
+#[test]
+fn retries_without_retry_on_use_the_documented_default() {
+    let mut ix = shop();
+    ix.apply_route(&route(
+        "r",
+        "2026-01-01T00:00:00Z",
+        json!({"parentRef": {"name": "server", "port": 80},
+               "rules": [{"backendRefs": [{"name": "server", "port": 80}], "retries": {"attempts": 2}}]}),
+    ));
+    let s = compiled(&ix, &client()).snapshot;
+    let retry = route_named(&s, "route:shop/r/0").retry.clone().unwrap();
+    assert!(retry.on_connect_failure && retry.on_reset);
+    assert_eq!(retry.on_statuses, vec![503]);
+}
+
+#[test]
+fn a_missing_backend_is_unresolved_and_gets_an_empty_cluster_while_other_routes_work() {
+    let mut ix = shop();
+    ix.apply_service(&service("other", "10.96.0.40", &[("http", 80)]));
+    ix.apply_route(&route(
+        "broken",
+        "2026-01-01T00:00:00Z",
+        json!({"parentRef": {"name": "server", "port": 80},
+               "rules": [{"backendRefs": [{"name": "ghost", "port": 80}, {"name": "server-v1", "port": 81}]}]}),
+    ));
+    ix.apply_route(&route(
+        "fine",
+        "2026-01-01T00:00:00Z",
+        json!({"parentRef": {"name": "other", "port": 80},
+               "rules": [{"backendRefs": [{"name": "server-v1", "port": 80}]}]}),
+    ));
+    let att = attach_routes(&ix);
+    let broken = &att.verdicts[&ObjKey::new(NS, "broken")];
+    assert_eq!(broken.accepted, Ok(()));
+    assert_eq!(broken.unresolved, vec!["ghost:80", "server-v1:81"]);
+    let fine = &att.verdicts[&ObjKey::new(NS, "fine")];
+    assert_eq!((&fine.accepted, fine.unresolved.len()), (&Ok(()), 0));
+    let s = compiled(&ix, &client()).snapshot;
+    assert!(cluster(&s, "shop/ghost:80").endpoints.is_empty());
+    assert!(cluster(&s, "shop/server-v1:81").endpoints.is_empty());
+    assert_eq!(
+        route_named(&s, "route:shop/fine/0").backends[0].cluster,
+        "shop/server-v1:80"
+    );
+}
+
+#[test]
+fn of_two_routes_on_one_service_port_the_older_wins_whatever_the_event_order() {
+    let older = split_route("b-older", "2026-01-01T00:00:00Z", 1, 1);
+    let newer = split_route("a-newer", "2026-02-01T00:00:00Z", 1, 0);
+    for order in [[&older, &newer], [&newer, &older]] {
+        let mut ix = shop();
+        for r in order {
+            ix.apply_route(r);
+        }
+        let att = attach_routes(&ix);
+        assert_eq!(att.verdicts[&ObjKey::new(NS, "b-older")].accepted, Ok(()));
+        let lost = att.verdicts[&ObjKey::new(NS, "a-newer")]
+            .accepted
+            .clone()
+            .unwrap_err();
+        assert_eq!(lost.reason, "Conflicted");
+        assert!(lost.message.contains("b-older"), "{}", lost.message);
+        let out = compiled(&ix, &client());
+        assert_eq!(out.routes, BTreeSet::from([ObjKey::new(NS, "b-older")]));
+    }
+    // Same timestamp: the name decides, so every replica agrees.
+    let mut ix = shop();
+    ix.apply_route(&split_route("y", "2026-01-01T00:00:00Z", 1, 1));
+    ix.apply_route(&split_route("x", "2026-01-01T00:00:00Z", 1, 1));
+    let att = attach_routes(&ix);
+    assert_eq!(
+        att.by_parent[&(ObjKey::new(NS, "server"), 80)],
+        ObjKey::new(NS, "x")
+    );
+}
+
+#[test]
+fn invalid_parentless_and_tcp_routes_are_refused_with_their_reason() {
+    let mut ix = shop();
+    ix.apply_route(&route(
+        "invalid",
+        "2026-01-01T00:00:00Z",
+        json!({"parentRef": {"name": "server", "port": 80},
+               "rules": [{"backendRefs": [{"name": "server", "port": 80, "weight": 0}]}]}),
+    ));
+    ix.apply_route(&route(
+        "no-port",
+        "2026-01-01T00:00:00Z",
+        json!({"parentRef": {"name": "server", "port": 81},
+               "rules": [{"backendRefs": [{"name": "server", "port": 80}]}]}),
+    ));
+    ix.apply_route(&route(
+        "tcp",
+        "2026-01-01T00:00:00Z",
+        json!({"parentRef": {"name": "server-v1", "port": 80}, "protocol": "tcp",
+               "rules": [{"backendRefs": [{"name": "server", "port": 80}]}]}),
+    ));
+    let att = attach_routes(&ix);
+    let reason = |n: &str| {
+        att.verdicts[&ObjKey::new(NS, n)]
+            .accepted
+            .clone()
+            .unwrap_err()
+            .reason
+    };
+    assert_eq!(reason("invalid"), "Invalid");
+    assert_eq!(reason("no-port"), "NoMatchingParent");
+    assert_eq!(reason("tcp"), "UnsupportedValue");
+    assert!(att.by_parent.is_empty());
+    let s = compiled(&ix, &client()).snapshot;
+    assert!(
+        names(&s).iter().all(|n| n.starts_with("service:")),
+        "{:?}",
+        names(&s)
+    );
+}
+
+// ------------------------------------------------------------ TLS
+
+fn server_v1() -> ObjKey {
+    ObjKey::new(NS, "server-v1")
+}
+
+#[test]
+fn the_selected_tls_policy_gives_the_inbound_mode() {
+    for (mode, want) in [
+        ("Strict", "Strict"),
+        ("Permissive", "Permissive"),
+        ("Disabled", "Disabled"),
+    ] {
+        let mut ix = shop();
+        ix.apply_tls_policy(&server_policy(mode));
+        let out = compiled(&ix, &server_v1());
+        let tls = out.snapshot.tls.expect("a selected pod gets a tls section");
+        assert_eq!(tls["mode"], want);
+        assert_eq!(
+            tls["identity"]["local"],
+            "spiffe://cluster.local/ns/shop/sa/server"
+        );
+        assert_eq!(out.tls_policy, Some(ObjKey::new(NS, "server")));
+    }
+}
+
+#[test]
+fn versions_suites_and_offload_come_from_the_policy() {
+    let mut ix = shop();
+    let mut p = tls_policy("server", json!({}), "Strict");
+    p.spec.min_version = baton_crds::tls_policy::TlsVersion::Tls13;
+    p.spec.cipher_suites = vec!["TLS13_AES_256_GCM_SHA384".into()];
+    p.spec.private_key_offload.mode = baton_crds::tls_policy::OffloadMode::Preferred;
+    ix.apply_tls_policy(&p);
+    let tls = compiled(&ix, &server_v1()).snapshot.tls.unwrap();
+    assert_eq!(tls["min_version"], "1.3");
+    assert_eq!(tls["cipher_suites"], json!(["TLS13_AES_256_GCM_SHA384"]));
+    assert_eq!(tls["offload"]["mode"], "Preferred");
+}
+
+#[test]
+fn of_several_matching_policies_the_alphabetically_first_applies_and_others_select_nothing() {
+    let mut ix = shop();
+    ix.apply_tls_policy(&tls_policy(
+        "b",
+        json!({"matchLabels": {"app": "server"}}),
+        "Permissive",
+    ));
+    ix.apply_tls_policy(&tls_policy(
+        "a",
+        json!({"matchLabels": {"app": "server"}}),
+        "Strict",
+    ));
+    ix.apply_tls_policy(&tls_policy(
+        "0-other",
+        json!({"matchLabels": {"app": "nope"}}),
+        "Disabled",
+    ));
+    let out = compiled(&ix, &server_v1());
+    assert_eq!(out.tls_policy, Some(ObjKey::new(NS, "a")));
+    assert_eq!(out.snapshot.tls.unwrap()["mode"], "Strict");
+    // A policy in another namespace never applies.
+    let mut ix = shop();
+    let mut foreign = tls_policy("a", json!({}), "Strict");
+    foreign.metadata.namespace = Some("other".into());
+    ix.apply_tls_policy(&foreign);
+    assert_eq!(compiled(&ix, &server_v1()).tls_policy, None);
+}
+
+#[test]
+fn a_secret_certificate_source_is_refused_and_the_policy_not_applied() {
+    let mut ix = shop();
+    let mut p = tls_policy("server", json!({}), "Strict");
+    p.spec.certificate.source = baton_crds::tls_policy::CertificateSourceKind::Secret;
+    p.spec.certificate.secret_ref = Some(baton_crds::tls_policy::SecretRef { name: "s".into() });
+    assert_eq!(tls_policy_refusal(&p).unwrap().reason, "UnsupportedValue");
+    ix.apply_tls_policy(&p);
+    assert_eq!(compiled(&ix, &server_v1()).tls_policy, None);
+}
+
+#[test]
+fn clients_originate_mtls_to_strict_or_permissive_meshed_servers_expecting_their_identity() {
+    for mode in ["Strict", "Permissive"] {
+        let mut ix = shop();
+        ix.apply_tls_policy(&server_policy(mode));
+        let s = compiled(&ix, &client()).snapshot;
+        let mtls = cluster(&s, "shop/server:80")
+            .mtls
+            .clone()
+            .expect("mtls to a meshed server");
+        assert_eq!(
+            mtls.identity.as_deref(),
+            Some("spiffe://cluster.local/ns/shop/sa/server")
+        );
+        // The client has no policy: it gets certificates to originate, and
+        // keeps accepting plaintext inbound as before.
+        let tls = s.tls.expect("client gets a tls section to originate");
+        assert_eq!(tls["mode"], "Permissive");
+        assert_eq!(
+            tls["identity"]["local"],
+            "spiffe://cluster.local/ns/shop/sa/client"
+        );
+    }
+}
+
+#[test]
+fn mtls_is_not_originated_to_disabled_mixed_or_unmeshed_endpoints_nor_by_disabled_clients() {
+    // Server Disabled: plaintext, and the client needs no certificates.
+    let mut ix = shop();
+    ix.apply_tls_policy(&server_policy("Disabled"));
+    let s = compiled(&ix, &client()).snapshot;
+    assert_eq!(cluster(&s, "shop/server:80").mtls, None);
+    assert_eq!(s.tls, None);
+
+    // Only v1 Strict: the shared Service has a plaintext v2 endpoint.
+    let mut ix = shop();
+    ix.apply_tls_policy(&tls_policy(
+        "v1",
+        json!({"matchLabels": {"version": "v1"}}),
+        "Strict",
+    ));
+    let s = compiled(&ix, &client()).snapshot;
+    assert_eq!(cluster(&s, "shop/server:80").mtls, None);
+    assert!(cluster(&s, "shop/server-v1:80").mtls.is_some());
+
+    // An endpoint Pod without a sidecar.
+    let mut ix = shop();
+    ix.apply_tls_policy(&server_policy("Strict"));
+    let mut bare = pod("server-v2", "10.1.1.2", "server", json!({"app": "server"}));
+    bare.metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .remove("baton.dev/injected");
+    ix.apply_pod(&bare);
+    let s = compiled(&ix, &client()).snapshot;
+    assert_eq!(cluster(&s, "shop/server:80").mtls, None);
+
+    // A client whose own policy is Disabled originates plaintext.
+    let mut ix = shop();
+    ix.apply_tls_policy(&server_policy("Strict"));
+    ix.apply_tls_policy(&tls_policy(
+        "client",
+        json!({"matchLabels": {"app": "client"}}),
+        "Disabled",
+    ));
+    let s = compiled(&ix, &client()).snapshot;
+    assert_eq!(cluster(&s, "shop/server:80").mtls, None);
+    assert_eq!(s.tls.unwrap()["mode"], "Disabled");
+}
+
+#[test]
+fn endpoints_under_two_service_accounts_stay_plaintext() {
+    let mut ix = shop();
+    ix.apply_tls_policy(&server_policy("Strict"));
+    ix.apply_pod(&pod(
+        "server-v2",
+        "10.1.1.2",
+        "server-two",
+        json!({"app": "server", "version": "v2"}),
+    ));
+    let s = compiled(&ix, &client()).snapshot;
+    assert_eq!(cluster(&s, "shop/server:80").mtls, None);
+}
+
+#[test]
+fn without_an_identity_service_nothing_is_tls() {
+    let mut ix = shop();
+    ix.apply_tls_policy(&tls_policy("server", json!({}), "Strict"));
+    let p = MeshParams {
+        identity: None,
+        ..params()
+    };
+    for pod in [client(), server_v1()] {
+        let s = compiled_with(&ix, &p, &pod).snapshot;
+        assert_eq!(s.tls, None);
+        assert!(s.clusters.iter().all(|c| c.mtls.is_none()));
+    }
+}
+
+// ------------------------------------------------------------ determinism
+
+/// One object fed into an index.
+type Feed = Box<dyn Fn(&mut Index)>;
+
+#[test]
+fn the_same_objects_compile_to_the_same_snapshot_in_any_order() {
+    let split = split_route("split", "2026-01-01T00:00:00Z", 3, 1);
+    let policy = server_policy("Strict");
+    let v1 = pod(
+        "server-v1",
+        "10.1.1.1",
+        "server",
+        json!({"app": "server", "version": "v1"}),
+    );
+    let both = slice(
+        "server",
+        "server-abc",
+        &[
+            ("server-v1", "10.1.1.1", true),
+            ("server-v2", "10.1.1.2", true),
+        ],
+        &[("http", 8080)],
+    );
+    let feeds: Vec<Feed> = vec![
+        Box::new(move |ix| ix.apply_route(&split)),
+        Box::new(move |ix| ix.apply_tls_policy(&policy)),
+        Box::new(move |ix| ix.apply_pod(&v1)),
+        Box::new(move |ix| ix.apply_endpoint_slice(&both)),
+        Box::new(|ix| ix.apply_service(&service("server", "10.96.0.10", &[("http", 80)]))),
+    ];
+    let mut forward = shop();
+    feeds.iter().for_each(|f| f(&mut forward));
+    let mut backward = Index::default();
+    feeds.iter().rev().for_each(|f| f(&mut backward));
+    // The rest of the shop, after what shop() already fed.
+    let rest = shop();
+    backward.pods.extend(rest.pods.clone());
+    backward.services.extend(rest.services.clone());
+    for (k, v) in rest.endpoints {
+        backward.endpoints.entry(k).or_default().extend(v);
+    }
+    for pod in [client(), server_v1()] {
+        assert_eq!(compiled(&forward, &pod), compiled(&backward, &pod));
+    }
+}
+
+#[test]
+fn an_unknown_pod_is_an_error_not_a_default() {
+    let ix = shop();
+    let err = compile(
+        &ix,
+        &Attachments::default(),
+        &params(),
+        &ObjKey::new(NS, "ghost"),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("shop/ghost"), "{err}");
+}

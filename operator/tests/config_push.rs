@@ -1,0 +1,438 @@
+//! The config push end to end in one process, on loopback: the operator's
+//! hub and HTTP/2 + TLS endpoint (served with a certificate from the mesh
+//! CA), and the sidecar's real stream client applying into a real
+//! `ConfigStore`. The API server's TokenReview and Pod reads are replaced
+//! by a [`Cluster`] fake, as in `identity_server.rs`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_config::Snapshot;
+use baton_operator::identity::authority::{Authority, generate_root};
+use baton_operator::identity::cluster::{Cluster, PodState};
+use baton_operator::identity::issue::{Caller, Refusal, ReviewResult};
+use baton_operator::identity::server::{ServingCert, acceptor};
+use baton_operator::mesh::compile::MeshParams;
+use baton_operator::mesh::hub::{Hub, Source};
+use baton_operator::mesh::index::{Index, ObjKey};
+use baton_operator::mesh::metrics::{PushMetrics, RefusalLabels, ReplyLabels};
+use baton_operator::mesh::server::{PushServer, serve};
+use baton_sidecar::config::store::ConfigStore;
+use baton_sidecar::control::{self, ControlConfig};
+use baton_sidecar::metrics::Metrics;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use serde_json::json;
+use time::OffsetDateTime;
+use tokio::sync::watch;
+
+const AUDIENCE: &str = "identity.baton.dev";
+const SERVER_NAME: &str = "baton-operator.baton-system.svc";
+
+struct FakeCluster {
+    tokens: HashMap<String, ReviewResult>,
+}
+
+impl Cluster for FakeCluster {
+    async fn review(&self, token: &str, audience: &str) -> Result<ReviewResult, Refusal> {
+        assert_eq!(audience, AUDIENCE);
+        Ok(self.tokens.get(token).cloned().unwrap_or(ReviewResult {
+            error: Some("invalid bearer token".into()),
+            ..ReviewResult::default()
+        }))
+    }
+
+    async fn pod(&self, _: &str, name: &str, _: Option<&str>) -> Result<PodState, Refusal> {
+        Ok(if name.starts_with("client") {
+            PodState::Meshed
+        } else {
+            PodState::NotMeshed
+        })
+    }
+
+    async fn refusal_event(&self, _: &Caller, _: &'static str, _: String) {}
+}
+
+fn bound(pod: &str) -> ReviewResult {
+    ReviewResult {
+        authenticated: true,
+        audiences: vec![AUDIENCE.into()],
+        username: "system:serviceaccount:shop:client".into(),
+        pod_name: Some(pod.into()),
+        pod_uid: None,
+        error: None,
+    }
+}
+
+fn from<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
+    serde_json::from_value(v).unwrap()
+}
+
+fn shop(ix: &mut Index) {
+    for name in ["client-1", "client-2"] {
+        let pod: Pod = from(json!({
+            "metadata": {"name": name, "namespace": "shop",
+                         "labels": {"app": "client", "baton.dev/injected": "true"}},
+            "spec": {"serviceAccountName": "client", "containers": [{"name": "app"}]},
+            "status": {"podIP": "10.1.0.1"}
+        }));
+        ix.apply_pod(&pod);
+    }
+    for (name, ip, ep) in [
+        ("server", "10.96.0.10", "10.1.1.1"),
+        ("server-v2", "10.96.0.11", "10.1.1.2"),
+    ] {
+        let svc: Service = from(json!({
+            "metadata": {"name": name, "namespace": "shop"},
+            "spec": {"clusterIP": ip, "ports": [{"name": "http", "port": 80}]}
+        }));
+        ix.apply_service(&svc);
+        let slice: EndpointSlice = from(json!({
+            "metadata": {"name": format!("{name}-1"), "namespace": "shop",
+                         "labels": {"kubernetes.io/service-name": name}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [ep], "conditions": {"ready": true}}],
+            "ports": [{"name": "http", "port": 8080}]
+        }));
+        ix.apply_endpoint_slice(&slice);
+    }
+}
+
+/// A running operator endpoint; its tasks are aborted on drop.
+struct Operator {
+    hub: Arc<Hub>,
+    addr: std::net::SocketAddr,
+    dir: tempfile::TempDir,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.tasks.iter().for_each(|t| t.abort());
+    }
+}
+
+async fn start_operator() -> Operator {
+    let now = OffsetDateTime::now_utc();
+    let ca = generate_root("cluster.local", now, Duration::from_secs(3600)).unwrap();
+    let authority = Authority::from_pem(&ca, now).unwrap();
+    let (chain, key) = authority
+        .serving_certificate(&[SERVER_NAME.into()], &[], now, Duration::from_secs(3600))
+        .unwrap();
+    let serving = Arc::new(ServingCert::default());
+    serving.store_pem(&chain, &key).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ca.pem"), &ca.bundle).unwrap();
+
+    let hub = Arc::new(Hub::new(
+        MeshParams {
+            trust_domain: "cluster.local".into(),
+            cluster_domain: "cluster.local".into(),
+            identity: None,
+        },
+        PushMetrics::default(),
+    ));
+    hub.update(shop);
+    hub.mark_synced();
+    let tokens = HashMap::from([
+        ("token-1".to_owned(), bound("client-1")),
+        ("token-2".to_owned(), bound("client-2")),
+    ]);
+    let server = Arc::new(PushServer {
+        hub: hub.clone(),
+        cluster: FakeCluster { tokens },
+        audience: AUDIENCE.into(),
+        trust_domain: "cluster.local".into(),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let tasks = vec![
+        tokio::spawn(hub.clone().run()),
+        tokio::spawn(async move {
+            let _ = serve(listener, acceptor(serving), server).await;
+        }),
+    ];
+    Operator {
+        hub,
+        addr,
+        dir,
+        tasks,
+    }
+}
+
+/// A sidecar's store and stream client; the client stops on drop.
+struct Sidecar {
+    store: Arc<ConfigStore>,
+    metrics: Arc<Metrics>,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+        self.task.abort();
+    }
+}
+
+fn start_sidecar(op: &Operator, pod: &str, token: &str) -> Sidecar {
+    start_sidecar_serving(op, pod, token, &baton_config::pod_default())
+}
+
+/// A sidecar already serving `snapshot` (what a handoff hands over).
+fn start_sidecar_serving(op: &Operator, pod: &str, token: &str, snapshot: &Snapshot) -> Sidecar {
+    let metrics = Arc::new(Metrics::new());
+    let store = Arc::new(ConfigStore::new(snapshot, metrics.clone()).unwrap());
+    let token_path = op.dir.path().join(format!("{pod}-{token}"));
+    std::fs::write(&token_path, token).unwrap();
+    let cfg = ControlConfig {
+        address: op.addr.to_string(),
+        server_name: SERVER_NAME.into(),
+        ca_bundle: op.dir.path().join("ca.pem"),
+        token_path,
+        pod: format!("shop/{pod}"),
+        min_backoff: Duration::from_millis(50),
+        max_backoff: Duration::from_millis(400),
+    };
+    let (stop, rx) = watch::channel(false);
+    let task = tokio::spawn(control::run(cfg, store.clone(), metrics.clone(), rx));
+    Sidecar {
+        store,
+        metrics,
+        stop,
+        task,
+    }
+}
+
+/// Polls `f` every 10 ms for up to 10 s; whether it came true.
+async fn wait_for(mut f: impl FnMut() -> bool) -> bool {
+    for _ in 0..1000 {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+async fn eventually(what: &str, f: impl FnMut() -> bool) {
+    assert!(wait_for(f).await, "timed out waiting for {what}");
+}
+
+fn has_route(store: &ConfigStore, name: &str) -> bool {
+    store.snapshot().routes.iter().any(|r| r.name == name)
+}
+
+fn split_route() -> baton_crds::Route {
+    from(json!({
+        "apiVersion": "baton.dev/v1alpha1", "kind": "Route",
+        "metadata": {"name": "split", "namespace": "shop",
+                     "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"parentRef": {"name": "server", "port": 80},
+                 "rules": [{"backendRefs": [{"name": "server", "port": 80, "weight": 9},
+                                             {"name": "server-v2", "port": 80, "weight": 1}]}]}
+    }))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_gets_its_snapshot_then_every_change_and_acks_each() {
+    let op = start_operator().await;
+    let sc = start_sidecar(&op, "client-1", "token-1");
+    eventually("the first snapshot", || {
+        has_route(&sc.store, "service:shop/server:80")
+    })
+    .await;
+    assert_eq!(sc.store.version(), 1);
+    eventually("the first ACK", || {
+        op.hub.sidecars().iter().any(|s| s.acked == Some(1))
+    })
+    .await;
+    assert_eq!(sc.metrics.control_connected.get(), 1);
+
+    // A Route applied: the sidecar gets version 2 with it, and ACKs.
+    op.hub.update(|ix| ix.apply_route(&split_route()));
+    eventually("the route", || has_route(&sc.store, "route:shop/split/0")).await;
+    assert_eq!(sc.store.version(), 2);
+    assert!(!has_route(&sc.store, "service:shop/server:80"));
+    eventually("the second ACK", || {
+        op.hub.sidecars().iter().any(|s| s.acked == Some(2))
+    })
+    .await;
+    // Status counts the sidecar as serving the Route's generation.
+    let split = Source::Route(ObjKey::new("shop", "split"), 0);
+    let programmed = op.hub.programmed(&split);
+    assert_eq!((programmed.acked, programmed.total), (1, 1));
+    assert_eq!(programmed.nack, None);
+
+    // A change that does not alter this sidecar's snapshot pushes nothing.
+    let pushes = op.hub.metrics().pushes.get();
+    op.hub
+        .update(|ix| ix.delete_pod(&ObjKey::new("shop", "client-2")));
+    tokio::time::sleep(Hub::DEBOUNCE * 3).await;
+    assert_eq!(op.hub.metrics().pushes.get(), pushes);
+    assert_eq!(sc.store.version(), 2);
+    let acks = op
+        .hub
+        .metrics()
+        .replies
+        .get_or_create(&ReplyLabels { kind: "ack" })
+        .get();
+    assert_eq!(acks, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_snapshot_is_nacked_and_the_last_good_one_keeps_serving() {
+    let op = start_operator().await;
+    let sc = start_sidecar(&op, "client-1", "token-1");
+    eventually("the first snapshot", || sc.store.version() == 1).await;
+    // The sidecar's TLS layer refuses every change from now on.
+    sc.store
+        .set_tls_hook(Arc::new(|_| Err("no certificates here".to_owned())));
+    op.hub.update(|ix| ix.apply_route(&split_route()));
+    eventually("the NACK", || {
+        op.hub.sidecars().iter().any(|s| {
+            s.nack
+                .as_deref()
+                .is_some_and(|e| e.contains("no certificates here"))
+        })
+    })
+    .await;
+    assert_eq!(sc.store.version(), 1, "the refused version never serves");
+    // Status sees the refusal of the Route's generation.
+    let programmed = op
+        .hub
+        .programmed(&Source::Route(ObjKey::new("shop", "split"), 0));
+    assert_eq!((programmed.acked, programmed.total), (0, 1));
+    assert!(programmed.nack.unwrap().contains("no certificates here"));
+    assert!(has_route(&sc.store, "service:shop/server:80"));
+    assert_eq!(
+        op.hub.sidecars()[0].acked,
+        Some(1),
+        "the ACKed version stays the last good one"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_for_another_pod_or_without_a_valid_token_are_refused_and_counted() {
+    let op = start_operator().await;
+    // client-2's token, claiming client-1.
+    let thief = start_sidecar(&op, "client-1", "token-2");
+    let forged = start_sidecar(&op, "client-1", "forged");
+    let refusals = |reason: &'static str| {
+        op.hub
+            .metrics()
+            .refusals
+            .get_or_create(&RefusalLabels { reason })
+            .get()
+    };
+    let refused = wait_for(|| {
+        refusals("pod_mismatch") >= 1
+            && refusals("token_rejected") >= 1
+            && thief.metrics.control_reconnects.get() >= 1
+    })
+    .await;
+    assert!(
+        refused,
+        "pod_mismatch {} token_rejected {} reconnects {} {}",
+        refusals("pod_mismatch"),
+        refusals("token_rejected"),
+        thief.metrics.control_reconnects.get(),
+        forged.metrics.control_reconnects.get()
+    );
+    assert_eq!(thief.store.version(), 0);
+    assert_eq!(forged.store.version(), 0);
+    assert!(op.hub.sidecars().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_keeps_its_config_without_the_operator_and_resumes_at_its_version() {
+    let op = start_operator().await;
+    let sc = start_sidecar(&op, "client-1", "token-1");
+    op.hub.update(|ix| ix.apply_route(&split_route()));
+    eventually("the route", || has_route(&sc.store, "route:shop/split/0")).await;
+    let served = sc.store.snapshot();
+    drop(op);
+    // The operator is gone: the data plane keeps the last good config.
+    eventually("the stream to drop", || {
+        sc.metrics.control_connected.get() == 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sc.store.snapshot(), served);
+
+    // A new sidecar process that inherited the snapshot (a handoff) connects
+    // to a new operator: it reports the inherited version, and the operator
+    // continues from there.
+    let op2 = start_operator().await;
+    op2.hub.update(|ix| ix.apply_route(&split_route()));
+    let next = start_sidecar_serving(&op2, "client-1", "token-1", &served);
+    let inherited = served.version;
+    eventually("the resumed stream's ACK", || {
+        op2.hub
+            .sidecars()
+            .iter()
+            .any(|s| s.acked.is_some_and(|a| a > inherited))
+    })
+    .await;
+    assert!(next.store.version() > inherited);
+    assert!(has_route(&next.store, "route:shop/split/0"));
+}
+
+/// An authenticated stream whose request body is `garbage`, over a raw
+/// HTTP/2 client (the sidecar's client never sends a bad frame).
+async fn raw_stream(op: &Operator, token: &str, pod: &str, garbage: &'static [u8]) -> u16 {
+    use http_body_util::Full;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, ServerName};
+
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(&std::fs::read(op.dir.path().join("ca.pem")).unwrap()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(op.addr).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp)
+        .await
+        .unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::post(format!(
+        "https://{SERVER_NAME}{}",
+        baton_config::push::WATCH_PATH
+    ))
+    .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
+    .header(baton_config::push::POD_HEADER, pod)
+    .body(Full::new(bytes::Bytes::from_static(garbage)))
+    .unwrap();
+    sender.send_request(req).await.unwrap().status().as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_reply_closes_only_that_stream() {
+    let op = start_operator().await;
+    let good = start_sidecar(&op, "client-1", "token-1");
+    eventually("the first snapshot", || good.store.version() == 1).await;
+    // client-2 authenticates, then sends a frame that is not JSON.
+    let status = raw_stream(&op, "token-2", "shop/client-2", b"\0\0\0\x03{x}").await;
+    assert_eq!(status, 200, "the stream opened before the bad frame");
+    eventually("the bad frame to close that stream", || {
+        op.hub.metrics().bad_frames.get() == 1 && op.hub.sidecars().len() == 1
+    })
+    .await;
+    // The well-behaved sidecar keeps getting its config.
+    op.hub.update(|ix| ix.apply_route(&split_route()));
+    eventually("the route", || has_route(&good.store, "route:shop/split/0")).await;
+}

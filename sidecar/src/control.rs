@@ -1,0 +1,265 @@
+//! The config stream client: one HTTP/2 stream over TLS to the operator
+//! (wire format in [`baton_config::push`]), applying each pushed snapshot
+//! through the [`ConfigStore`] and answering ACK or NACK.
+//!
+//! Failure behaviour, by design:
+//! * a snapshot the store refuses is NACKed with the error and never
+//!   replaces the serving one (the store validates before it swaps);
+//! * losing the operator changes nothing in the data plane: the last good
+//!   config keeps serving while the client reconnects with jittered,
+//!   doubling back-off (so a restarted operator is not stampeded);
+//! * a process that took over through a handoff starts with the inherited
+//!   snapshot already serving and reports its version on connect, so there
+//!   is no window of default config.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_config::push::{self, Decoder, Push, Reply};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::Frame;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls_pki_types::{CertificateDer, ServerName, pem::PemObject};
+use tokio::sync::{mpsc, watch};
+
+use crate::config::store::ConfigStore;
+use crate::metrics::Metrics;
+
+/// Where and how to reach the operator.
+#[derive(Debug, Clone)]
+pub struct ControlConfig {
+    /// `host:port` of the operator's config endpoint.
+    pub address: String,
+    /// Name the operator's certificate must carry (the Service's DNS name).
+    pub server_name: String,
+    /// PEM bundle of the CA that signs the operator's serving certificate.
+    pub ca_bundle: PathBuf,
+    /// Projected ServiceAccount token, re-read on every connect (kubelet
+    /// rotates it).
+    pub token_path: PathBuf,
+    /// `namespace/name` of this Pod.
+    pub pod: String,
+    /// First back-off; doubles per failure up to `max_backoff`.
+    pub min_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+/// Why one stream ended.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("CA bundle {0} holds no certificate")]
+    NoCa(PathBuf),
+    #[error("invalid server name {0:?}")]
+    ServerName(String),
+    #[error("tls: {0}")]
+    Tls(String),
+    #[error("connect to {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("http/2: {0}")]
+    Http(#[from] hyper::Error),
+    #[error("operator refused the stream ({status}): {body}")]
+    Refused { status: u16, body: String },
+    #[error("malformed push frame: {0}")]
+    Frame(#[from] push::FrameError),
+    #[error("operator closed the stream")]
+    Closed,
+}
+
+/// Runs the client until `stop` turns true. Never returns an error: every
+/// failure is logged, counted, and followed by a reconnect.
+pub async fn run(
+    cfg: ControlConfig,
+    store: Arc<ConfigStore>,
+    metrics: Arc<Metrics>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut backoff = cfg.min_backoff;
+    loop {
+        let mut applied_any = false;
+        let result = tokio::select! {
+            r = stream_once(&cfg, &store, &metrics, &mut applied_any) => r,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        metrics.control_connected.set(0);
+        metrics.control_reconnects.inc();
+        if applied_any {
+            backoff = cfg.min_backoff;
+        }
+        let wait = jittered(backoff);
+        match result {
+            Err(StreamError::Closed) | Ok(()) => {
+                tracing::info!(retry_in = ?wait, "config stream closed by the operator; keeping the serving config")
+            }
+            Err(error) => {
+                tracing::warn!(%error, retry_in = ?wait, "config stream failed; keeping the serving config")
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        backoff = (backoff * 2).min(cfg.max_backoff);
+    }
+}
+
+/// Uniform in [d/2, d]: spreads the reconnects of many sidecars.
+fn jittered(d: Duration) -> Duration {
+    d.mul_f64(0.5 + rand::random::<f64>() * 0.5)
+}
+
+fn tls_connector(cfg: &ControlConfig) -> Result<tokio_rustls::TlsConnector, StreamError> {
+    let pem = std::fs::read(&cfg.ca_bundle).map_err(|source| StreamError::Read {
+        path: cfg.ca_bundle.clone(),
+        source,
+    })?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem).flatten() {
+        roots
+            .add(cert)
+            .map_err(|e| StreamError::Tls(e.to_string()))?;
+    }
+    if roots.is_empty() {
+        return Err(StreamError::NoCa(cfg.ca_bundle.clone()));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| StreamError::Tls(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
+/// One connection: open the stream, apply pushes until it ends.
+async fn stream_once(
+    cfg: &ControlConfig,
+    store: &ConfigStore,
+    metrics: &Metrics,
+    applied_any: &mut bool,
+) -> Result<(), StreamError> {
+    let token = std::fs::read_to_string(&cfg.token_path).map_err(|source| StreamError::Read {
+        path: cfg.token_path.clone(),
+        source,
+    })?;
+    let connector = tls_connector(cfg)?;
+    let name = ServerName::try_from(cfg.server_name.clone())
+        .map_err(|_| StreamError::ServerName(cfg.server_name.clone()))?;
+    let tcp = tokio::net::TcpStream::connect(&cfg.address)
+        .await
+        .map_err(|source| StreamError::Connect {
+            addr: cfg.address.clone(),
+            source,
+        })?;
+    let tls = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| StreamError::Tls(e.to_string()))?;
+    let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .timer(hyper_util::rt::TokioTimer::new())
+        .handshake(TokioIo::new(tls))
+        .await?;
+    let conn = tokio::spawn(conn);
+    let _abort = AbortOnDrop(conn);
+
+    let (replies, rx) = mpsc::channel::<Bytes>(16);
+    let body = ReplyBody(rx);
+    let req = http::Request::post(push::WATCH_PATH)
+        .uri(format!("https://{}{}", cfg.server_name, push::WATCH_PATH))
+        .header(
+            http::header::AUTHORIZATION,
+            format!("Bearer {}", token.trim()),
+        )
+        .header(push::POD_HEADER, &cfg.pod)
+        .header(push::VERSION_HEADER, store.version().to_string())
+        .body(body)
+        .expect("request parts are valid");
+    let resp = sender.send_request(req).await?;
+    if resp.status() != http::StatusCode::OK {
+        let status = resp.status().as_u16();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+            .unwrap_or_default();
+        return Err(StreamError::Refused { status, body });
+    }
+    metrics.control_connected.set(1);
+    tracing::info!(operator = %cfg.address, version = store.version(), "config stream open");
+    let mut body = resp.into_body();
+    let mut decoder = Decoder::default();
+    while let Some(frame) = body.frame().await {
+        let frame = frame?;
+        let Some(data) = frame.data_ref() else {
+            continue;
+        };
+        decoder.extend(data);
+        while let Some(push) = decoder.next_message::<Push>()? {
+            let reply = apply(store, push);
+            if matches!(reply, Reply::Ack { .. }) {
+                *applied_any = true;
+            }
+            if replies
+                .send(Bytes::from(push::encode(&reply)))
+                .await
+                .is_err()
+            {
+                return Err(StreamError::Closed);
+            }
+        }
+    }
+    Err(StreamError::Closed)
+}
+
+/// Apply one push: the store validates and swaps, or refuses and keeps the
+/// serving snapshot.
+fn apply(store: &ConfigStore, push: Push) -> Reply {
+    let mut snapshot = push.snapshot;
+    snapshot.version = push.version;
+    match store.apply(&snapshot) {
+        Ok(()) => Reply::Ack {
+            nonce: push.nonce,
+            version: push.version,
+        },
+        Err(error) => Reply::Nack {
+            nonce: push.nonce,
+            error: error.to_string(),
+        },
+    }
+}
+
+/// The request body: reply frames as they are queued; ends when the
+/// sender is dropped.
+struct ReplyBody(mpsc::Receiver<Bytes>);
+
+impl http_body::Body for ReplyBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        self.0.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<Result<(), hyper::Error>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
