@@ -12,7 +12,11 @@
 //!
 //! Never 500: every failure inside is mapped to one of the above.
 
-use std::{sync::Arc, time::Instant};
+use std::{
+    collections::{BTreeMap, VecDeque},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use baton_crds::contract::webhook as names;
 use http::{Method, StatusCode};
@@ -35,6 +39,46 @@ use crate::{
     validate::{self, Verdict},
 };
 
+/// How long a device grant this replica made counts against its pool on
+/// top of the pool's status: the operator's debounce (0.5 s) plus the watch
+/// hops that bring the new pod to the operator and the new status back here
+/// (well under a second on a healthy control plane), with margin.
+pub const GRANT_MEMORY: Duration = Duration::from_secs(2);
+
+/// The devices this replica granted in the last [`GRANT_MEMORY`], per pool.
+#[derive(Debug, Default)]
+pub struct GrantLedger(Mutex<VecDeque<(Instant, String, i64)>>);
+
+impl GrantLedger {
+    pub fn record(&self, pool: &str, devices: i64, now: Instant) {
+        let mut q = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        q.push_back((now, pool.to_owned(), devices));
+    }
+
+    /// Grants younger than [`GRANT_MEMORY`] summed per pool (older ones are
+    /// dropped: the pool's status holds them by then).
+    pub fn recent(&self, now: Instant) -> BTreeMap<String, i64> {
+        let mut q = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while q
+            .front()
+            .is_some_and(|(at, _, _)| now.saturating_duration_since(*at) >= GRANT_MEMORY)
+        {
+            q.pop_front();
+        }
+        let mut out = BTreeMap::new();
+        for (_, pool, devices) in q.iter() {
+            *out.entry(pool.clone()).or_default() += devices;
+        }
+        out
+    }
+}
+
 /// Everything a request needs.
 pub struct Admission {
     pub state: Arc<dyn ClusterState>,
@@ -43,6 +87,7 @@ pub struct Admission {
     /// For the live namespace re-check and Events; `None` in tests.
     pub client: Option<Client>,
     recorder: Option<Recorder>,
+    grants: GrantLedger,
 }
 
 impl std::fmt::Debug for Admission {
@@ -78,6 +123,7 @@ impl Admission {
             metrics,
             client,
             recorder,
+            grants: GrantLedger::default(),
         }
     }
 
@@ -148,6 +194,11 @@ impl Admission {
             }
             Ok(Outcome::Injected(injection)) => {
                 self.count_decision("injected");
+                if let inject::Offload::Granted { pool, devices, .. } = &injection.offload
+                    && !request.dry_run
+                {
+                    self.grants.record(pool, *devices, Instant::now());
+                }
                 self.count_decision(match injection.offload.metric_label() {
                     "granted" => "offload_granted",
                     "fallback" => "offload_fallback",
@@ -183,6 +234,7 @@ impl Admission {
     /// label), the namespace is read live once before deciding.
     async fn decide(&self, pod: &Pod, namespace: &str) -> Result<Outcome, Denial> {
         let (mut snapshot, known) = self.state.snapshot(namespace);
+        snapshot.recent_grants = self.grants.recent(Instant::now());
         let first = inject::mutate(pod, &snapshot.cluster_view(), &self.config);
         let lagging = !known || matches!(first, Ok(Outcome::Skipped(Skip::NotOptedIn)));
         let Some(client) = self.client.as_ref().filter(|_| lagging) else {
@@ -505,5 +557,23 @@ mod tests {
         assert_eq!(body["regarding"]["kind"], "ReplicaSet");
         assert_eq!(body["regarding"]["name"], "web-abc");
         send.send_response(json_response(201, &body));
+    }
+
+    #[test]
+    fn the_grant_ledger_sums_recent_grants_per_pool_and_forgets_old_ones() {
+        let ledger = GrantLedger::default();
+        let t0 = Instant::now();
+        ledger.record("qat", 1, t0);
+        ledger.record("qat", 2, t0 + Duration::from_millis(500));
+        ledger.record("other", 1, t0 + Duration::from_millis(600));
+        assert_eq!(
+            ledger.recent(t0 + Duration::from_secs(1)),
+            BTreeMap::from([("other".to_owned(), 1), ("qat".to_owned(), 3)])
+        );
+        assert_eq!(
+            ledger.recent(t0 + GRANT_MEMORY + Duration::from_millis(550)),
+            BTreeMap::from([("other".to_owned(), 1)])
+        );
+        assert!(ledger.recent(t0 + GRANT_MEMORY * 2).is_empty());
     }
 }

@@ -24,8 +24,13 @@ pub enum Offload {
         resource: String,
         devices: i64,
     },
-    /// Preferred, but no capacity: software keys, and the reason.
-    Fallback { reason: String },
+    /// Preferred, but no capacity: software keys, and the reason. `pool`
+    /// is the pool that was asked (none when no pool serves the resource):
+    /// the pool's status counts the fallback through the annotation.
+    Fallback {
+        reason: String,
+        pool: Option<String>,
+    },
 }
 
 impl Offload {
@@ -46,10 +51,17 @@ impl Offload {
                 (annotations::OFFLOAD, "qat".to_owned()),
                 (annotations::ACCELERATOR_POOL, pool.clone()),
             ],
-            Self::Fallback { reason } => vec![
-                (annotations::OFFLOAD, "software-fallback".to_owned()),
-                (annotations::OFFLOAD_FALLBACK_REASON, reason.clone()),
-            ],
+            Self::Fallback { reason, pool } => {
+                let mut a = vec![
+                    (annotations::OFFLOAD, "software-fallback".to_owned()),
+                    (annotations::OFFLOAD_FALLBACK_REASON, reason.clone()),
+                ];
+                a.extend(
+                    pool.iter()
+                        .map(|p| (annotations::ACCELERATOR_POOL, p.clone())),
+                );
+                a
+            }
         }
     }
 
@@ -84,17 +96,25 @@ pub fn policy_for<'a>(
 /// calls the same function, so both always agree). `Err` is the denial
 /// message for Required without capacity.
 ///
-/// Allocations come from the pool's status (`status.nodes[].allocated`,
-/// written by the operator); until the operator has written them a node
-/// counts as fully free. The webhook cannot see grants to pods not yet
-/// scheduled, so `pending` is 0: the scheduler remains the final arbiter
-/// (an over-granted pod waits Pending for a device, like any extended
-/// resource request).
+/// The books are the pool's status, as the operator's pool controller
+/// wrote it (one source of truth): held devices per node
+/// (`status.nodes[].allocated`) and grants not yet scheduled
+/// (`status.pending`); capacity is the node's `status.allocatable` from the
+/// webhook's own node cache. Until the operator has written a status a
+/// node counts as fully free. The status trails the cluster by the
+/// operator's debounce and two watch hops (about a second); `recent_grants`
+/// (devices this replica granted per pool within
+/// [`crate::handler::GRANT_MEMORY`]) covers that gap for bursts of pods,
+/// counting a grant twice at worst for that window (a spurious fallback,
+/// never a double grant). The scheduler remains the final arbiter: an
+/// over-granted pod waits Pending for a device, and the pool turns
+/// Degraded (`GrantedPodsUnschedulable`).
 pub fn decide(
     policy: Option<&TlsPolicy>,
     pools: &[Arc<AcceleratorPool>],
     nodes: &[Arc<Node>],
     pinned_node: Option<&str>,
+    recent_grants: &BTreeMap<String, i64>,
 ) -> Result<Offload, String> {
     let Some(policy) = policy else {
         return Ok(Offload::Disabled);
@@ -124,11 +144,23 @@ pub fn decide(
         }
         None => Vec::new(),
     };
+    let pending = pool.map_or(0, |p| {
+        let booked = p.status.as_ref().map_or(0, |s| s.pending);
+        let recent = p
+            .metadata
+            .name
+            .as_ref()
+            .and_then(|n| recent_grants.get(n))
+            .copied()
+            .unwrap_or(0);
+        booked + recent
+    });
+    let pool_name = pool.and_then(|p| p.metadata.name.clone());
     let decision = accelerator::decide_offload(&OffloadInput {
         offload: Some(o),
         pool,
         nodes: &inventory,
-        pending: 0,
+        pending,
         pinned_node,
     });
     let policy_name = policy.metadata.name.as_deref().unwrap_or_default();
@@ -146,6 +178,7 @@ pub fn decide(
         }),
         OffloadDecision::Fallback { reason } => Ok(Offload::Fallback {
             reason: reason.to_string(),
+            pool: pool_name,
         }),
         OffloadDecision::Deny { reason } => Err(format!(
             "TlsPolicy {policy_name} requires private-key offload (mode Required) but {reason}; \

@@ -80,6 +80,7 @@ struct Fixture {
     policies: Vec<Arc<TlsPolicy>>,
     pools: Vec<Arc<AcceleratorPool>>,
     nodes: Vec<Arc<Node>>,
+    recent_grants: BTreeMap<String, i64>,
     version: ServerVersion,
     config: InjectConfig,
 }
@@ -95,6 +96,7 @@ impl Fixture {
             policies: vec![],
             pools: vec![],
             nodes: vec![],
+            recent_grants: BTreeMap::new(),
             version: ServerVersion::new(1, 20),
             config: InjectConfig::default(),
         }
@@ -118,6 +120,7 @@ impl Fixture {
             tls_policies: &self.policies,
             pools: &self.pools,
             nodes: &self.nodes,
+            recent_grants: &self.recent_grants,
             server_version: self.version,
         }
     }
@@ -929,10 +932,13 @@ fn exhausted_preferred_offload_falls_back_with_an_annotation_and_no_device() {
         vec![node("n1", Some("2"))],
     );
     let (inj, p) = f.inject(&app_pod());
-    let Offload::Fallback { reason } = &inj.offload else {
+    let Offload::Fallback { reason, pool } = &inj.offload else {
         panic!("{:?}", inj.offload)
     };
     assert!(reason.contains("0 free"), "{reason}");
+    assert_eq!(pool.as_deref(), Some("qat"));
+    // The pool is recorded so its status counts the fallback.
+    assert_eq!(annotation(&p, annotations::ACCELERATOR_POOL), Some("qat"));
     assert_eq!(
         annotation(&p, annotations::OFFLOAD),
         Some("software-fallback")
@@ -1036,4 +1042,60 @@ fn granted_qat_keeps_the_release_resources() {
     let r = container(&p, containers::SLOT_A).resources.clone().unwrap();
     assert_eq!(r.requests.unwrap()["cpu"].0, "100m");
     assert_eq!(r.limits.unwrap()["memory"].0, "256Mi");
+}
+
+#[test]
+fn pending_grants_in_the_pool_status_take_free_devices() {
+    let books = json!({"capacity": 2, "allocated": 1, "pending": 1,
+        "nodes": [{"node": "n1", "capacity": 2, "allocated": 1}]});
+    let f = qat_fixture(
+        "Preferred",
+        vec![pool("qat", books)],
+        vec![node("n1", Some("2"))],
+    );
+    let (inj, _) = f.inject(&app_pod());
+    assert!(
+        matches!(inj.offload, Offload::Fallback { .. }),
+        "{:?}",
+        inj.offload
+    );
+}
+
+#[test]
+fn this_replicas_recent_grants_count_until_the_status_catches_up() {
+    let mut f = qat_fixture(
+        "Required",
+        vec![pool("qat", json!(null))],
+        vec![node("n1", Some("2"))],
+    );
+    f.recent_grants = BTreeMap::from([("qat".to_owned(), 1)]);
+    assert!(matches!(
+        f.inject(&app_pod()).0.offload,
+        Offload::Granted { .. }
+    ));
+    f.recent_grants = BTreeMap::from([("qat".to_owned(), 2)]);
+    let d = f.deny(&app_pod());
+    assert!(
+        d.message.contains("no node with 1 free device(s)"),
+        "{}",
+        d.message
+    );
+    // Grants for another pool do not count here.
+    f.recent_grants = BTreeMap::from([("other".to_owned(), 5)]);
+    assert!(matches!(
+        f.inject(&app_pod()).0.offload,
+        Offload::Granted { .. }
+    ));
+}
+
+#[test]
+fn a_fallback_without_any_pool_names_none() {
+    let f = qat_fixture("Preferred", vec![], vec![]);
+    let (inj, p) = f.inject(&app_pod());
+    assert!(
+        matches!(&inj.offload, Offload::Fallback { pool: None, .. }),
+        "{:?}",
+        inj.offload
+    );
+    assert_eq!(annotation(&p, annotations::ACCELERATOR_POOL), None);
 }
