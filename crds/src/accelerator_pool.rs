@@ -7,7 +7,7 @@
 //! scheduler places it); the operator keeps the status (capacity per node,
 //! allocations, fallbacks) current from Nodes and Pods.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, MicroTime};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -118,6 +118,11 @@ pub struct AcceleratorPoolStatus {
     /// `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// When the operator computed these books (set on each write). The
+    /// webhook counts a grant it made itself as not yet booked until it
+    /// sees books computed after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub computed_at: Option<MicroTime>,
     /// Nodes of the pool that advertise at least one device.
     #[serde(default)]
     pub node_count: i64,

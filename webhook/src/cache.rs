@@ -52,7 +52,7 @@ pub struct Snapshot {
     pub routes: Vec<Arc<Route>>,
     pub server_version: Option<ServerVersion>,
     /// Filled by the handler from its grant ledger, not by the caches.
-    pub recent_grants: BTreeMap<String, i64>,
+    pub recent_grants: Vec<crate::inject::RecentGrant>,
 }
 
 impl Snapshot {
@@ -295,7 +295,7 @@ impl ClusterState for Caches {
                 .routes
                 .state_filter(|r| r.metadata.namespace.as_deref() == Some(namespace)),
             server_version: self.version.load().as_deref().copied(),
-            recent_grants: BTreeMap::new(),
+            recent_grants: Vec::new(),
         };
         (snapshot, known)
     }

@@ -13,7 +13,7 @@
 //! Never 500: every failure inside is mapped to one of the above.
 
 use std::{
-    collections::{BTreeMap, VecDeque},
+    collections::VecDeque,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -32,50 +32,44 @@ use kube::{
 
 use crate::{
     cache::ClusterState,
-    inject::{self, Denial, InjectConfig, Outcome, Skip},
+    inject::{self, Denial, InjectConfig, Outcome, RecentGrant, Skip},
     metrics::{DecisionLabels, Metrics},
     review::{self, Decoded},
     server::{SimpleRequest, SimpleResponse, response},
     validate::{self, Verdict},
 };
 
-/// How long a device grant this replica made counts against its pool on
-/// top of the pool's status: the operator's debounce (0.5 s) plus the watch
-/// hops that bring the new pod to the operator and the new status back here
-/// (well under a second on a healthy control plane), with margin.
-pub const GRANT_MEMORY: Duration = Duration::from_secs(2);
+/// Longest a device grant this replica made counts against its pool on top
+/// of the pool's status, should no newer status arrive (the pod was refused
+/// later by another admission step, or the operator is down).
+pub const GRANT_MEMORY: Duration = Duration::from_secs(5);
 
-/// The devices this replica granted in the last [`GRANT_MEMORY`], per pool.
+/// The devices this replica granted in the last [`GRANT_MEMORY`].
 #[derive(Debug, Default)]
-pub struct GrantLedger(Mutex<VecDeque<(Instant, String, i64)>>);
+pub struct GrantLedger(Mutex<VecDeque<(Instant, RecentGrant)>>);
 
 impl GrantLedger {
-    pub fn record(&self, pool: &str, devices: i64, now: Instant) {
+    pub fn record(&self, grant: RecentGrant, now: Instant) {
         let mut q = self
             .0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        q.push_back((now, pool.to_owned(), devices));
+        q.push_back((now, grant));
     }
 
-    /// Grants younger than [`GRANT_MEMORY`] summed per pool (older ones are
-    /// dropped: the pool's status holds them by then).
-    pub fn recent(&self, now: Instant) -> BTreeMap<String, i64> {
+    /// Grants younger than [`GRANT_MEMORY`] (older ones are dropped).
+    pub fn recent(&self, now: Instant) -> Vec<RecentGrant> {
         let mut q = self
             .0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         while q
             .front()
-            .is_some_and(|(at, _, _)| now.saturating_duration_since(*at) >= GRANT_MEMORY)
+            .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= GRANT_MEMORY)
         {
             q.pop_front();
         }
-        let mut out = BTreeMap::new();
-        for (_, pool, devices) in q.iter() {
-            *out.entry(pool.clone()).or_default() += devices;
-        }
-        out
+        q.iter().map(|(_, g)| g.clone()).collect()
     }
 }
 
@@ -197,7 +191,12 @@ impl Admission {
                 if let inject::Offload::Granted { pool, devices, .. } = &injection.offload
                     && !request.dry_run
                 {
-                    self.grants.record(pool, *devices, Instant::now());
+                    let grant = RecentGrant {
+                        pool: pool.clone(),
+                        devices: *devices,
+                        at: k8s_openapi::jiff::Timestamp::now(),
+                    };
+                    self.grants.record(grant, Instant::now());
                 }
                 self.count_decision(match injection.offload.metric_label() {
                     "granted" => "offload_granted",
@@ -560,19 +559,24 @@ mod tests {
     }
 
     #[test]
-    fn the_grant_ledger_sums_recent_grants_per_pool_and_forgets_old_ones() {
+    fn the_grant_ledger_keeps_grants_for_grant_memory_then_forgets_them() {
         let ledger = GrantLedger::default();
         let t0 = Instant::now();
-        ledger.record("qat", 1, t0);
-        ledger.record("qat", 2, t0 + Duration::from_millis(500));
-        ledger.record("other", 1, t0 + Duration::from_millis(600));
+        let grant = |pool: &str| RecentGrant {
+            pool: pool.to_owned(),
+            devices: 1,
+            at: k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        };
+        ledger.record(grant("qat"), t0);
+        ledger.record(grant("other"), t0 + Duration::from_millis(600));
+        let pools = |v: Vec<RecentGrant>| v.into_iter().map(|g| g.pool).collect::<Vec<_>>();
         assert_eq!(
-            ledger.recent(t0 + Duration::from_secs(1)),
-            BTreeMap::from([("other".to_owned(), 1), ("qat".to_owned(), 3)])
+            pools(ledger.recent(t0 + Duration::from_secs(1))),
+            ["qat", "other"]
         );
         assert_eq!(
-            ledger.recent(t0 + GRANT_MEMORY + Duration::from_millis(550)),
-            BTreeMap::from([("other".to_owned(), 1)])
+            pools(ledger.recent(t0 + GRANT_MEMORY + Duration::from_millis(100))),
+            ["other"]
         );
         assert!(ledger.recent(t0 + GRANT_MEMORY * 2).is_empty());
     }

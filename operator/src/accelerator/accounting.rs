@@ -403,6 +403,8 @@ pub fn compute(pool: &AcceleratorPool, nodes: &[Node], pods: &[PodDevices], now:
 
     let status = AcceleratorPoolStatus {
         observed_generation: generation,
+        // Carried over: the controller stamps it only when it writes.
+        computed_at: pool.status.as_ref().and_then(|s| s.computed_at.clone()),
         node_count,
         capacity,
         allocated,

@@ -29,6 +29,7 @@ use baton_crds::conditions::Time;
 use baton_crds::contract::{self, annotations};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Container, Node, ObjectReference, Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -111,7 +112,7 @@ pub async fn reconcile_all(
     let mut current = BTreeSet::new();
     for pool in pools {
         let name = pool.name_any();
-        let books = accounting::compute(pool, nodes, pods, &now);
+        let mut books = accounting::compute(pool, nodes, pods, &now);
         ctx.metrics.pool_observed(&name, &books.status);
         for f in accounting::unannounced(&books.fallbacks, &announced.0) {
             publish_fallback(ctx, &name, f).await;
@@ -122,6 +123,7 @@ pub async fn reconcile_all(
             ctx.metrics.reconciled(KIND, "ok");
             continue;
         }
+        books.status.computed_at = Some(MicroTime(now.0));
         match write_status(ctx, &name, &books.status).await {
             Ok(()) => {
                 ctx.metrics.reconciled(KIND, "ok");
@@ -492,6 +494,7 @@ mod tests {
             (&json!(1), &json!(1), &json!(0), &json!(1))
         );
         assert_eq!(st["observedGeneration"], json!(2));
+        assert!(st["computedAt"].is_string(), "{st}");
         assert_eq!(st["nodes"][0]["pods"], json!(["shop/web-0"]));
         assert_eq!(st["recentFallbacks"][0]["pod"], json!("web-1"));
         let exhausted = st["conditions"]

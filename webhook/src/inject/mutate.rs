@@ -41,9 +41,9 @@ pub struct ClusterView<'a> {
     pub tls_policies: &'a [Arc<TlsPolicy>],
     pub pools: &'a [Arc<AcceleratorPool>],
     pub nodes: &'a [Arc<Node>],
-    /// Devices this webhook replica granted per pool in the last
-    /// [`crate::handler::GRANT_MEMORY`] (not yet in the pools' status).
-    pub recent_grants: &'a BTreeMap<String, i64>,
+    /// Devices this webhook replica granted in the last
+    /// [`crate::handler::GRANT_MEMORY`] (maybe not yet in the pools' status).
+    pub recent_grants: &'a [offload::RecentGrant],
     pub server_version: ServerVersion,
 }
 

@@ -11,6 +11,40 @@ use baton_crds::{
     tls_policy::OffloadMode,
 };
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+/// A device grant this webhook replica made, remembered until the pool's
+/// books (computed by the operator) include it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecentGrant {
+    pub pool: String,
+    pub devices: i64,
+    /// Wall-clock time of the admission.
+    pub at: Timestamp,
+}
+
+/// Books computed this long after a grant include the granted pod: its
+/// creation reaches the operator's pod watch within a few milliseconds on
+/// a healthy control plane, and the operator computes after a 0.5 s
+/// debounce. The margin also absorbs clock skew between the webhook's and
+/// the operator's nodes.
+pub const GRANT_SETTLE: SignedDuration = SignedDuration::from_millis(300);
+
+/// Devices of `recent` granted from `pool` that its status may not count
+/// yet: every one unless the books were computed at least
+/// [`GRANT_SETTLE`] after the grant.
+pub fn unbooked(pool: &AcceleratorPool, recent: &[RecentGrant]) -> i64 {
+    let name = pool.metadata.name.as_deref().unwrap_or_default();
+    let computed = pool.status.as_ref().and_then(|s| s.computed_at.as_ref());
+    recent
+        .iter()
+        .filter(|g| g.pool == name)
+        .filter(|g| {
+            computed.is_none_or(|c| g.at.checked_add(GRANT_SETTLE).is_ok_and(|due| c.0 < due))
+        })
+        .map(|g| g.devices)
+        .sum()
+}
 
 /// The offload outcome recorded on the pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -102,19 +136,20 @@ pub fn policy_for<'a>(
 /// (`status.pending`); capacity is the node's `status.allocatable` from the
 /// webhook's own node cache. Until the operator has written a status a
 /// node counts as fully free. The status trails the cluster by the
-/// operator's debounce and two watch hops (about a second); `recent_grants`
-/// (devices this replica granted per pool within
-/// [`crate::handler::GRANT_MEMORY`]) covers that gap for bursts of pods,
-/// counting a grant twice at worst for that window (a spurious fallback,
-/// never a double grant). The scheduler remains the final arbiter: an
-/// over-granted pod waits Pending for a device, and the pool turns
-/// Degraded (`GrantedPodsUnschedulable`).
+/// operator's debounce and two watch hops (well under a second); the grants
+/// this replica made itself (`recent_grants`) cover that gap for bursts of
+/// pods: each counts until the webhook sees books computed at least
+/// [`GRANT_SETTLE`] after it ([`unbooked`]), or for
+/// [`crate::handler::GRANT_MEMORY`] at most. Grants by other webhook
+/// replicas within that gap are not seen; the scheduler remains the final
+/// arbiter: an over-granted pod waits Pending for a device, and the pool
+/// turns Degraded (`GrantedPodsUnschedulable`).
 pub fn decide(
     policy: Option<&TlsPolicy>,
     pools: &[Arc<AcceleratorPool>],
     nodes: &[Arc<Node>],
     pinned_node: Option<&str>,
-    recent_grants: &BTreeMap<String, i64>,
+    recent_grants: &[RecentGrant],
 ) -> Result<Offload, String> {
     let Some(policy) = policy else {
         return Ok(Offload::Disabled);
@@ -145,15 +180,7 @@ pub fn decide(
         None => Vec::new(),
     };
     let pending = pool.map_or(0, |p| {
-        let booked = p.status.as_ref().map_or(0, |s| s.pending);
-        let recent = p
-            .metadata
-            .name
-            .as_ref()
-            .and_then(|n| recent_grants.get(n))
-            .copied()
-            .unwrap_or(0);
-        booked + recent
+        p.status.as_ref().map_or(0, |s| s.pending) + unbooked(p, recent_grants)
     });
     let pool_name = pool.and_then(|p| p.metadata.name.clone());
     let decision = accelerator::decide_offload(&OffloadInput {

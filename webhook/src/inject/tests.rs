@@ -80,7 +80,7 @@ struct Fixture {
     policies: Vec<Arc<TlsPolicy>>,
     pools: Vec<Arc<AcceleratorPool>>,
     nodes: Vec<Arc<Node>>,
-    recent_grants: BTreeMap<String, i64>,
+    recent_grants: Vec<RecentGrant>,
     version: ServerVersion,
     config: InjectConfig,
 }
@@ -96,7 +96,7 @@ impl Fixture {
             policies: vec![],
             pools: vec![],
             nodes: vec![],
-            recent_grants: BTreeMap::new(),
+            recent_grants: Vec::new(),
             version: ServerVersion::new(1, 20),
             config: InjectConfig::default(),
         }
@@ -1061,19 +1061,27 @@ fn pending_grants_in_the_pool_status_take_free_devices() {
     );
 }
 
+fn grant_at(pool: &str, second: i64) -> RecentGrant {
+    RecentGrant {
+        pool: pool.to_owned(),
+        devices: 1,
+        at: k8s_openapi::jiff::Timestamp::from_second(second).unwrap(),
+    }
+}
+
 #[test]
-fn this_replicas_recent_grants_count_until_the_status_catches_up() {
+fn this_replicas_recent_grants_count_until_the_books_are_computed_after_them() {
     let mut f = qat_fixture(
         "Required",
         vec![pool("qat", json!(null))],
         vec![node("n1", Some("2"))],
     );
-    f.recent_grants = BTreeMap::from([("qat".to_owned(), 1)]);
+    f.recent_grants = vec![grant_at("qat", 100)];
     assert!(matches!(
         f.inject(&app_pod()).0.offload,
         Offload::Granted { .. }
     ));
-    f.recent_grants = BTreeMap::from([("qat".to_owned(), 2)]);
+    f.recent_grants = vec![grant_at("qat", 100), grant_at("qat", 101)];
     let d = f.deny(&app_pod());
     assert!(
         d.message.contains("no node with 1 free device(s)"),
@@ -1081,11 +1089,26 @@ fn this_replicas_recent_grants_count_until_the_status_catches_up() {
         d.message
     );
     // Grants for another pool do not count here.
-    f.recent_grants = BTreeMap::from([("other".to_owned(), 5)]);
+    f.recent_grants = vec![grant_at("other", 100), grant_at("other", 101)];
     assert!(matches!(
         f.inject(&app_pod()).0.offload,
         Offload::Granted { .. }
     ));
+    // Books computed after both grants hold them already (allocated 1 +
+    // pending 1 here): they are not counted twice.
+    let books = |computed: &str| {
+        json!({"computedAt": computed, "pending": 1,
+        "nodes": [{"node": "n1", "capacity": 2, "allocated": 0}]})
+    };
+    f.pools = vec![pool("qat", books("1970-01-01T00:01:42.000000Z"))];
+    f.recent_grants = vec![grant_at("qat", 101)];
+    assert!(matches!(
+        f.inject(&app_pod()).0.offload,
+        Offload::Granted { .. }
+    ));
+    // Books computed before the grant settled do not hold it yet.
+    f.pools = vec![pool("qat", books("1970-01-01T00:01:41.100000Z"))];
+    assert_eq!(f.deny(&app_pod()).reason, DenialReason::OffloadUnavailable);
 }
 
 #[test]
