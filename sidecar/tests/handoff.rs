@@ -299,6 +299,56 @@ async fn an_incompatible_protocol_version_is_refused_and_the_old_keeps_serving()
     assert_clean(&stats, &[old.log_tail()]);
 }
 
+/// A new sidecar whose offload is Required but whose engine does not work
+/// in its slot (the device is held by the serving sidecar's container)
+/// must not take over: it exits with the reason and the old keeps serving
+/// everything, device included (docs/upgrade.md, "Accelerators").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_sidecar_without_its_required_offload_engine_refuses_to_take_over() {
+    let world = World::new_with_tls().await;
+    let mut old = world.spawn(&[]);
+    world.wait_ready(Duration::from_secs(20)).await;
+    let load = Load::start(
+        &world,
+        LoadShape {
+            keepalive: 2,
+            new_conns: 1,
+            echo: 1,
+            ..LoadShape::default()
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut new = world.spawn(&[
+        ("BATON_OFFLOAD_MODE", "Required"),
+        ("BATON_OFFLOAD_ENGINE", "no-such-device"),
+    ]);
+    let exit = wait_exit(&mut new, Duration::from_secs(20)).await;
+    assert!(
+        exit.is_some_and(|s| !s.success()),
+        "the refusing process must exit with an error: {exit:?}"
+    );
+    let log = new.log_all();
+    assert!(
+        log.contains("not taking over from the running sidecar") && log.contains("Required"),
+        "{}",
+        new.log_tail()
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(old.alive());
+    let m = metrics(&world).await;
+    assert!(
+        m.contains("baton_sidecar_lifecycle_phase{phase=\"serving\"} 1"),
+        "{m}"
+    );
+    assert!(
+        world.status().is_none(),
+        "no handoff may be reported complete"
+    );
+    let stats = load.finish().await;
+    assert_clean(&stats, &[old.log_tail()]);
+}
+
 /// Runs `runs` handoffs that are each cut short by `cut` (SIGKILL or
 /// SIGSTOP of the new process at a random point), and checks after each one
 /// that the old process serves again and that exactly the connections the

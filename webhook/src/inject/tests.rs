@@ -893,8 +893,13 @@ fn qat_is_granted_from_node_allocatable_when_the_pool_has_no_status_yet() {
     assert_eq!(env_of(a, env::OFFLOAD_MODE), Some("Preferred"));
     assert_eq!(annotation(&p, annotations::OFFLOAD), Some("qat"));
     assert_eq!(annotation(&p, annotations::ACCELERATOR_POOL), Some("qat"));
-    // The standby slot gets no device and no extra capability.
+    // The standby slot gets no device and no extra capability, but the
+    // same engine and mode: a sidecar upgraded into it without the device
+    // fails the engine's self-test and refuses (Required) or falls back
+    // (Preferred), instead of silently running in software.
     let b = container(&p, containers::SLOT_B);
+    assert_eq!(env_of(b, env::OFFLOAD_ENGINE), Some("openssl"));
+    assert_eq!(env_of(b, env::OFFLOAD_MODE), Some("Preferred"));
     assert!(
         !b.resources
             .as_ref()
