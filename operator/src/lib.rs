@@ -28,9 +28,12 @@
 
 pub mod accelerator;
 pub mod admin;
+pub mod events;
 pub mod identity;
 pub mod leader;
 pub mod metrics;
+#[cfg(test)]
+mod mock_api;
 pub mod release;
 pub mod rollout;
 

@@ -443,4 +443,4 @@ pub fn unannounced<'a>(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -32,7 +32,7 @@ use k8s_openapi::api::core::v1::{Container, Node, ObjectReference, Pod, PodSpec}
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -78,13 +78,7 @@ pub struct Context {
 
 impl Context {
     pub fn new(client: Client, metrics: Arc<Metrics>, instance: Option<String>) -> Self {
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "baton-operator".into(),
-                instance,
-            },
-        );
+        let recorder = crate::events::recorder(client.clone(), instance);
         Self {
             client,
             metrics,
@@ -329,6 +323,8 @@ mod tests {
     //! request.
 
     use super::*;
+    use crate::accelerator::accounting::tests::{fallback, granted};
+    use crate::mock_api::{self, Handle, Seen};
     use baton_crds::AcceleratorPoolSpec;
     use baton_crds::contract::DEFAULT_QAT_RESOURCE;
     use http::{Method, Request, Response};
@@ -338,62 +334,24 @@ mod tests {
     use std::collections::BTreeMap;
     use std::sync::Mutex;
 
-    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
-
-    #[derive(Clone, Debug)]
-    struct Seen {
-        method: Method,
-        uri: String,
-        content_type: String,
-        body: serde_json::Value,
-    }
-
-    /// Answers every request 200 with its own body (or `fail_status` for
-    /// status writes), recording each.
-    fn fake_api(mut handle: Handle, fail_status: bool) -> Arc<Mutex<Vec<Seen>>> {
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let log = seen.clone();
-        tokio::spawn(async move {
-            while let Some((request, send)) = handle.next_request().await {
-                let method = request.method().clone();
-                let uri = request.uri().to_string();
-                let content_type = request
-                    .headers()
-                    .get(http::header::CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default()
-                    .to_owned();
-                let bytes = request.into_body().collect_bytes().await.unwrap();
-                let body: serde_json::Value =
-                    serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
-                let s = Seen {
-                    method,
-                    uri,
-                    content_type,
-                    body,
-                };
-                log.lock().unwrap().push(s.clone());
-                let (code, value) = if fail_status && s.uri.contains("/status") {
-                    (
-                        500,
-                        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "boom", "reason": "InternalError", "code": 500}),
-                    )
-                } else if s.uri.contains("/acceleratorpools/") {
-                    let mut p = serde_json::to_value(pool()).unwrap();
-                    p["status"] = s.body["status"].clone();
-                    (200, p)
-                } else {
-                    (200, s.body.clone())
-                };
-                send.send_response(
-                    Response::builder()
-                        .status(code)
-                        .body(Body::from(serde_json::to_vec(&value).unwrap()))
-                        .unwrap(),
-                );
+    /// Answers every request 200 with its own body (a pool's status write:
+    /// the pool with that status), or 500 for status writes when
+    /// `fail_status`.
+    fn fake_api(handle: Handle, fail_status: bool) -> Arc<Mutex<Vec<Seen>>> {
+        mock_api::serve(handle, move |s| {
+            if fail_status && s.uri.contains("/status") {
+                (
+                    500,
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "boom", "reason": "InternalError", "code": 500}),
+                )
+            } else if s.uri.contains("/acceleratorpools/") {
+                let mut p = serde_json::to_value(pool()).unwrap();
+                p["status"] = s.body["status"].clone();
+                (200, p)
+            } else {
+                (200, s.body.clone())
             }
-        });
-        seen
+        })
     }
 
     fn pool() -> AcceleratorPool {
@@ -422,26 +380,6 @@ mod tests {
         n
     }
 
-    fn pod(name: &str, offload: &str) -> PodDevices {
-        PodDevices {
-            namespace: "shop".into(),
-            name: name.into(),
-            uid: format!("uid-{name}"),
-            node: Some("n1".into()),
-            meshed: true,
-            offload: Some(offload.into()),
-            pool: Some("qat".into()),
-            fallback_reason: (offload == accounting::OFFLOAD_FALLBACK)
-                .then(|| "no free device".to_owned()),
-            requests: if offload == accounting::OFFLOAD_QAT {
-                BTreeMap::from([(DEFAULT_QAT_RESOURCE.to_owned(), 1)])
-            } else {
-                BTreeMap::new()
-            },
-            ..Default::default()
-        }
-    }
-
     fn context(service: tower_test::mock::Mock<Request<Body>, Response<Body>>) -> Context {
         Context::new(
             Client::new(service, "default"),
@@ -455,7 +393,9 @@ mod tests {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let seen = fake_api(handle, false);
         let ctx = context(service);
-        let pods = [pod("web-0", "qat"), pod("web-1", "software-fallback")];
+        let mut fell_back = fallback("web-1", 0);
+        fell_back.fallback_reason = Some("no free device".into());
+        let pods = [granted("web-0", Some("n1"), 1), fell_back];
         let mut announced = Announced::default();
         reconcile_all(
             &ctx,

@@ -52,7 +52,7 @@ fn node(name: &str, qat_label: bool, devices: Option<&str>) -> Node {
 }
 
 /// A meshed pod granted `devices` on `node` (None: not scheduled yet).
-fn granted(name: &str, node: Option<&str>, devices: i64) -> PodDevices {
+pub(crate) fn granted(name: &str, node: Option<&str>, devices: i64) -> PodDevices {
     PodDevices {
         namespace: "shop".into(),
         name: name.into(),
@@ -66,7 +66,8 @@ fn granted(name: &str, node: Option<&str>, devices: i64) -> PodDevices {
     }
 }
 
-fn fallback(name: &str, created: i64) -> PodDevices {
+/// A meshed pod on `n1` that fell back to software for pool `qat`.
+pub(crate) fn fallback(name: &str, created: i64) -> PodDevices {
     PodDevices {
         namespace: "shop".into(),
         name: name.into(),
