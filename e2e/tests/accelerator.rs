@@ -148,6 +148,32 @@ async fn event_with(client: &Client, ns: &str, reason: &str, about: &str) -> Eve
     .unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// Waits until the webhook's caches hold the TlsPolicy for `mode`: a
+/// dry-run create of such a pod comes back granted (dry runs book nothing).
+async fn wait_policy_seen(api: &Api<Pod>, mode: &str) {
+    let probe = app(&format!("probe-{}", mode.to_lowercase()), mode);
+    wait_for(
+        &format!("the webhook grants a {mode} pod (dry run)"),
+        Duration::from_secs(30),
+        || {
+            let (api, probe) = (api.clone(), probe.clone());
+            async move {
+                let params = PostParams {
+                    dry_run: true,
+                    ..PostParams::default()
+                };
+                match api.create(&params, &probe).await {
+                    Ok(p) if annotation(&p, annotations::OFFLOAD) == Some("qat") => Check::Done(()),
+                    Ok(p) => Check::NotYet(format!("{:?}", p.metadata.annotations)),
+                    Err(e) => Check::NotYet(e.to_string()),
+                }
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
 async fn set_devices(client: &Client, node: &str, resource: &str, count: Option<&str>) {
     let patch =
         json!({"status": {"capacity": {resource: count}, "allocatable": {resource: count}}});
@@ -199,6 +225,8 @@ async fn accelerator_pool_books_grants_fallbacks_refusals_and_frees_a_deleted_po
 
             // Up to capacity: both granted, each asking for one device.
             let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+            wait_policy_seen(&api, "Preferred").await;
+            wait_policy_seen(&api, "Required").await;
             let mut granted = Vec::new();
             for name in ["preferred-0", "required-0"] {
                 let mode = if name.starts_with("required") {
