@@ -23,7 +23,7 @@ use std::fmt;
 
 use k8s_openapi::api::core::v1::Node;
 
-use crate::accelerator_pool::{AcceleratorPool, NodeAllocation};
+use crate::accelerator_pool::AcceleratorPool;
 use crate::selector;
 use crate::tls_policy::{OffloadMode, PrivateKeyOffload};
 
@@ -58,7 +58,8 @@ impl NodeInventory {
         }
     }
 
-    fn free(&self) -> i64 {
+    /// Devices no pod holds, never below zero.
+    pub fn free(&self) -> i64 {
         (self.allocatable - self.allocated).max(0)
     }
 }
@@ -275,27 +276,6 @@ pub fn decide_offload(input: &OffloadInput<'_>) -> OffloadDecision {
         count: needed,
         pool: pool_name,
     }
-}
-
-/// The pool's nodes with their capacity and allocations, sorted by name,
-/// for `status.nodes`. Nodes without devices are left out.
-pub fn node_allocations(
-    pool: &AcceleratorPool,
-    nodes: &[NodeInventory],
-    sidecars_per_node: &BTreeMap<String, i64>,
-) -> Vec<NodeAllocation> {
-    let mut out: Vec<NodeAllocation> = nodes
-        .iter()
-        .filter(|n| in_pool(pool, n) && n.allocatable > 0)
-        .map(|n| NodeAllocation {
-            node: n.name.clone(),
-            capacity: n.allocatable,
-            allocated: n.allocated,
-            sidecars: sidecars_per_node.get(&n.name).copied().unwrap_or(0),
-        })
-        .collect();
-    out.sort_by(|a, b| a.node.cmp(&b.node));
-    out
 }
 
 #[cfg(test)]
@@ -669,36 +649,6 @@ mod tests {
         assert_eq!(device_count("1500m"), 0);
         assert_eq!(device_count("-2"), 0);
         assert_eq!(device_count("1k"), 0);
-    }
-
-    #[test]
-    fn node_allocations_lists_pool_nodes_with_devices_sorted() {
-        let p = pool("qat", DEFAULT_QAT_RESOURCE, 1, true);
-        let nodes = [
-            node("n2", true, 4, 1),
-            node("n1", true, 2, 2),
-            node("cpu-only", true, 0, 0),
-            node("other", false, 8, 0),
-        ];
-        let per = BTreeMap::from([("n1".to_string(), 2)]);
-        let got = node_allocations(&p, &nodes, &per);
-        assert_eq!(
-            got,
-            vec![
-                NodeAllocation {
-                    node: "n1".into(),
-                    capacity: 2,
-                    allocated: 2,
-                    sidecars: 2
-                },
-                NodeAllocation {
-                    node: "n2".into(),
-                    capacity: 4,
-                    allocated: 1,
-                    sidecars: 0
-                },
-            ]
-        );
     }
 
     #[test]

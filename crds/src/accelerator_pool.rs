@@ -7,7 +7,7 @@
 //! scheduler places it); the operator keeps the status (capacity per node,
 //! allocations, fallbacks) current from Nodes and Pods.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, MicroTime};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -43,6 +43,12 @@ use crate::validation::{Errors, FieldError, Validate};
         description = "Devices each sidecar gets"
     ),
     printcolumn(
+        name = "Nodes",
+        type_ = "integer",
+        json_path = ".status.nodeCount",
+        description = "Nodes of the pool that advertise devices"
+    ),
+    printcolumn(
         name = "Capacity",
         type_ = "integer",
         json_path = ".status.capacity",
@@ -53,6 +59,12 @@ use crate::validation::{Errors, FieldError, Validate};
         type_ = "integer",
         json_path = ".status.allocated",
         description = "Devices held by sidecars"
+    ),
+    printcolumn(
+        name = "Free",
+        type_ = "integer",
+        json_path = ".status.free",
+        description = "Devices no sidecar holds"
     ),
     printcolumn(
         name = "Fallbacks",
@@ -98,30 +110,47 @@ fn default_devices_per_sidecar() -> i32 {
     1
 }
 
-/// Observed devices and their use.
+/// Observed devices and their use, written by the operator's pool
+/// controller (leader only, server-side apply) from Nodes and Pods.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AcceleratorPoolStatus {
     /// `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// When the operator computed these books (set on each write). The
+    /// webhook counts a grant it made itself as not yet booked until it
+    /// sees books computed after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub computed_at: Option<MicroTime>,
+    /// Nodes of the pool that advertise at least one device.
+    #[serde(default)]
+    pub node_count: i64,
     /// Allocatable devices summed over the pool's nodes.
     #[serde(default)]
     pub capacity: i64,
-    /// Devices requested by running sidecars, summed over the pool's nodes.
+    /// Devices held by running sidecars, summed over the pool's nodes.
     #[serde(default)]
     pub allocated: i64,
+    /// Devices no sidecar holds (per node, never below zero), summed.
+    #[serde(default)]
+    pub free: i64,
+    /// Devices granted at admission to pods the scheduler has not placed
+    /// yet: they will take free devices somewhere, so the webhook subtracts
+    /// them before it grants more.
+    #[serde(default)]
+    pub pending: i64,
     /// Sidecars whose policy asked for offload (Preferred) but that run in
     /// software because the pool had no free device at admission.
     #[serde(default)]
     pub fallbacks: i64,
-    /// Per node: capacity and allocations.
+    /// Per node: capacity, allocations and the pods holding devices.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<NodeAllocation>,
     /// The most recent software fallbacks (at most 10), newest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recent_fallbacks: Vec<FallbackRecord>,
-    /// Available, Exhausted.
+    /// Ready, Exhausted, Degraded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
@@ -136,9 +165,15 @@ pub struct NodeAllocation {
     pub capacity: i64,
     /// Devices requested by sidecars of pods bound to the node.
     pub allocated: i64,
+    /// `capacity - allocated`, never below zero.
+    #[serde(default)]
+    pub free: i64,
     /// Offloading sidecars on the node.
     #[serde(default)]
     pub sidecars: i64,
+    /// The pods holding devices (`namespace/name`), sorted, at most 20.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<String>,
 }
 
 /// One sidecar that fell back to software.

@@ -87,19 +87,31 @@ pub mod tls_policy {
 }
 
 pub mod accelerator_pool {
-    //! AcceleratorPool conditions.
+    //! AcceleratorPool conditions. Ready and Exhausted describe capacity;
+    //! Degraded says the books and the nodes disagree (devices lost) or
+    //! granted sidecars cannot be placed.
 
-    /// At least one node of the pool advertises the resource.
-    pub const AVAILABLE: &str = "Available";
-    /// Every device of the pool is allocated; new sidecars fall back or wait.
+    /// At least one node of the pool advertises the resource and the spec
+    /// is valid: sidecars can be granted devices.
+    pub const READY: &str = "Ready";
+    /// No node has `devicesPerSidecar` free devices (after pending grants);
+    /// new Preferred sidecars fall back to software, Required ones are
+    /// refused.
     pub const EXHAUSTED: &str = "Exhausted";
+    /// Sidecars hold more devices than a node advertises (device plugin
+    /// marked devices unhealthy, node shrank), or granted pods wait
+    /// unschedulable for a device.
+    pub const DEGRADED: &str = "Degraded";
 
     pub mod reasons {
         pub const DEVICES_AVAILABLE: &str = "DevicesAvailable";
         pub const NO_NODES: &str = "NoNodes";
-        pub const NO_DEVICES: &str = "NoDevices";
+        pub const INVALID_SPEC: &str = "InvalidSpec";
         pub const ALL_ALLOCATED: &str = "AllAllocated";
         pub const CAPACITY_LEFT: &str = "CapacityLeft";
+        pub const DEVICES_LOST: &str = "DevicesLost";
+        pub const UNSCHEDULABLE: &str = "GrantedPodsUnschedulable";
+        pub const HEALTHY: &str = "Healthy";
     }
 }
 

@@ -431,11 +431,14 @@ fn the_operator_writes_status_and_pods_but_never_specs_of_baton_objects() {
     assert_eq!(grants(&cr, "", "events", "create").len(), 1);
     // The rollout evicts pods it cannot upgrade in place (the Eviction API
     // honours PodDisruptionBudgets; a plain delete would not) and reads a
-    // node's kubelet version (native sidecars): no more than that.
+    // node's kubelet version (native sidecars); the AcceleratorPool books
+    // watch every Node (labels, allocatable): no more than that.
     assert_eq!(grants(&cr, "", "pods/eviction", "create").len(), 1);
     assert_eq!(grants(&cr, "", "pods", "delete").len(), 0);
-    assert_eq!(grants(&cr, "", "nodes", "get").len(), 1);
-    for verb in ["list", "watch", "patch", "update"] {
+    for verb in ["get", "list", "watch"] {
+        assert_eq!(grants(&cr, "", "nodes", verb).len(), 1, "nodes {verb}");
+    }
+    for verb in ["patch", "update"] {
         assert!(grants(&cr, "", "nodes", verb).is_empty(), "nodes {verb}");
     }
     for (group, r) in [("", "secrets"), ("apps", "deployments")] {

@@ -8,7 +8,11 @@
 //!          └─ per-version counts, conditions ◄┘
 //! ```
 //!
-//! Today the operator runs one controller, the rollout: for every
+//! The AcceleratorPool controller ([`accelerator`]) keeps each pool's books
+//! (devices per node, who holds them, pending grants, fallbacks) in its
+//! status, which the webhook's grant decision reads.
+//!
+//! The rollout controller: for every
 //! SidecarRelease it moves the pods the webhook injected to `spec.version`
 //! (a hot upgrade through the standby slot, or an eviction), and keeps the
 //! release's status true to them (counts per version, failures with their
@@ -22,11 +26,15 @@
 //! only reads, plans, acts and writes; [`leader`] and [`admin`] are the
 //! process plumbing.
 
+pub mod accelerator;
 pub mod admin;
+pub mod events;
 pub mod identity;
 pub mod leader;
 pub mod mesh;
 pub mod metrics;
+#[cfg(test)]
+mod mock_api;
 pub mod release;
 pub mod rollout;
 
@@ -315,6 +323,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     tracing::info!(%identity, "leading; starting controllers");
 
+    let pools = Arc::new(accelerator::controller::Context::new(
+        client.clone(),
+        metrics.clone(),
+        Some(identity.clone()),
+    ));
     let ctx = Arc::new(rollout::controller::Context::new(
         client,
         metrics.clone(),
@@ -334,6 +347,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let result = tokio::select! {
         result = rollout::controller::run(ctx) => result,
         () = status_writer => Err(anyhow::anyhow!("the status writer stopped")),
+        result = accelerator::controller::run(pools) => result,
         lost = leadership.lost() => {
             // Like client-go's OnStoppedLeading: exit, let the pod restart and
             // rejoin as a candidate, so two replicas never write at once.

@@ -24,6 +24,18 @@ pub struct RolloutLabels {
     pub result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    pub pool: String,
+    /// `capacity`, `allocated`, `free`, `pending`.
+    pub state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolNameLabels {
+    pub pool: String,
+}
+
 /// One registry per process; handles are cheap clones into it.
 #[derive(Debug)]
 pub struct Metrics {
@@ -32,6 +44,8 @@ pub struct Metrics {
     leader: Gauge,
     rollout_actions: Family<RolloutLabels, Counter>,
     handoff_duration: Histogram,
+    pool_devices: Family<PoolLabels, Gauge>,
+    pool_fallbacks: Family<PoolNameLabels, Gauge>,
     /// The identity service's metrics (`baton_operator_identity_*`).
     pub identity: crate::identity::metrics::IdentityMetrics,
     /// The config push's metrics (`baton_operator_push_*`).
@@ -69,6 +83,18 @@ impl Default for Metrics {
             "Per-pod handoff duration of completed in-place upgrades, as the new sidecar measured it",
             handoff_duration.clone(),
         );
+        let pool_devices = Family::<PoolLabels, Gauge>::default();
+        registry.register(
+            "accelerator_devices",
+            "AcceleratorPool devices by state, as the pool's status reports them",
+            pool_devices.clone(),
+        );
+        let pool_fallbacks = Family::<PoolNameLabels, Gauge>::default();
+        registry.register(
+            "accelerator_fallbacks",
+            "Running sidecars that asked for a pool's devices and run in software",
+            pool_fallbacks.clone(),
+        );
         let identity = crate::identity::metrics::IdentityMetrics::default();
         identity.register(registry.sub_registry_with_prefix("identity"));
         let push = crate::mesh::metrics::PushMetrics::default();
@@ -79,6 +105,8 @@ impl Default for Metrics {
             leader,
             rollout_actions,
             handoff_duration,
+            pool_devices,
+            pool_fallbacks,
             identity,
             push,
         }
@@ -101,6 +129,28 @@ impl Metrics {
     pub fn handoff_completed(&self, duration_ms: u64) {
         self.handoff_duration
             .observe(Duration::from_millis(duration_ms).as_secs_f64());
+    }
+
+    /// Mirrors one AcceleratorPool's status totals.
+    pub fn pool_observed(&self, pool: &str, status: &baton_crds::AcceleratorPoolStatus) {
+        for (state, value) in [
+            ("capacity", status.capacity),
+            ("allocated", status.allocated),
+            ("free", status.free),
+            ("pending", status.pending),
+        ] {
+            self.pool_devices
+                .get_or_create(&PoolLabels {
+                    pool: pool.to_owned(),
+                    state,
+                })
+                .set(value);
+        }
+        self.pool_fallbacks
+            .get_or_create(&PoolNameLabels {
+                pool: pool.to_owned(),
+            })
+            .set(status.fallbacks);
     }
 
     pub fn set_leader(&self, leading: bool) {
@@ -128,7 +178,24 @@ mod tests {
         m.set_leader(true);
         m.rollout_action("finish", "ok");
         m.handoff_completed(12);
+        m.pool_observed(
+            "qat",
+            &baton_crds::AcceleratorPoolStatus {
+                capacity: 4,
+                allocated: 3,
+                fallbacks: 2,
+                ..Default::default()
+            },
+        );
         let text = m.encode();
+        assert!(
+            text.contains("baton_operator_accelerator_devices{pool=\"qat\",state=\"allocated\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("baton_operator_accelerator_fallbacks{pool=\"qat\"} 2"),
+            "{text}"
+        );
         assert!(
             text.contains(
                 "baton_operator_rollout_actions_total{action=\"finish\",result=\"ok\"} 1"

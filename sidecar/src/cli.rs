@@ -360,8 +360,12 @@ fn run_proxy(args: RunArgs) -> Result<(), CliError> {
                 tls: Some(tls.clone()),
                 ..Default::default()
             },
-            // The certificate and key travel with the handoff.
-            crate::handoff::HandoffConfig::from_env().with_identity(tls.clone()),
+            // The certificate and key travel with the handoff. A slot whose
+            // Required offload engine does not work (its container holds no
+            // device) must not take over from the sidecar that has one.
+            crate::handoff::HandoffConfig::from_env()
+                .with_identity(tls.clone())
+                .with_adopt_refusal(tls.offload_readiness().err()),
             // Reloaded `tls` sections are checked and applied, /ready reflects
             // the offload engine, and /metrics carries the TLS series. The
             // config stream starts after the store holds what a handoff

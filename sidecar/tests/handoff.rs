@@ -259,13 +259,19 @@ async fn a_protocol_1_peer_leaves_originated_tls_connections_draining_on_the_old
     assert_clean(&stats, &[old.log_tail(), new.log_tail()]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_incompatible_protocol_version_is_refused_and_the_old_keeps_serving() {
-    let world = World::new().await;
+/// Starts a sidecar under load, then a second one with `env` that must
+/// refuse (or be refused) to take over: it exits with an error whose log
+/// has every `expect` string, and the first keeps serving every connection
+/// with no handoff reported. Returns the metrics scraped afterwards.
+async fn a_second_sidecar_is_turned_away(
+    world: &World,
+    env: &[(&str, &str)],
+    expect: &[&str],
+) -> String {
     let mut old = world.spawn(&[]);
     world.wait_ready(Duration::from_secs(20)).await;
     let load = Load::start(
-        &world,
+        world,
         LoadShape {
             keepalive: 2,
             new_conns: 1,
@@ -276,27 +282,63 @@ async fn an_incompatible_protocol_version_is_refused_and_the_old_keeps_serving()
     )
     .await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let mut new = world.spawn(&[("BATON_HANDOFF_PROTOCOL_RANGE", "5-6")]);
+    let mut new = world.spawn(env);
     let exit = wait_exit(&mut new, Duration::from_secs(20)).await;
     assert!(
         exit.is_some_and(|s| !s.success()),
-        "the refused process must exit with an error: {exit:?}"
+        "the turned-away process must exit with an error: {exit:?}"
     );
-    assert!(new.log_all().contains("incompatible"), "{}", new.log_tail());
+    let log = new.log_all();
+    for e in expect {
+        assert!(log.contains(e), "{e:?} not in: {}", new.log_tail());
+    }
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(old.alive());
-    let m = metrics(&world).await;
+    let m = metrics(world).await;
     assert!(
-        m.contains("baton_sidecar_handoffs_total{role=\"old\",result=\"refused\"} 1"),
+        m.contains("baton_sidecar_lifecycle_phase{phase=\"serving\"} 1"),
         "{m}"
     );
-    assert!(m.contains("baton_sidecar_lifecycle_phase{phase=\"serving\"} 1"));
     assert!(
         world.status().is_none(),
         "no handoff may be reported complete"
     );
     let stats = load.finish().await;
     assert_clean(&stats, &[old.log_tail()]);
+    m
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_incompatible_protocol_version_is_refused_and_the_old_keeps_serving() {
+    let world = World::new().await;
+    let m = a_second_sidecar_is_turned_away(
+        &world,
+        &[("BATON_HANDOFF_PROTOCOL_RANGE", "5-6")],
+        &["incompatible"],
+    )
+    .await;
+    assert!(
+        m.contains("baton_sidecar_handoffs_total{role=\"old\",result=\"refused\"} 1"),
+        "{m}"
+    );
+}
+
+/// A new sidecar whose offload is Required but whose engine does not work
+/// in its slot (the device is held by the serving sidecar's container)
+/// must not take over: it exits with the reason and the old keeps serving
+/// everything, device included (docs/upgrade.md, "Accelerators").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_sidecar_without_its_required_offload_engine_refuses_to_take_over() {
+    let world = World::new_with_tls().await;
+    a_second_sidecar_is_turned_away(
+        &world,
+        &[
+            ("BATON_OFFLOAD_MODE", "Required"),
+            ("BATON_OFFLOAD_ENGINE", "no-such-device"),
+        ],
+        &["not taking over from the running sidecar", "Required"],
+    )
+    .await;
 }
 
 /// Runs `runs` handoffs that are each cut short by `cut` (SIGKILL or

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use baton_sidecar::tls::metrics::{EngineLabel, ReasonLabel};
 use baton_sidecar::tls::offload::{
     Engine, EngineKey, EngineKind, Offload, OffloadError, OffloadMode, OffloadSettings,
-    OpensslEngine, SoftwareEngine,
+    OpensslEngine, RECHECK, SoftwareEngine,
 };
 use baton_sidecar::tls::settings::TlsMode;
 use baton_sidecar::tls::{TlsContext, TlsMetrics};
@@ -405,7 +405,12 @@ impl EngineKey for FailingKey {
 
 async fn handshake_with_failing_engine(
     mode: OffloadMode,
-) -> (Result<(String, String), String>, TlsMetrics) {
+) -> (
+    Result<(String, String), String>,
+    TlsMetrics,
+    Arc<Offload>,
+    Arc<AtomicBool>,
+) {
     let pki = Pki::new("mesh-ca");
     let engine = Failing::default();
     let broken = engine.broken.clone();
@@ -420,16 +425,23 @@ async fn handshake_with_failing_engine(
     ));
     assert_eq!(off.readiness(), Ok(()));
     broken.store(true, Ordering::SeqCst);
-    let server = ctx_with(off, m.clone(), &pki, "backend", Key::P256);
+    let server = ctx_with(off.clone(), m.clone(), &pki, "backend", Key::P256);
     let client = context(&settings(TlsMode::Strict), pki.leaf("frontend", Key::P256));
     let srv = EchoServer::start(server).await;
-    (mtls_round_trip(&client, srv.addr, &id("backend")).await, m)
+    (
+        mtls_round_trip(&client, srv.addr, &id("backend")).await,
+        m,
+        off,
+        broken,
+    )
 }
 
 #[tokio::test]
 async fn a_signature_failure_at_run_time_is_redone_in_software_when_preferred() {
-    let (r, m) = handshake_with_failing_engine(OffloadMode::Preferred).await;
+    let (r, m, off, _) = handshake_with_failing_engine(OffloadMode::Preferred).await;
     r.unwrap();
+    // Preferred stays ready: the signature was redone in software.
+    assert_eq!(off.readiness(), Ok(()));
     assert!(m.fallbacks("sign_error") >= 1);
     let errors = m
         .offload_errors
@@ -443,7 +455,7 @@ async fn a_signature_failure_at_run_time_is_redone_in_software_when_preferred() 
 
 #[tokio::test]
 async fn a_signature_failure_at_run_time_fails_the_handshake_when_required() {
-    let (r, m) = handshake_with_failing_engine(OffloadMode::Required).await;
+    let (r, m, _, _) = handshake_with_failing_engine(OffloadMode::Required).await;
     assert!(r.is_err());
     assert_eq!(
         m.offload_fallbacks
@@ -453,6 +465,29 @@ async fn a_signature_failure_at_run_time_fails_the_handshake_when_required() {
             .get(),
         0
     );
+}
+
+#[tokio::test]
+async fn a_required_engine_that_fails_at_run_time_makes_the_sidecar_not_ready_until_it_works_again()
+{
+    let (r, m, off, broken) = handshake_with_failing_engine(OffloadMode::Required).await;
+    assert!(r.is_err());
+    let now = std::time::Instant::now();
+    let reason = off.readiness_at(now).unwrap_err();
+    assert!(
+        reason.contains("offload Required") && reason.contains("failed at run time"),
+        "{reason}"
+    );
+    assert!(reason.contains("device lost"), "{reason}");
+    assert_eq!(m.offload_ready.get(), 0);
+    // Still broken at the next self-test: still not ready.
+    assert!(off.readiness_at(now + RECHECK).is_err());
+    // The device is back: the next self-test (not before RECHECK) passes.
+    broken.store(false, Ordering::SeqCst);
+    assert!(off.readiness_at(now + RECHECK).is_err());
+    assert_eq!(off.readiness_at(now + RECHECK * 2), Ok(()));
+    assert_eq!(m.offload_ready.get(), 1);
+    assert_eq!(off.readiness(), Ok(()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -51,6 +51,8 @@ pub struct Snapshot {
     pub nodes: Vec<Arc<Node>>,
     pub routes: Vec<Arc<Route>>,
     pub server_version: Option<ServerVersion>,
+    /// Filled by the handler from its grant ledger, not by the caches.
+    pub recent_grants: Vec<crate::inject::RecentGrant>,
 }
 
 impl Snapshot {
@@ -64,6 +66,7 @@ impl Snapshot {
             tls_policies: &self.tls_policies,
             pools: &self.pools,
             nodes: &self.nodes,
+            recent_grants: &self.recent_grants,
             server_version: self.server_version.unwrap_or(ServerVersion::new(1, 0)),
         }
     }
@@ -292,6 +295,7 @@ impl ClusterState for Caches {
                 .routes
                 .state_filter(|r| r.metadata.namespace.as_deref() == Some(namespace)),
             server_version: self.version.load().as_deref().copied(),
+            recent_grants: Vec::new(),
         };
         (snapshot, known)
     }

@@ -12,7 +12,11 @@
 //!
 //! Never 500: every failure inside is mapped to one of the above.
 
-use std::{sync::Arc, time::Instant};
+use std::{
+    collections::VecDeque,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use baton_crds::contract::webhook as names;
 use http::{Method, StatusCode};
@@ -28,12 +32,46 @@ use kube::{
 
 use crate::{
     cache::ClusterState,
-    inject::{self, Denial, InjectConfig, Outcome, Skip},
+    inject::{self, Denial, InjectConfig, Outcome, RecentGrant, Skip},
     metrics::{DecisionLabels, Metrics},
     review::{self, Decoded},
     server::{SimpleRequest, SimpleResponse, response},
     validate::{self, Verdict},
 };
+
+/// Longest a device grant this replica made counts against its pool on top
+/// of the pool's status, should no newer status arrive (the pod was refused
+/// later by another admission step, or the operator is down).
+pub const GRANT_MEMORY: Duration = Duration::from_secs(5);
+
+/// The devices this replica granted in the last [`GRANT_MEMORY`].
+#[derive(Debug, Default)]
+pub struct GrantLedger(Mutex<VecDeque<(Instant, RecentGrant)>>);
+
+impl GrantLedger {
+    pub fn record(&self, grant: RecentGrant, now: Instant) {
+        let mut q = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        q.push_back((now, grant));
+    }
+
+    /// Grants younger than [`GRANT_MEMORY`] (older ones are dropped).
+    pub fn recent(&self, now: Instant) -> Vec<RecentGrant> {
+        let mut q = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while q
+            .front()
+            .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= GRANT_MEMORY)
+        {
+            q.pop_front();
+        }
+        q.iter().map(|(_, g)| g.clone()).collect()
+    }
+}
 
 /// Everything a request needs.
 pub struct Admission {
@@ -43,6 +81,7 @@ pub struct Admission {
     /// For the live namespace re-check and Events; `None` in tests.
     pub client: Option<Client>,
     recorder: Option<Recorder>,
+    grants: GrantLedger,
 }
 
 impl std::fmt::Debug for Admission {
@@ -78,6 +117,7 @@ impl Admission {
             metrics,
             client,
             recorder,
+            grants: GrantLedger::default(),
         }
     }
 
@@ -148,6 +188,16 @@ impl Admission {
             }
             Ok(Outcome::Injected(injection)) => {
                 self.count_decision("injected");
+                if let inject::Offload::Granted { pool, devices, .. } = &injection.offload
+                    && !request.dry_run
+                {
+                    let grant = RecentGrant {
+                        pool: pool.clone(),
+                        devices: *devices,
+                        at: k8s_openapi::jiff::Timestamp::now(),
+                    };
+                    self.grants.record(grant, Instant::now());
+                }
                 self.count_decision(match injection.offload.metric_label() {
                     "granted" => "offload_granted",
                     "fallback" => "offload_fallback",
@@ -183,6 +233,7 @@ impl Admission {
     /// label), the namespace is read live once before deciding.
     async fn decide(&self, pod: &Pod, namespace: &str) -> Result<Outcome, Denial> {
         let (mut snapshot, known) = self.state.snapshot(namespace);
+        snapshot.recent_grants = self.grants.recent(Instant::now());
         let first = inject::mutate(pod, &snapshot.cluster_view(), &self.config);
         let lagging = !known || matches!(first, Ok(Outcome::Skipped(Skip::NotOptedIn)));
         let Some(client) = self.client.as_ref().filter(|_| lagging) else {
@@ -505,5 +556,28 @@ mod tests {
         assert_eq!(body["regarding"]["kind"], "ReplicaSet");
         assert_eq!(body["regarding"]["name"], "web-abc");
         send.send_response(json_response(201, &body));
+    }
+
+    #[test]
+    fn the_grant_ledger_keeps_grants_for_grant_memory_then_forgets_them() {
+        let ledger = GrantLedger::default();
+        let t0 = Instant::now();
+        let grant = |pool: &str| RecentGrant {
+            pool: pool.to_owned(),
+            devices: 1,
+            at: k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        };
+        ledger.record(grant("qat"), t0);
+        ledger.record(grant("other"), t0 + Duration::from_millis(600));
+        let pools = |v: Vec<RecentGrant>| v.into_iter().map(|g| g.pool).collect::<Vec<_>>();
+        assert_eq!(
+            pools(ledger.recent(t0 + Duration::from_secs(1))),
+            ["qat", "other"]
+        );
+        assert_eq!(
+            pools(ledger.recent(t0 + GRANT_MEMORY + Duration::from_millis(100))),
+            ["other"]
+        );
+        assert!(ledger.recent(t0 + GRANT_MEMORY * 2).is_empty());
     }
 }

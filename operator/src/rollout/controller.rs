@@ -23,7 +23,7 @@ use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{EvictParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action as Requeue, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
@@ -89,13 +89,7 @@ impl Context {
         probe: Probe,
         instance: Option<String>,
     ) -> Self {
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "baton-operator".into(),
-                instance,
-            },
-        );
+        let recorder = crate::events::recorder(client.clone(), instance);
         Self {
             client,
             metrics,
@@ -521,83 +515,47 @@ mod tests {
     //! request, which the tests then assert.
 
     use super::*;
+    use crate::mock_api::{Handle, Seen};
     use crate::rollout::plan::UpgradeRecord;
     use http::{Method, Request, Response};
     use kube::client::Body;
     use std::sync::Mutex;
-
-    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
-
-    #[derive(Clone, Debug)]
-    struct Seen {
-        method: Method,
-        uri: String,
-        content_type: String,
-        body: serde_json::Value,
-    }
 
     type Answer = Box<dyn Fn(&Seen) -> Option<(u16, serde_json::Value)> + Send>;
 
     /// Serves until the client is dropped; `answer` may claim a request
     /// (status, body); unclaimed writes echo their body, events are created.
     fn fake_api(
-        mut handle: Handle,
+        handle: Handle,
         pods: Vec<serde_json::Value>,
         answer: Answer,
     ) -> Arc<Mutex<Vec<Seen>>> {
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let log = seen.clone();
-        tokio::spawn(async move {
-            while let Some((request, send)) = handle.next_request().await {
-                let method = request.method().clone();
-                let uri = request.uri().to_string();
-                let content_type = request
-                    .headers()
-                    .get(http::header::CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default()
-                    .to_owned();
-                let bytes = request.into_body().collect_bytes().await.unwrap();
-                let body = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
-                let s = Seen {
-                    method,
-                    uri,
-                    content_type,
-                    body,
-                };
-                log.lock().unwrap().push(s.clone());
-                let (code, value) = answer(&s).unwrap_or_else(|| {
-                    if s.method == Method::GET && s.uri.starts_with("/api/v1/pods?") {
-                        (200, json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": pods}))
-                    } else {
-                        // Echo the write; a status apply answers the whole
-                        // release with that status.
-                        let mut echoed = s.body.clone();
-                        if s.method == Method::PATCH && s.uri.contains("/pods/") {
-                            // A patched pod answers the pod (null annotation
-                            // values in the patch are removals).
-                            if let Some(p) = pods.iter().find(|p| {
-                                s.uri.contains(&format!("/pods/{}?", p["metadata"]["name"].as_str().unwrap_or_default()))
-                            }) {
-                                echoed = p.clone();
-                            }
-                        }
-                        if s.uri.contains("/sidecarreleases/") {
-                            let mut r = serde_json::to_value(release(json!({}))).unwrap();
-                            r["status"] = s.body["status"].clone();
-                            echoed = r;
-                        }
-                        (200, echoed)
+        crate::mock_api::serve(handle, move |s| {
+            answer(s).unwrap_or_else(|| {
+            if s.method == Method::GET && s.uri.starts_with("/api/v1/pods?") {
+                (200, json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": pods}))
+            } else {
+                // Echo the write; a status apply answers the whole
+                // release with that status.
+                let mut echoed = s.body.clone();
+                if s.method == Method::PATCH && s.uri.contains("/pods/") {
+                    // A patched pod answers the pod (null annotation
+                    // values in the patch are removals).
+                    if let Some(p) = pods.iter().find(|p| {
+                        s.uri.contains(&format!("/pods/{}?", p["metadata"]["name"].as_str().unwrap_or_default()))
+                    }) {
+                        echoed = p.clone();
                     }
-                });
-                let response = Response::builder()
-                    .status(code)
-                    .body(Body::from(serde_json::to_vec(&value).unwrap()))
-                    .unwrap();
-                send.send_response(response);
+                }
+                if s.uri.contains("/sidecarreleases/") {
+                    let mut r = serde_json::to_value(release(json!({}))).unwrap();
+                    r["status"] = s.body["status"].clone();
+                    echoed = r;
+                }
+                (200, echoed)
             }
-        });
-        seen
+        })
+        })
     }
 
     fn release(extra: serde_json::Value) -> SidecarRelease {

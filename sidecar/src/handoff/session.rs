@@ -153,6 +153,11 @@ pub struct HandoffConfig {
     /// UIDs besides this process's effective UID that may take over on the
     /// handoff socket (see [`peer_allowed`]); empty in the injected Pod.
     pub peer_uids: Vec<u32>,
+    /// Why this process must not take over from a live sidecar (offload
+    /// Required but no working engine in this slot, e.g. the device is
+    /// held by the other slot's container): it then leaves the serving
+    /// sidecar untouched and [`run`] fails with the reason.
+    pub adopt_refusal: Option<String>,
 }
 
 impl std::fmt::Debug for HandoffConfig {
@@ -165,6 +170,7 @@ impl std::fmt::Debug for HandoffConfig {
             .field("versions", &self.versions)
             .field("identity", &self.identity.is_some())
             .field("peer_uids", &self.peer_uids)
+            .field("adopt_refusal", &self.adopt_refusal)
             .finish_non_exhaustive()
     }
 }
@@ -202,11 +208,18 @@ impl HandoffConfig {
             peer_uids: var(contract::env::HANDOFF_PEER_UIDS)
                 .map(|v| parse_uids(&v))
                 .unwrap_or_default(),
+            adopt_refusal: None,
         }
     }
 
     pub fn with_identity(mut self, identity: Arc<dyn IdentityCarrier>) -> Self {
         self.identity = Some(identity);
+        self
+    }
+
+    /// See [`HandoffConfig::adopt_refusal`].
+    pub fn with_adopt_refusal(mut self, reason: Option<String>) -> Self {
+        self.adopt_refusal = reason;
         self
     }
 }
@@ -1745,6 +1758,8 @@ pub enum RunError {
     Start(#[from] StartError),
     #[error("handoff from the running sidecar failed: {0}")]
     Adopt(#[from] HandoffError),
+    #[error("not taking over from the running sidecar, which keeps serving: {0}")]
+    AdoptionRefused(String),
 }
 
 /// The sidecar's main loop with handoff: adopt from a live sidecar on the
@@ -1767,6 +1782,14 @@ pub async fn run(
     let hm = HandoffMetrics::register(&metrics);
     let grace = Duration::from_millis(snapshot.runtime.drain_timeout_ms);
     let (running, listener) = match connect(&cfg.socket).await {
+        Some(stream) if cfg.adopt_refusal.is_some() => {
+            // Closing before the first message: the serving sidecar sees a
+            // failed handoff and keeps everything (G9).
+            drop(stream);
+            let reason = cfg.adopt_refusal.clone().unwrap_or_default();
+            tracing::error!(%reason, "refusing to take over from the serving sidecar");
+            return Err(RunError::AdoptionRefused(reason));
+        }
         Some(stream) => {
             let running = adopt(stream, snapshot, opts, &cfg, &hm, &metrics).await?;
             // The path is ours now: the next sidecar asks us.

@@ -246,6 +246,15 @@ impl MeshTls {
         }
     }
 
+    /// The offload engine's readiness alone (`Ok` while no context is built
+    /// yet: the engine is selected with the context).
+    pub fn offload_readiness(&self) -> Result<(), String> {
+        match self.current.load().as_ref() {
+            Some(ctx) => ctx.offload().readiness(),
+            None => Ok(()),
+        }
+    }
+
     /// `Err(reason)` while TLS cannot serve as configured.
     pub fn readiness(&self) -> Result<(), String> {
         if let Some(p) = self

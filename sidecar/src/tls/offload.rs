@@ -24,7 +24,9 @@
 //! sign-and-verify self test to be used. `Required` without a working engine
 //! leaves the sidecar not ready with the reason; `Preferred` falls back to
 //! the software pool, counts it and reports it; a signature that fails at
-//! run time under `Preferred` is redone in software (counted too).
+//! run time under `Preferred` is redone in software (counted too), and
+//! under `Required` fails its handshake and turns the sidecar not ready
+//! with the reason until a self-test passes again ([`RECHECK`]).
 
 use std::fmt;
 use std::sync::mpsc;
@@ -546,6 +548,31 @@ struct KeyPair {
     primary_metrics: EngineMetrics,
     fallback: Option<(Arc<dyn EngineKey>, EngineMetrics)>,
     metrics: TlsMetrics,
+    health: Arc<RuntimeHealth>,
+}
+
+/// How long a sidecar that lost its Required engine at run time waits
+/// between two self-tests (each `/ready` probe may trigger at most one).
+pub const RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A Required engine's health after start-up: a failed signature marks it
+/// failed (the sidecar goes not ready with the reason); a self-test that
+/// passes again, run from the readiness check at most every [`RECHECK`],
+/// clears it.
+#[derive(Debug, Default)]
+struct RuntimeHealth {
+    /// The failure and when the engine was last tested.
+    failed: Mutex<Option<(String, Instant)>>,
+}
+
+impl RuntimeHealth {
+    fn fail(&self, reason: String, now: Instant) {
+        let mut f = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        if f.is_none() {
+            tracing::error!(%reason, "offload Required and the engine failed at run time: not ready");
+            *f = Some((reason, now));
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -590,6 +617,10 @@ impl Signer for OffloadSigner {
                 k.primary_metrics.errors.inc();
                 let Some((fallback, fm)) = &k.fallback else {
                     tracing::warn!(engine = k.primary_name, error = %e, "private-key operation failed");
+                    if k.primary_name != "software" {
+                        k.health.fail(e.to_string(), Instant::now());
+                        k.metrics.offload_ready.set(0);
+                    }
                     return Err(rustls::Error::General(e.to_string()));
                 };
                 tracing::warn!(engine = k.primary_name, error = %e, "private-key operation failed; signing in software");
@@ -635,6 +666,7 @@ pub struct Offload {
     pool: Option<CryptoPool>,
     status: OffloadStatus,
     metrics: TlsMetrics,
+    health: Arc<RuntimeHealth>,
 }
 
 impl Offload {
@@ -701,6 +733,7 @@ impl Offload {
                     ready: Ok(()),
                 },
                 metrics,
+                health: Arc::default(),
             };
         }
         let tested = candidate.and_then(|e| self_test(e.as_ref()).map(|()| e));
@@ -746,6 +779,7 @@ impl Offload {
                 ready,
             },
             metrics,
+            health: Arc::default(),
         }
     }
 
@@ -753,9 +787,40 @@ impl Offload {
         &self.status
     }
 
-    /// `Err(reason)` while `Required` is not satisfied.
+    /// `Err(reason)` while `Required` is not satisfied: no working engine
+    /// at start-up, or the engine failed a signature since (then a
+    /// self-test runs at most every [`RECHECK`] and readiness returns when
+    /// one passes).
     pub fn readiness(&self) -> Result<(), String> {
-        self.status.ready.clone()
+        self.readiness_at(Instant::now())
+    }
+
+    /// [`Offload::readiness`] as of `now` (tests move the clock).
+    pub fn readiness_at(&self, now: Instant) -> Result<(), String> {
+        self.status.ready.clone()?;
+        let mut failed = self.health.failed.lock().unwrap_or_else(|p| p.into_inner());
+        let Some((reason, tested)) = failed.as_mut() else {
+            return Ok(());
+        };
+        if now.saturating_duration_since(*tested) >= RECHECK {
+            *tested = now;
+            match self_test(self.engine.as_ref()) {
+                Ok(()) => {
+                    tracing::info!(
+                        engine = self.engine.name(),
+                        "offload engine works again: ready"
+                    );
+                    *failed = None;
+                    self.metrics.offload_ready.set(1);
+                    return Ok(());
+                }
+                Err(e) => *reason = e.to_string(),
+            }
+        }
+        Err(format!(
+            "offload Required: engine {} failed at run time: {reason}",
+            self.engine.name()
+        ))
     }
 
     /// The pool handshake steps run on; `None` = sign inline.
@@ -781,6 +846,7 @@ impl Offload {
                 primary_metrics: self.metrics.engine(self.engine.name()),
                 fallback,
                 metrics: self.metrics.clone(),
+                health: self.health.clone(),
             }),
         }))
     }

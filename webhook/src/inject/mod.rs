@@ -14,5 +14,5 @@ mod tests;
 pub use config::{CaptureMode, InjectConfig, NativeSidecars, default_control_plane_address};
 pub use decision::Skip;
 pub use mutate::{ClusterView, Denial, DenialReason, Injection, Outcome, mutate};
-pub use offload::Offload;
+pub use offload::{GRANT_SETTLE, Offload, RecentGrant};
 pub use version::ServerVersion;

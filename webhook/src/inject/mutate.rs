@@ -41,6 +41,9 @@ pub struct ClusterView<'a> {
     pub tls_policies: &'a [Arc<TlsPolicy>],
     pub pools: &'a [Arc<AcceleratorPool>],
     pub nodes: &'a [Arc<Node>],
+    /// Devices this webhook replica granted in the last
+    /// [`crate::handler::GRANT_MEMORY`] (maybe not yet in the pools' status).
+    pub recent_grants: &'a [offload::RecentGrant],
     pub server_version: ServerVersion,
 }
 
@@ -185,13 +188,19 @@ pub fn mutate(pod: &Pod, view: &ClusterView<'_>, config: &InjectConfig) -> Resul
 
     let policy = offload::policy_for(view.tls_policies, view.namespace, pod_labels);
     let pinned_node = spec.node_name.as_deref();
-    let offload =
-        offload::decide(policy, view.pools, view.nodes, pinned_node).map_err(|message| {
-            deny(
-                DenialReason::OffloadUnavailable,
-                format!("pod {who}: {message}"),
-            )
-        })?;
+    let offload = offload::decide(
+        policy,
+        view.pools,
+        view.nodes,
+        pinned_node,
+        view.recent_grants,
+    )
+    .map_err(|message| {
+        deny(
+            DenialReason::OffloadUnavailable,
+            format!("pod {who}: {message}"),
+        )
+    })?;
 
     let native = match config.native_sidecars {
         NativeSidecars::Auto => view.server_version.supports_native_sidecars(),

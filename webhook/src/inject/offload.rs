@@ -11,6 +11,40 @@ use baton_crds::{
     tls_policy::OffloadMode,
 };
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+/// A device grant this webhook replica made, remembered until the pool's
+/// books (computed by the operator) include it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecentGrant {
+    pub pool: String,
+    pub devices: i64,
+    /// Wall-clock time of the admission.
+    pub at: Timestamp,
+}
+
+/// Books computed this long after a grant include the granted pod: its
+/// creation reaches the operator's pod watch within a few milliseconds on
+/// a healthy control plane, and the operator computes after a 0.5 s
+/// debounce. The margin also absorbs clock skew between the webhook's and
+/// the operator's nodes.
+pub const GRANT_SETTLE: SignedDuration = SignedDuration::from_millis(300);
+
+/// Devices of `recent` granted from `pool` that its status may not count
+/// yet: every one unless the books were computed at least
+/// [`GRANT_SETTLE`] after the grant.
+pub fn unbooked(pool: &AcceleratorPool, recent: &[RecentGrant]) -> i64 {
+    let name = pool.metadata.name.as_deref().unwrap_or_default();
+    let computed = pool.status.as_ref().and_then(|s| s.computed_at.as_ref());
+    recent
+        .iter()
+        .filter(|g| g.pool == name)
+        .filter(|g| {
+            computed.is_none_or(|c| g.at.checked_add(GRANT_SETTLE).is_ok_and(|due| c.0 < due))
+        })
+        .map(|g| g.devices)
+        .sum()
+}
 
 /// The offload outcome recorded on the pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,8 +58,13 @@ pub enum Offload {
         resource: String,
         devices: i64,
     },
-    /// Preferred, but no capacity: software keys, and the reason.
-    Fallback { reason: String },
+    /// Preferred, but no capacity: software keys, and the reason. `pool`
+    /// is the pool that was asked (none when no pool serves the resource):
+    /// the pool's status counts the fallback through the annotation.
+    Fallback {
+        reason: String,
+        pool: Option<String>,
+    },
 }
 
 impl Offload {
@@ -46,10 +85,17 @@ impl Offload {
                 (annotations::OFFLOAD, "qat".to_owned()),
                 (annotations::ACCELERATOR_POOL, pool.clone()),
             ],
-            Self::Fallback { reason } => vec![
-                (annotations::OFFLOAD, "software-fallback".to_owned()),
-                (annotations::OFFLOAD_FALLBACK_REASON, reason.clone()),
-            ],
+            Self::Fallback { reason, pool } => {
+                let mut a = vec![
+                    (annotations::OFFLOAD, "software-fallback".to_owned()),
+                    (annotations::OFFLOAD_FALLBACK_REASON, reason.clone()),
+                ];
+                a.extend(
+                    pool.iter()
+                        .map(|p| (annotations::ACCELERATOR_POOL, p.clone())),
+                );
+                a
+            }
         }
     }
 
@@ -84,17 +130,26 @@ pub fn policy_for<'a>(
 /// calls the same function, so both always agree). `Err` is the denial
 /// message for Required without capacity.
 ///
-/// Allocations come from the pool's status (`status.nodes[].allocated`,
-/// written by the operator); until the operator has written them a node
-/// counts as fully free. The webhook cannot see grants to pods not yet
-/// scheduled, so `pending` is 0: the scheduler remains the final arbiter
-/// (an over-granted pod waits Pending for a device, like any extended
-/// resource request).
+/// The books are the pool's status, as the operator's pool controller
+/// wrote it (one source of truth): held devices per node
+/// (`status.nodes[].allocated`) and grants not yet scheduled
+/// (`status.pending`); capacity is the node's `status.allocatable` from the
+/// webhook's own node cache. Until the operator has written a status a
+/// node counts as fully free. The status trails the cluster by the
+/// operator's debounce and two watch hops (well under a second); the grants
+/// this replica made itself (`recent_grants`) cover that gap for bursts of
+/// pods: each counts until the webhook sees books computed at least
+/// [`GRANT_SETTLE`] after it ([`unbooked`]), or for
+/// [`crate::handler::GRANT_MEMORY`] at most. Grants by other webhook
+/// replicas within that gap are not seen; the scheduler remains the final
+/// arbiter: an over-granted pod waits Pending for a device, and the pool
+/// turns Degraded (`GrantedPodsUnschedulable`).
 pub fn decide(
     policy: Option<&TlsPolicy>,
     pools: &[Arc<AcceleratorPool>],
     nodes: &[Arc<Node>],
     pinned_node: Option<&str>,
+    recent_grants: &[RecentGrant],
 ) -> Result<Offload, String> {
     let Some(policy) = policy else {
         return Ok(Offload::Disabled);
@@ -124,11 +179,15 @@ pub fn decide(
         }
         None => Vec::new(),
     };
+    let pending = pool.map_or(0, |p| {
+        p.status.as_ref().map_or(0, |s| s.pending) + unbooked(p, recent_grants)
+    });
+    let pool_name = pool.and_then(|p| p.metadata.name.clone());
     let decision = accelerator::decide_offload(&OffloadInput {
         offload: Some(o),
         pool,
         nodes: &inventory,
-        pending: 0,
+        pending,
         pinned_node,
     });
     let policy_name = policy.metadata.name.as_deref().unwrap_or_default();
@@ -146,6 +205,7 @@ pub fn decide(
         }),
         OffloadDecision::Fallback { reason } => Ok(Offload::Fallback {
             reason: reason.to_string(),
+            pool: pool_name,
         }),
         OffloadDecision::Deny { reason } => Err(format!(
             "TlsPolicy {policy_name} requires private-key offload (mode Required) but {reason}; \

@@ -148,11 +148,7 @@ pub fn slot_a(inputs: &SlotInputs<'_>) -> Container {
         // QAT user-space drivers pin DMA memory.
         caps.push("IPC_LOCK".to_owned());
     }
-    let engine = if inputs.grant.is_some() {
-        "openssl"
-    } else {
-        "software"
-    };
+    let engine = offload_engine(inputs);
     let mut c = Container {
         name: containers::SLOT_A.to_owned(),
         image: Some(inputs.image.to_owned()),
@@ -209,6 +205,22 @@ pub fn slot_a(inputs: &SlotInputs<'_>) -> Container {
     c
 }
 
+/// The offload engine both slots are told to use: the device's (OpenSSL
+/// with the QAT provider) when the pod was granted devices. The standby
+/// slot gets the same engine but not the device (only slot a requests it,
+/// so the pod's request is never doubled): a sidecar started there by a hot
+/// upgrade finds no working engine, and then under `Required` refuses to
+/// take over from the sidecar that has the device, and under `Preferred`
+/// takes over in software and counts the fallback (docs/upgrade.md,
+/// "Accelerators").
+fn offload_engine(inputs: &SlotInputs<'_>) -> &'static str {
+    if inputs.grant.is_some() {
+        "openssl"
+    } else {
+        "software"
+    }
+}
+
 /// The standby slot: idles in the empty image until a hot upgrade swaps the
 /// new sidecar into it. Requests are minimal so the pod's requests are not
 /// doubled; limits follow the release so the upgraded sidecar can run.
@@ -236,7 +248,7 @@ pub fn slot_b(inputs: &SlotInputs<'_>, empty_image: &str) -> Container {
             "b",
             inputs.version,
             inputs.offload_mode,
-            "software",
+            offload_engine(inputs),
             inputs.config,
         )),
         resources: Some(ResourceRequirements {

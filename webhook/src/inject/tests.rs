@@ -80,6 +80,7 @@ struct Fixture {
     policies: Vec<Arc<TlsPolicy>>,
     pools: Vec<Arc<AcceleratorPool>>,
     nodes: Vec<Arc<Node>>,
+    recent_grants: Vec<RecentGrant>,
     version: ServerVersion,
     config: InjectConfig,
 }
@@ -95,6 +96,7 @@ impl Fixture {
             policies: vec![],
             pools: vec![],
             nodes: vec![],
+            recent_grants: Vec::new(),
             version: ServerVersion::new(1, 20),
             config: InjectConfig::default(),
         }
@@ -118,6 +120,7 @@ impl Fixture {
             tls_policies: &self.policies,
             pools: &self.pools,
             nodes: &self.nodes,
+            recent_grants: &self.recent_grants,
             server_version: self.version,
         }
     }
@@ -890,8 +893,13 @@ fn qat_is_granted_from_node_allocatable_when_the_pool_has_no_status_yet() {
     assert_eq!(env_of(a, env::OFFLOAD_MODE), Some("Preferred"));
     assert_eq!(annotation(&p, annotations::OFFLOAD), Some("qat"));
     assert_eq!(annotation(&p, annotations::ACCELERATOR_POOL), Some("qat"));
-    // The standby slot gets no device and no extra capability.
+    // The standby slot gets no device and no extra capability, but the
+    // same engine and mode: a sidecar upgraded into it without the device
+    // fails the engine's self-test and refuses (Required) or falls back
+    // (Preferred), instead of silently running in software.
     let b = container(&p, containers::SLOT_B);
+    assert_eq!(env_of(b, env::OFFLOAD_ENGINE), Some("openssl"));
+    assert_eq!(env_of(b, env::OFFLOAD_MODE), Some("Preferred"));
     assert!(
         !b.resources
             .as_ref()
@@ -929,10 +937,13 @@ fn exhausted_preferred_offload_falls_back_with_an_annotation_and_no_device() {
         vec![node("n1", Some("2"))],
     );
     let (inj, p) = f.inject(&app_pod());
-    let Offload::Fallback { reason } = &inj.offload else {
+    let Offload::Fallback { reason, pool } = &inj.offload else {
         panic!("{:?}", inj.offload)
     };
     assert!(reason.contains("0 free"), "{reason}");
+    assert_eq!(pool.as_deref(), Some("qat"));
+    // The pool is recorded so its status counts the fallback.
+    assert_eq!(annotation(&p, annotations::ACCELERATOR_POOL), Some("qat"));
     assert_eq!(
         annotation(&p, annotations::OFFLOAD),
         Some("software-fallback")
@@ -1036,4 +1047,83 @@ fn granted_qat_keeps_the_release_resources() {
     let r = container(&p, containers::SLOT_A).resources.clone().unwrap();
     assert_eq!(r.requests.unwrap()["cpu"].0, "100m");
     assert_eq!(r.limits.unwrap()["memory"].0, "256Mi");
+}
+
+#[test]
+fn pending_grants_in_the_pool_status_take_free_devices() {
+    let books = json!({"capacity": 2, "allocated": 1, "pending": 1,
+        "nodes": [{"node": "n1", "capacity": 2, "allocated": 1}]});
+    let f = qat_fixture(
+        "Preferred",
+        vec![pool("qat", books)],
+        vec![node("n1", Some("2"))],
+    );
+    let (inj, _) = f.inject(&app_pod());
+    assert!(
+        matches!(inj.offload, Offload::Fallback { .. }),
+        "{:?}",
+        inj.offload
+    );
+}
+
+fn grant_at(pool: &str, second: i64) -> RecentGrant {
+    RecentGrant {
+        pool: pool.to_owned(),
+        devices: 1,
+        at: k8s_openapi::jiff::Timestamp::from_second(second).unwrap(),
+    }
+}
+
+#[test]
+fn this_replicas_recent_grants_count_until_the_books_are_computed_after_them() {
+    let mut f = qat_fixture(
+        "Required",
+        vec![pool("qat", json!(null))],
+        vec![node("n1", Some("2"))],
+    );
+    f.recent_grants = vec![grant_at("qat", 100)];
+    assert!(matches!(
+        f.inject(&app_pod()).0.offload,
+        Offload::Granted { .. }
+    ));
+    f.recent_grants = vec![grant_at("qat", 100), grant_at("qat", 101)];
+    let d = f.deny(&app_pod());
+    assert!(
+        d.message.contains("no node with 1 free device(s)"),
+        "{}",
+        d.message
+    );
+    // Grants for another pool do not count here.
+    f.recent_grants = vec![grant_at("other", 100), grant_at("other", 101)];
+    assert!(matches!(
+        f.inject(&app_pod()).0.offload,
+        Offload::Granted { .. }
+    ));
+    // Books computed after both grants hold them already (allocated 1 +
+    // pending 1 here): they are not counted twice.
+    let books = |computed: &str| {
+        json!({"computedAt": computed, "pending": 1,
+        "nodes": [{"node": "n1", "capacity": 2, "allocated": 0}]})
+    };
+    f.pools = vec![pool("qat", books("1970-01-01T00:01:42.000000Z"))];
+    f.recent_grants = vec![grant_at("qat", 101)];
+    assert!(matches!(
+        f.inject(&app_pod()).0.offload,
+        Offload::Granted { .. }
+    ));
+    // Books computed before the grant settled do not hold it yet.
+    f.pools = vec![pool("qat", books("1970-01-01T00:01:41.100000Z"))];
+    assert_eq!(f.deny(&app_pod()).reason, DenialReason::OffloadUnavailable);
+}
+
+#[test]
+fn a_fallback_without_any_pool_names_none() {
+    let f = qat_fixture("Preferred", vec![], vec![]);
+    let (inj, p) = f.inject(&app_pod());
+    assert!(
+        matches!(&inj.offload, Offload::Fallback { pool: None, .. }),
+        "{:?}",
+        inj.offload
+    );
+    assert_eq!(annotation(&p, annotations::ACCELERATOR_POOL), None);
 }
