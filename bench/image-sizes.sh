@@ -23,7 +23,7 @@ export BATON_CACHE="$WORK/cache" BATON_IMAGES_NO_IMPORT=1
 "$BENCH_ROOT/e2e/images.sh" empty sidecar operator webhook >"$WORK/images.log" 2>&1 \
   || { cat "$WORK/images.log"; die "image build failed"; }
 
-gz() { gzip -6 -c "$1" | wc -c; }
+gz() { gzip -6 -n -c "$1" | wc -c; }
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
 row() { printf '%-34s %10s MiB %10s MiB\n' "$1" "$(mib "$2")" "$(mib "$3")"; }
 

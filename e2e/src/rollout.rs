@@ -564,7 +564,8 @@ pub fn paused_by_failures(status: &serde_json::Value) -> bool {
 }
 
 /// Handoff durations (ms) the operator recorded in `HandoffComplete`
-/// Events in `ns` whose message names `version`, one per event occurrence.
+/// Events in `ns` whose message names `version`, one per Event (a pod's
+/// later handoffs can be folded into its first Event's series).
 pub async fn handoff_durations(
     client: &Client,
     ns: &str,
@@ -582,9 +583,10 @@ pub async fn handoff_durations(
         if !message.starts_with(&format!("sidecar {version} ")) {
             continue;
         }
+        // One per Event: the recorder folds a pod's later handoffs into the
+        // series of its first, so later versions may be missing here.
         if let Some(ms) = took_over_ms(message) {
-            let count = e.count.unwrap_or(1).max(1) as usize;
-            out.extend(std::iter::repeat_n(ms, count));
+            out.push(ms);
         }
     }
     out.sort_unstable();
