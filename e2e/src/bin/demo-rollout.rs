@@ -206,7 +206,7 @@ fn progress_line(started: Instant, status: &serde_json::Value, traffic: &Counter
         .as_array()
         .map(|vs| {
             vs.iter()
-                .map(|v| format!("{}:{}", v["version"].as_str().unwrap_or("?"), v["pods"]))
+                .map(|v| format!("{}:{}", v["version"].as_str().unwrap_or("?"), v["total"]))
                 .collect::<Vec<_>>()
                 .join(" ")
         })
