@@ -18,7 +18,8 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     && mkdir -p /out \
     && cp target/release/baton-operator target/release/baton-webhook \
           target/release/baton-sidecar target/release/baton-empty \
-          target/release/demo-http-echo target/release/demo-tcp-echo target/release/demo-load /out/ \
+          target/release/demo-http-echo target/release/demo-tcp-echo target/release/demo-load \
+          target/release/demo-fetch /out/ \
     && mkdir -p /out/debug \
     && for b in /out/baton-* /out/demo-*; do \
          objcopy --only-keep-debug "$b" "/out/debug/${b##*/}.debug" \
@@ -88,3 +89,7 @@ ENTRYPOINT ["/usr/local/bin/demo-tcp-echo"]
 FROM runtime AS demo-load
 COPY --from=builder /out/demo-load /usr/local/bin/demo-load
 ENTRYPOINT ["/usr/local/bin/demo-load"]
+
+FROM runtime AS demo-fetch
+COPY --from=builder /out/demo-fetch /usr/local/bin/demo-fetch
+ENTRYPOINT ["/usr/local/bin/demo-fetch"]

@@ -14,6 +14,7 @@
 # Brings the local cluster up and always tears it down (e2e/cluster.sh).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
+E2E_DIR="$BENCH_ROOT/e2e"
 # shellcheck source=e2e/scripts/common.sh
 . "$BENCH_ROOT/e2e/scripts/common.sh"
 bench_init rollout-bench "${1:-}"

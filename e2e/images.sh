@@ -5,7 +5,7 @@
 # `e2e`). Pods use them with imagePullPolicy: Never.
 #
 #   e2e/images.sh [all|NAME...]    NAME: pause empty sidecar operator webhook
-#                                  demo-http-echo demo-tcp-echo demo-load nettools
+#                                  demo-http-echo demo-tcp-echo demo-load demo-fetch nettools
 #
 # Each image is one layer: a rootfs with the release binary, the shared
 # libraries `ldd` lists for it (the workspace builds glibc binaries; no musl
@@ -26,7 +26,7 @@ mkdir -p "$OUT"
 
 names=("$@")
 if [ ${#names[@]} -eq 0 ] || [ "${names[0]}" = all ]; then
-  names=(pause empty sidecar operator webhook demo-http-echo demo-tcp-echo demo-load nettools)
+  names=(pause empty sidecar operator webhook demo-http-echo demo-tcp-echo demo-load demo-fetch nettools)
 fi
 
 skipped=()
@@ -198,7 +198,7 @@ for name in "${names[@]}"; do
     sidecar) rust_image sidecar baton-sidecar baton-sidecar '["/usr/local/bin/baton-sidecar"]' '["run"]' "$UID_BATON:$UID_BATON" with-iptables ;;
     operator) rust_image operator baton-operator baton-operator '["/usr/local/bin/baton-operator"]' null "$UID_BATON:$UID_BATON" ;;
     webhook) rust_image webhook baton-webhook baton-webhook '["/usr/local/bin/baton-webhook"]' null "$UID_BATON:$UID_BATON" ;;
-    demo-http-echo | demo-tcp-echo | demo-load)
+    demo-http-echo | demo-tcp-echo | demo-load | demo-fetch)
       rust_image "$name" baton-e2e "$name" "[\"/usr/local/bin/$name\"]" null "$UID_BATON:$UID_BATON"
       ;;
     nettools)

@@ -102,6 +102,13 @@ pub mod volumes {
     /// Audience of the projected token, checked by the identity service.
     pub const TOKEN_AUDIENCE: &str = "identity.baton.dev";
     pub const TOKEN_EXPIRATION_SECONDS: i64 = 86_400;
+    /// The mesh trust bundle: ConfigMap [`super::identity::TRUST_CONFIG_MAP`]
+    /// of the Pod's namespace (the operator publishes it), mounted
+    /// `optional` so a Pod admitted before it exists still starts.
+    pub const TRUST: &str = "baton-trust";
+    pub const TRUST_MOUNT_PATH: &str = "/var/run/secrets/baton.dev/trust";
+    /// The bundle file in that mount (PEM, public certificates only).
+    pub const TRUST_BUNDLE_PATH: &str = "/var/run/secrets/baton.dev/trust/ca.crt";
 }
 
 pub mod ports {
@@ -131,6 +138,10 @@ pub mod env {
     /// Host (DNS name or IP) of the control plane (the operator Service)
     /// that sidecars reach; the webhook's `--control-plane-address`.
     pub const CONTROL_PLANE_ADDRESS: &str = "BATON_CONTROL_PLANE_ADDRESS";
+    /// `true`: take config from the operator's push stream.
+    pub const CONFIG_PUSH: &str = "BATON_CONFIG_PUSH";
+    /// CA bundle (path) that authenticates the control plane.
+    pub const CONTROL_PLANE_CA: &str = "BATON_CONTROL_PLANE_CA";
     /// Path of a standalone YAML config (overrides the operator stream).
     pub const CONFIG: &str = "BATON_CONFIG";
     pub const LOG: &str = "BATON_LOG";
@@ -230,6 +241,14 @@ pub mod identity {
     pub const CA_SECRET: &str = "baton-identity-ca";
     /// Trust domain of workload identities unless configured otherwise.
     pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
+    /// ConfigMap the operator keeps in every namespace with the mesh trust
+    /// bundle (public certificates only), like Istio's
+    /// `istio-ca-root-cert`; injected sidecars mount it.
+    pub const TRUST_CONFIG_MAP: &str = "baton-mesh-trust";
+    /// Key of the bundle in that ConfigMap (and file name in the mount).
+    pub const TRUST_KEY: &str = "ca.crt";
+    /// Port of the config push endpoint (HTTP/2 over TLS) on every replica.
+    pub const CONFIG_PUSH_PORT: u16 = 8444;
 }
 
 pub mod commands {

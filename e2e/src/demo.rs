@@ -32,6 +32,13 @@ pub const HEADER_ORIGINAL_DST: &str = "x-echo-original-dst";
 /// Response header: name of the server (the pod's hostname).
 pub const HEADER_SERVER_NAME: &str = "x-echo-server-name";
 
+/// Path on which the HTTP echo server fails every other request (per
+/// process) with 503: a flaky backend that a retry policy hides.
+pub const FLAKY_PATH: &str = "/flaky";
+
+/// Requests seen on [`FLAKY_PATH`] by this process.
+static FLAKY_SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// What the HTTP echo server learned about one connection.
 #[derive(Debug, Clone)]
 struct ConnInfo {
@@ -108,6 +115,11 @@ where
 async fn echo(req: Request<Incoming>, info: ConnInfo) -> Result<Response<Full<Bytes>>, Infallible> {
     let protocol = format!("{:?}", req.version());
     let is_post = req.method() == http::Method::POST;
+    // The first, third, fifth ... request on the flaky path fails.
+    let fail = req.uri().path() == FLAKY_PATH
+        && FLAKY_SEEN
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            .is_multiple_of(2);
     let body = match req.into_body().collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(error) => {
@@ -125,8 +137,13 @@ async fn echo(req: Request<Incoming>, info: ConnInfo) -> Result<Response<Full<By
             info.server_name, protocol
         ))
     };
+    let status = if fail {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
     let mut builder = Response::builder()
-        .status(StatusCode::OK)
+        .status(status)
         .header(HEADER_SERVER_PORT, info.local_port.to_string())
         .header(HEADER_PROTOCOL, protocol)
         .header(HEADER_SERVER_NAME, info.server_name.as_str());

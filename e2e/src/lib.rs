@@ -1,6 +1,6 @@
 //! End-to-end test support for Baton against a real local Kubernetes 1.20
 //! (built by `e2e/cluster.sh`), plus the demo applications that run in e2e
-//! pods (`demo-http-echo`, `demo-tcp-echo`, `demo-load`).
+//! pods (`demo-http-echo`, `demo-tcp-echo`, `demo-load`, `demo-fetch`).
 //!
 //! The model is linkerd2's `policy-test` crate: each test runs inside
 //! [`with_temp_ns`] (a fresh namespace, a tracing span, a dump of pods, events
@@ -17,6 +17,7 @@
 pub mod admission;
 pub mod cluster;
 pub mod demo;
+pub mod fetch;
 pub mod guards;
 pub mod install;
 pub mod netns;

@@ -91,7 +91,7 @@ pub fn pod_state(pod: &Pod) -> String {
     out
 }
 
-fn is_ready(pod: &Pod) -> bool {
+pub fn is_ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())

@@ -183,8 +183,14 @@ pub struct IdentityArgs {
     /// Extra DNS names of the endpoint's certificate (the Service's names are always in).
     #[arg(long = "identity-dns-name")]
     pub dns_names: Vec<String>,
-    /// IP SANs of the endpoint's certificate.
-    #[arg(long = "identity-ip")]
+    /// IP SANs of the endpoint's certificate (comma-separated in the
+    /// environment): the Service's ClusterIP where sidecars dial an IP
+    /// (a cluster without DNS).
+    #[arg(
+        long = "identity-ip",
+        env = "BATON_IDENTITY_IPS",
+        value_delimiter = ','
+    )]
     pub ips: Vec<std::net::IpAddr>,
     /// Seconds between re-reads of the CA Secret.
     #[arg(long = "identity-reload-seconds", default_value_t = 30)]
@@ -223,13 +229,23 @@ impl IdentityArgs {
             },
             CaMode::External => identity::store::CaSource::External { secret },
         };
-        let service = contract::identity::SERVICE;
-        let mut dns_names = vec![
-            service.to_owned(),
-            format!("{service}.{namespace}"),
-            format!("{service}.{namespace}.svc"),
-            format!("{service}.{namespace}.svc.cluster.local"),
-        ];
+        // Both Services in front of the replicas: `baton-identity`, and
+        // `baton-operator`, the control-plane address the webhook injects
+        // (sidecars reach the config stream and the identity endpoint there).
+        let mut dns_names: Vec<String> = [
+            contract::identity::SERVICE,
+            contract::webhook::OPERATOR_SERVICE,
+        ]
+        .iter()
+        .flat_map(|service| {
+            [
+                (*service).to_owned(),
+                format!("{service}.{namespace}"),
+                format!("{service}.{namespace}.svc"),
+                format!("{service}.{namespace}.svc.cluster.local"),
+            ]
+        })
+        .collect();
         dns_names.extend(self.dns_names.iter().cloned());
         Ok(identity::IdentityConfig {
             addr: self.addr,
@@ -344,8 +360,22 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             }
         }
     };
+    // Only the leader publishes the trust bundle to every namespace.
+    let trust = {
+        let (client, enabled) = (ctx.client.clone(), args.mesh_identity.enabled);
+        let (namespace, secret) = (args.namespace.clone(), args.mesh_identity.ca_secret.clone());
+        let interval = Duration::from_secs(args.mesh_identity.reload_seconds);
+        async move {
+            if enabled {
+                identity::trust::run(client, namespace, secret, interval).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        }
+    };
     let result = tokio::select! {
         result = rollout::controller::run(ctx) => result,
+        () = trust => Err(anyhow::anyhow!("the trust bundle publisher stopped")),
         () = status_writer => Err(anyhow::anyhow!("the status writer stopped")),
         result = accelerator::controller::run(pools) => result,
         lost = leadership.lost() => {

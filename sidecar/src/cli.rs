@@ -73,7 +73,7 @@ pub struct RunArgs {
 pub struct ControlArgs {
     /// Take config from the operator's push stream (on top of the in-pod
     /// default or --config, which serve until the first push).
-    #[arg(long = "config-push", env = "BATON_CONFIG_PUSH", default_value_t = false, action = clap::ArgAction::Set)]
+    #[arg(long = "config-push", env = contract::env::CONFIG_PUSH, default_value_t = false, action = clap::ArgAction::Set)]
     pub enabled: bool,
     /// Operator host (DNS name or IP); the webhook injects it.
     #[arg(long = "control-plane-address", env = contract::env::CONTROL_PLANE_ADDRESS)]
@@ -81,7 +81,7 @@ pub struct ControlArgs {
     #[arg(
         long = "control-plane-port",
         env = "BATON_CONTROL_PLANE_PORT",
-        default_value_t = 8444
+        default_value_t = contract::identity::CONFIG_PUSH_PORT
     )]
     pub port: u16,
     /// Name the operator's certificate carries.
@@ -92,7 +92,7 @@ pub struct ControlArgs {
     )]
     pub server_name: String,
     /// CA bundle that authenticates the operator.
-    #[arg(long = "control-plane-ca", env = "BATON_CONTROL_PLANE_CA")]
+    #[arg(long = "control-plane-ca", env = contract::env::CONTROL_PLANE_CA)]
     pub ca_bundle: Option<PathBuf>,
     /// Projected ServiceAccount token (audience of the mesh); default: where
     /// the webhook mounts it.

@@ -103,6 +103,11 @@ pub struct Args {
     /// Service's ClusterIP.
     #[arg(long, env = "BATON_CONTROL_PLANE_ADDRESS")]
     pub control_plane_address: Option<String>,
+    /// Injected sidecars take their config from the operator's push stream
+    /// (BATON_CONFIG_PUSH). `false`: they run the in-pod default and Routes
+    /// and TlsPolicies do not reach them.
+    #[arg(long, env = "BATON_INJECT_CONFIG_PUSH", default_value_t = true, action = clap::ArgAction::Set)]
+    pub config_push: bool,
     /// CPU request of the standby slot.
     #[arg(long, default_value = "1m")]
     pub standby_cpu: String,
@@ -143,6 +148,7 @@ impl Args {
                 .clone()
                 .filter(|a| !a.trim().is_empty())
                 .unwrap_or_else(|| default_control_plane_address(&self.namespace)),
+            config_push: self.config_push,
             ..InjectConfig::default()
         };
         c.standby_requests = [

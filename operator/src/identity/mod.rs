@@ -28,6 +28,7 @@ pub mod rate_limit;
 pub mod server;
 pub mod service;
 pub mod store;
+pub mod trust;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

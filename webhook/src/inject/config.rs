@@ -69,6 +69,12 @@ pub struct InjectConfig {
     /// the operator Service's name; one without (the e2e cluster) its
     /// ClusterIP.
     pub control_plane_address: String,
+    /// Injected sidecars take their config from the operator's push stream
+    /// (`BATON_CONFIG_PUSH`), authenticating it with the mesh trust bundle
+    /// mounted from the namespace's `baton-mesh-trust` ConfigMap. Off: they
+    /// run the in-pod default (transparent passthrough) and Routes and
+    /// TlsPolicies have no effect on them.
+    pub config_push: bool,
 }
 
 /// The operator Service's DNS name in `namespace`:
@@ -99,6 +105,7 @@ impl Default for InjectConfig {
             wait_ready_timeout_seconds: 60,
             image_pull_policy: None,
             control_plane_address: default_control_plane_address(SYSTEM_NAMESPACE),
+            config_push: true,
         }
     }
 }

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use baton_crds::contract::{self, SIDECAR_UID, commands, containers, env, ports, volumes};
 use k8s_openapi::{
     api::core::v1::{
-        Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-        ExecAction, HTTPGetAction, Lifecycle, LifecycleHandler, ObjectFieldSelector, Probe,
-        ProjectedVolumeSource, ResourceRequirements, SecurityContext,
+        Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
+        EnvVar, EnvVarSource, ExecAction, HTTPGetAction, Lifecycle, LifecycleHandler,
+        ObjectFieldSelector, Probe, ProjectedVolumeSource, ResourceRequirements, SecurityContext,
         ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
     },
     apimachinery::pkg::{api::resource::Quantity, util::intstr::IntOrString},
@@ -101,6 +101,12 @@ fn sidecar_mounts() -> Vec<VolumeMount> {
             read_only: Some(true),
             ..VolumeMount::default()
         },
+        VolumeMount {
+            name: volumes::TRUST.to_owned(),
+            mount_path: volumes::TRUST_MOUNT_PATH.to_owned(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        },
     ]
 }
 
@@ -128,6 +134,11 @@ fn common_env(
             env::CONTROL_PLANE_ADDRESS,
             config.control_plane_address.clone(),
         ),
+        env_value(
+            env::CONFIG_PUSH,
+            if config.config_push { "true" } else { "false" },
+        ),
+        env_value(env::CONTROL_PLANE_CA, volumes::TRUST_BUNDLE_PATH),
     ]
 }
 
@@ -358,7 +369,8 @@ pub fn explicit_capture_env() -> Vec<EnvVar> {
     ]
 }
 
-/// The shared emptyDir and the projected mesh-identity token.
+/// The shared emptyDir, the projected mesh-identity token and the mesh
+/// trust bundle.
 pub fn injected_volumes() -> Vec<Volume> {
     vec![
         Volume {
@@ -388,10 +400,27 @@ pub fn injected_volumes() -> Vec<Volume> {
             }),
             ..Volume::default()
         },
+        Volume {
+            name: volumes::TRUST.to_owned(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: contract::identity::TRUST_CONFIG_MAP.to_owned(),
+                // A Pod admitted before the operator published the bundle
+                // in its namespace still starts; the kubelet fills the
+                // mount once the ConfigMap exists, and the sidecar's
+                // config stream retries until then.
+                optional: Some(true),
+                ..ConfigMapVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
     ]
 }
 
 /// Names of the volumes Baton injects.
-pub fn reserved_volume_names() -> [&'static str; 2] {
-    [contract::volumes::SHARED, contract::volumes::TOKEN]
+pub fn reserved_volume_names() -> [&'static str; 3] {
+    [
+        contract::volumes::SHARED,
+        contract::volumes::TOKEN,
+        contract::volumes::TRUST,
+    ]
 }

@@ -794,7 +794,10 @@ fn existing_volumes_are_kept_and_ours_appended() {
         .iter()
         .map(|v| v.name.as_str())
         .collect();
-    assert_eq!(names, ["data", volumes::SHARED, volumes::TOKEN]);
+    assert_eq!(
+        names,
+        ["data", volumes::SHARED, volumes::TOKEN, volumes::TRUST]
+    );
 }
 
 #[test]
@@ -1126,4 +1129,39 @@ fn a_fallback_without_any_pool_names_none() {
         inj.offload
     );
     assert_eq!(annotation(&p, annotations::ACCELERATOR_POOL), None);
+}
+
+#[test]
+fn the_slots_take_config_from_the_operator_with_the_namespaces_trust_bundle() {
+    let (_, p) = Fixture::new().inject(&app_pod());
+    let vols = p.spec.as_ref().unwrap().volumes.as_ref().unwrap();
+    let trust = vols.iter().find(|v| v.name == volumes::TRUST).unwrap();
+    let cm = trust.config_map.as_ref().unwrap();
+    assert_eq!(cm.name, baton_crds::contract::identity::TRUST_CONFIG_MAP);
+    // Optional: a Pod admitted before the operator published the bundle
+    // still starts.
+    assert_eq!(cm.optional, Some(true));
+    for slot in [containers::SLOT_A, containers::SLOT_B] {
+        let c = container(&p, slot);
+        let mounts = c.volume_mounts.clone().unwrap();
+        assert!(mounts.iter().any(|m| m.name == volumes::TRUST
+            && m.mount_path == volumes::TRUST_MOUNT_PATH
+            && m.read_only == Some(true)));
+        assert_eq!(env_of(c, env::CONFIG_PUSH), Some("true"));
+        assert_eq!(
+            env_of(c, env::CONTROL_PLANE_CA),
+            Some(volumes::TRUST_BUNDLE_PATH)
+        );
+        assert!(
+            volumes::TRUST_BUNDLE_PATH.starts_with(volumes::TRUST_MOUNT_PATH),
+            "the bundle file is inside the mount"
+        );
+    }
+    let mut fx = Fixture::new();
+    fx.config.config_push = false;
+    let (_, p) = fx.inject(&app_pod());
+    assert_eq!(
+        env_of(container(&p, containers::SLOT_A), env::CONFIG_PUSH),
+        Some("false")
+    );
 }

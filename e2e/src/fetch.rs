@@ -1,0 +1,355 @@
+//! A request driver that runs *inside* a meshed Pod: the e2e test asks it
+//! (`POST /fetch`, JSON [`FetchSpec`]) to send a bounded number of HTTP/1.1
+//! requests to a target — a Service's ClusterIP:port, so the Pod's own
+//! sidecar captures them and applies the Routes compiled for it — and gets
+//! back what happened ([`FetchReport`]): status codes and which server
+//! (the echo's `x-echo-server-name`) answered, counted.
+//!
+//! The test process on the host cannot be the client: traffic it sends
+//! never passes through a client-side sidecar. A shell loop of `wget`s in
+//! the Pod could, but tells nothing about statuses or servers per request.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde::{Deserialize, Serialize};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::demo::HEADER_SERVER_NAME;
+
+/// Port the driver listens on in its Pod.
+pub const PORT: u16 = 9000;
+/// Most requests one `/fetch` may send.
+pub const MAX_COUNT: usize = 100_000;
+/// Longest one `/fetch` may run.
+pub const MAX_RUN: Duration = Duration::from_secs(120);
+
+/// What to send.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FetchSpec {
+    /// `ip:port` to connect to.
+    pub target: SocketAddr,
+    #[serde(default = "root")]
+    pub path: String,
+    pub count: usize,
+    #[serde(default = "one")]
+    pub concurrency: usize,
+    /// Extra request headers.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+fn root() -> String {
+    "/".to_owned()
+}
+
+fn one() -> usize {
+    1
+}
+
+/// What came back, counted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FetchReport {
+    /// Responses by status code.
+    pub statuses: BTreeMap<u16, usize>,
+    /// Responses by the server that answered (`-` when the response had no
+    /// `x-echo-server-name`: the sidecar answered itself).
+    pub servers: BTreeMap<String, usize>,
+    /// Requests that got no response (connect, I/O, timeout).
+    pub errors: usize,
+    /// The first few errors, for the failure message.
+    pub error_samples: Vec<String>,
+}
+
+impl FetchReport {
+    pub fn responses(&self) -> usize {
+        self.statuses.values().sum()
+    }
+
+    pub fn status(&self, code: u16) -> usize {
+        self.statuses.get(&code).copied().unwrap_or(0)
+    }
+
+    /// Responses from servers whose name starts with `prefix` (a
+    /// Deployment's Pods).
+    pub fn from_servers(&self, prefix: &str) -> usize {
+        self.servers
+            .iter()
+            .filter(|(name, _)| name.starts_with(prefix))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    fn merge(&mut self, other: FetchReport) {
+        for (k, v) in other.statuses {
+            *self.statuses.entry(k).or_default() += v;
+        }
+        for (k, v) in other.servers {
+            *self.servers.entry(k).or_default() += v;
+        }
+        self.errors += other.errors;
+        for e in other.error_samples {
+            if self.error_samples.len() < 5 {
+                self.error_samples.push(e);
+            }
+        }
+    }
+}
+
+/// Sends the requests: `concurrency` workers, each on one keep-alive
+/// connection (reopened after an error), until `count` are done or
+/// [`MAX_RUN`] passes.
+pub async fn run(spec: FetchSpec) -> Result<FetchReport, String> {
+    if spec.count == 0 || spec.count > MAX_COUNT {
+        return Err(format!("count must be 1..={MAX_COUNT}"));
+    }
+    let concurrency = spec.concurrency.clamp(1, 64);
+    let deadline = Instant::now() + MAX_RUN;
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..concurrency {
+        let (spec, next) = (spec.clone(), next.clone());
+        workers.spawn(async move {
+            let mut report = FetchReport::default();
+            let mut conn: Option<hyper::client::conn::http1::SendRequest<Full<Bytes>>> = None;
+            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < spec.count
+                && Instant::now() < deadline
+            {
+                match tokio::time::timeout(Duration::from_secs(5), once(&spec, &mut conn)).await {
+                    Ok(Ok(resp)) => {
+                        let server = resp
+                            .headers()
+                            .get(HEADER_SERVER_NAME)
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("-")
+                            .to_owned();
+                        *report.statuses.entry(resp.status().as_u16()).or_default() += 1;
+                        *report.servers.entry(server).or_default() += 1;
+                    }
+                    Ok(Err(e)) => {
+                        conn = None;
+                        report.errors += 1;
+                        if report.error_samples.len() < 5 {
+                            report.error_samples.push(e);
+                        }
+                    }
+                    Err(_) => {
+                        conn = None;
+                        report.errors += 1;
+                        if report.error_samples.len() < 5 {
+                            report.error_samples.push("timed out after 5 s".into());
+                        }
+                    }
+                }
+            }
+            report
+        });
+    }
+    let mut total = FetchReport::default();
+    while let Some(r) = workers.join_next().await {
+        total.merge(r.map_err(|e| format!("worker: {e}"))?);
+    }
+    Ok(total)
+}
+
+/// One request on the worker's connection (opened if needed); the body is
+/// read to the end so the connection can be reused.
+async fn once(
+    spec: &FetchSpec,
+    conn: &mut Option<hyper::client::conn::http1::SendRequest<Full<Bytes>>>,
+) -> Result<Response<()>, String> {
+    if conn.as_ref().is_none_or(|c| c.is_closed()) {
+        let tcp = TcpStream::connect(spec.target)
+            .await
+            .map_err(|e| format!("connect {}: {e}", spec.target))?;
+        let _ = tcp.set_nodelay(true);
+        let (send, driver) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .map_err(|e| format!("handshake: {e}"))?;
+        tokio::spawn(driver);
+        *conn = Some(send);
+    }
+    let send = conn.as_mut().expect("opened above");
+    send.ready().await.map_err(|e| format!("connection: {e}"))?;
+    let mut req = Request::get(&spec.path).header(http::header::HOST, spec.target.to_string());
+    for (k, v) in &spec.headers {
+        req = req.header(k.as_str(), v.as_str());
+    }
+    let req = req
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| format!("request: {e}"))?;
+    let resp = send
+        .send_request(req)
+        .await
+        .map_err(|e| format!("request: {e}"))?;
+    let (parts, body) = resp.into_parts();
+    body.collect()
+        .await
+        .map_err(|e| format!("response body: {e}"))?;
+    Ok(Response::from_parts(parts, ()))
+}
+
+/// Serves `POST /fetch` on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener) -> std::io::Result<()> {
+    loop {
+        let (stream, _) = listener.accept().await?;
+        tokio::spawn(async move {
+            let service = service_fn(handle);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+async fn handle(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
+    let reply = |status: StatusCode, body: String| {
+        let mut r = Response::new(Full::new(Bytes::from(body)));
+        *r.status_mut() = status;
+        r
+    };
+    if req.method() != http::Method::POST || req.uri().path() != "/fetch" {
+        return Ok(reply(StatusCode::NOT_FOUND, "POST /fetch only\n".into()));
+    }
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return Ok(reply(StatusCode::BAD_REQUEST, format!("body: {e}\n"))),
+    };
+    let spec: FetchSpec = match serde_json::from_slice(&body) {
+        Ok(s) => s,
+        Err(e) => return Ok(reply(StatusCode::BAD_REQUEST, format!("spec: {e}\n"))),
+    };
+    Ok(match run(spec).await {
+        Ok(report) => reply(
+            StatusCode::OK,
+            serde_json::to_string(&report).expect("reports serialize"),
+        ),
+        Err(e) => reply(StatusCode::BAD_REQUEST, format!("{e}\n")),
+    })
+}
+
+/// Asks the driver at `driver` to run `spec` (from the test process).
+pub async fn fetch_via(driver: SocketAddr, spec: &FetchSpec) -> Result<FetchReport, String> {
+    let tcp = TcpStream::connect(driver)
+        .await
+        .map_err(|e| format!("connect to the driver {driver}: {e}"))?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .map_err(|e| format!("driver handshake: {e}"))?;
+    tokio::spawn(conn);
+    let req = Request::post("/fetch")
+        .header(http::header::HOST, driver.to_string())
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(
+            serde_json::to_vec(spec).expect("specs serialize"),
+        )))
+        .map_err(|e| e.to_string())?;
+    let resp = tokio::time::timeout(MAX_RUN + Duration::from_secs(10), send.send_request(req))
+        .await
+        .map_err(|_| "the driver did not answer".to_owned())?
+        .map_err(|e| format!("driver request: {e}"))?;
+    let status = resp.status();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("driver body: {e}"))?
+        .to_bytes();
+    if status != StatusCode::OK {
+        return Err(format!(
+            "driver answered {status}: {}",
+            String::from_utf8_lossy(&body)
+        ));
+    }
+    serde_json::from_slice(&body).map_err(|e| format!("driver report: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn echo() -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(crate::demo::serve_http_echo(l, "echo-1".into()));
+        addr
+    }
+
+    async fn driver() -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(serve(l));
+        addr
+    }
+
+    #[tokio::test]
+    async fn the_driver_counts_statuses_and_servers() {
+        let (target, driver) = (echo().await, driver().await);
+        let spec = FetchSpec {
+            target,
+            path: "/".into(),
+            count: 50,
+            concurrency: 4,
+            headers: BTreeMap::from([("x-canary".into(), "1".into())]),
+        };
+        let r = fetch_via(driver, &spec).await.unwrap();
+        assert_eq!(r.status(200), 50);
+        assert_eq!(r.from_servers("echo-"), 50);
+        assert_eq!(r.errors, 0);
+    }
+
+    #[tokio::test]
+    async fn the_flaky_path_fails_every_other_request_of_a_process() {
+        let target = echo().await;
+        let spec = FetchSpec {
+            target,
+            path: crate::demo::FLAKY_PATH.into(),
+            count: 20,
+            concurrency: 1,
+            headers: BTreeMap::new(),
+        };
+        let r = run(spec).await.unwrap();
+        // The counter is process-wide (other tests may share it): the two
+        // statuses split the requests between them.
+        assert_eq!(r.responses(), 20);
+        assert!(r.status(503) >= 9 && r.status(200) >= 9, "{r:?}");
+    }
+
+    #[tokio::test]
+    async fn unreachable_targets_are_errors_not_hangs() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = l.local_addr().unwrap();
+        drop(l);
+        let r = run(FetchSpec {
+            target,
+            path: "/".into(),
+            count: 3,
+            concurrency: 1,
+            headers: BTreeMap::new(),
+        })
+        .await
+        .unwrap();
+        assert_eq!(r.errors, 3);
+        assert_eq!(r.responses(), 0);
+        assert!(r.error_samples[0].contains("connect"), "{r:?}");
+    }
+
+    #[tokio::test]
+    async fn counts_are_bounded() {
+        let spec = FetchSpec {
+            target: "127.0.0.1:1".parse().unwrap(),
+            path: "/".into(),
+            count: MAX_COUNT + 1,
+            concurrency: 1,
+            headers: BTreeMap::new(),
+        };
+        assert!(run(spec).await.is_err());
+    }
+}
