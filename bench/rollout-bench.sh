@@ -10,7 +10,9 @@
 #
 #   bench/rollout-bench.sh [OUTDIR]
 #
-# Env: SIZES (default "10 50"; at most 50 each), MAX_UNAVAILABLE (25%).
+# Env: SIZES (default "10 50"; at most 50 each), MAX_UNAVAILABLE (25%),
+# SIDECAR_CPU (the serving slot's CPU request, default 10m so 50 pods fit a
+# 2-CPU node).
 # Brings the local cluster up and always tears it down (e2e/cluster.sh).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -21,6 +23,8 @@ bench_init rollout-bench "${1:-}"
 need kubectl jq ctr
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/baton/target-$(rustc --version | awk '{print $2}')}"
 SIZES=${SIZES:-10 50}
+# 50 pods with the default 50m request per sidecar do not fit a 2-CPU node.
+SIDECAR_CPU=${SIDECAR_CPU:-10m}
 
 cluster_up=0
 teardown() {
@@ -75,7 +79,7 @@ for n in $SIZES; do
   start_bg "sampler-$n" "" bash -c 'sample "$@"' _ "$WORK/operator-$n.samples" "${pids[@]}"
   sampler=$LAST_PID
   "$CARGO_TARGET_DIR/release/demo-rollout" --namespace "bench-$n" --replicas "$n" \
-    --max-unavailable "${MAX_UNAVAILABLE:-25%}" --no-broken \
+    --max-unavailable "${MAX_UNAVAILABLE:-25%}" --no-broken --sidecar-cpu "$SIDECAR_CPU" \
     --report-json "$OUT/rollout-$n.json" >"$WORK/demo-$n.log" 2>&1 \
     || { tail -30 "$WORK/demo-$n.log"; log "rollout of $n pods failed (report above)"; }
   stop_pid "$sampler"

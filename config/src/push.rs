@@ -40,6 +40,44 @@ pub struct Push {
     pub snapshot: Snapshot,
 }
 
+/// A push whose snapshot is already JSON (`snapshot_json`, the
+/// serialization of one [`Snapshot`]). The operator serializes a snapshot
+/// once and sends it to every sidecar it compiles to; on the wire it is a
+/// [`Push`] ([`encode_shared`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedPush {
+    pub version: u64,
+    pub nonce: String,
+    pub snapshot_json: std::sync::Arc<[u8]>,
+}
+
+impl SharedPush {
+    /// Serializes `snapshot` for sharing between pushes.
+    pub fn snapshot_json(snapshot: &Snapshot) -> std::sync::Arc<[u8]> {
+        serde_json::to_vec(snapshot)
+            .expect("snapshots serialize")
+            .into()
+    }
+}
+
+/// One [`SharedPush`] as a frame that decodes as a [`Push`]: the fields in
+/// [`Push`]'s order around the pre-serialized snapshot, so a push costs a
+/// copy of the snapshot's JSON, not a serialization.
+pub fn encode_shared(push: &SharedPush) -> Vec<u8> {
+    let nonce = serde_json::to_string(&push.nonce).expect("strings serialize");
+    let head = format!(
+        "{{\"version\":{},\"nonce\":{nonce},\"snapshot\":",
+        push.version
+    );
+    let len = head.len() + push.snapshot_json.len() + 1;
+    let mut out = Vec::with_capacity(4 + len);
+    out.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
+    out.extend_from_slice(head.as_bytes());
+    out.extend_from_slice(&push.snapshot_json);
+    out.push(b'}');
+    out
+}
+
 /// The sidecar's answer to one push.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
@@ -131,6 +169,33 @@ mod tests {
             assert_eq!(got_push.as_ref(), Some(&push), "chunk {chunk}");
             assert_eq!(got_reply.as_ref(), Some(&ack), "chunk {chunk}");
         }
+    }
+
+    #[test]
+    fn a_shared_push_decodes_as_the_push_it_stands_for() {
+        let snapshot = crate::pod_default();
+        let shared = SharedPush {
+            version: 42,
+            // A nonce that needs escaping still round-trips.
+            nonce: "n\"42\\".into(),
+            snapshot_json: SharedPush::snapshot_json(&snapshot),
+        };
+        let mut d = Decoder::default();
+        d.extend(&encode_shared(&shared));
+        let got: Push = d.next_message().unwrap().unwrap();
+        assert_eq!(
+            got,
+            Push {
+                version: 42,
+                nonce: shared.nonce.clone(),
+                snapshot,
+            }
+        );
+        assert_eq!(
+            encode_shared(&shared),
+            encode(&got),
+            "byte for byte what serializing the Push gives"
+        );
     }
 
     #[test]

@@ -75,7 +75,7 @@ async fn rollout_v1_to_v2_and_back_loses_no_exchange_and_restarts_no_app_contain
     make_versions(&["v1", "v2"], &[]).unwrap();
     with_temp_ns_labelled(injected(), |client, ns| async move {
         let pki = pki();
-        let _release = create_release(&client, &ns, &ns, "v1", "2").await.unwrap();
+        let _release = create_release(&client, &ns, &ns, "v1", "2", None).await.unwrap();
         let before = start(&client, &ns, &pki).await;
         let uids: Vec<_> = before.iter().map(|p| p.metadata.uid.clone()).collect();
         let restarts_before = restarts(&before);
@@ -146,7 +146,9 @@ async fn rollout_of_a_broken_version_pauses_degraded_while_pods_keep_serving() {
     make_versions(&["v1"], &["v3"]).unwrap();
     with_temp_ns_labelled(injected(), |client, ns| async move {
         let pki = pki();
-        let _release = create_release(&client, &ns, &ns, "v1", "2").await.unwrap();
+        let _release = create_release(&client, &ns, &ns, "v1", "2", None)
+            .await
+            .unwrap();
         let pods = start(&client, &ns, &pki).await;
         let restarts_before = restarts(&pods);
         let traffic = Traffic::start(&pods, &pki);

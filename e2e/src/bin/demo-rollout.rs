@@ -37,6 +37,10 @@ struct Args {
     /// The release's maxUnavailable: a count or a percentage.
     #[arg(long, default_value = "25%")]
     max_unavailable: String,
+    /// CPU request of the serving sidecar slot (default: the webhook's,
+    /// 50m); lower it to fit 50 pods on a small node.
+    #[arg(long)]
+    sidecar_cpu: Option<String>,
     /// Leave the namespace and release in place at the end.
     #[arg(long)]
     keep: bool,
@@ -67,6 +71,7 @@ async fn main() -> anyhow::Result<()> {
         &release,
         replicas,
         &args.max_unavailable,
+        args.sidecar_cpu.as_deref(),
         !args.no_broken,
     )
     .await;
@@ -228,6 +233,7 @@ async fn run(
     release: &str,
     replicas: usize,
     max_unavailable: &str,
+    sidecar_cpu: Option<&str>,
     broken: bool,
 ) -> anyhow::Result<Report> {
     let mut report = Report {
@@ -238,7 +244,7 @@ async fn run(
         "{replicas} pods of an echo app (HTTP/1.1 + HTTP/2, TCP, app-level TLS) injected with sidecar v1"
     ));
     let pki = pki();
-    let _release = create_release(client, release, ns, "v1", max_unavailable).await?;
+    let _release = create_release(client, release, ns, "v1", max_unavailable, sidecar_cpu).await?;
     create_app(client, ns, ns, &pki, replicas).await?;
     let pods = ready_pods(client, ns, "v1", replicas, Duration::from_secs(300)).await?;
     wait_targets_serve(&pods, &pki)

@@ -232,6 +232,32 @@ pub enum CompileError {
 }
 
 /// Compile one Pod's snapshot. Pure: reads only its arguments.
+/// Everything [`compile`]'s output depends on besides the index and the
+/// parameters: Pods with equal keys compile to equal snapshots, so the push
+/// hub compiles once per key. A change to [`compile`] that reads more of the
+/// Pod must add it here (`pods_with_one_key_compile_alike` checks it).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum CompileKey {
+    Group {
+        namespace: String,
+        service_account: String,
+        tls_policy: Option<ObjKey>,
+    },
+    /// A Pod the index does not hold (its compile fails on its own).
+    Unknown(ObjKey),
+}
+
+pub fn compile_key(index: &Index, pod: &ObjKey) -> CompileKey {
+    match index.pods.get(pod) {
+        Some(info) => CompileKey::Group {
+            namespace: pod.namespace.clone(),
+            service_account: info.service_account.clone(),
+            tls_policy: select_tls_policy(index, pod).map(|(k, _)| k.clone()),
+        },
+        None => CompileKey::Unknown(pod.clone()),
+    }
+}
+
 pub fn compile(
     index: &Index,
     attachments: &Attachments,

@@ -11,15 +11,15 @@
 //! partial config. Each stream holds only the latest push (a `watch`
 //! channel): a slow sidecar gets the newest config, never a backlog.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use baton_config::Snapshot;
-use baton_config::push::{Push, Reply};
+use baton_config::push::{Reply, SharedPush};
 use tokio::sync::{Notify, watch};
 
-use super::compile::{Attachments, MeshParams, attach_routes, compile};
+use super::compile::{Attachments, MeshParams, attach_routes, compile, compile_key};
 use super::index::{Index, ObjKey};
 use super::metrics::PushMetrics;
 
@@ -45,14 +45,25 @@ pub struct Programmed {
     pub nack: Option<String>,
 }
 
+/// One compiled snapshot, shared by every stream it was compiled for:
+/// sidecars of one namespace, ServiceAccount and TlsPolicy get the same
+/// config ([`compile_key`]), so a change costs one compile and one
+/// serialization per such group, not per sidecar.
+#[derive(Debug, PartialEq)]
+struct Compiled {
+    snapshot: Snapshot,
+    json: Arc<[u8]>,
+    sources: BTreeSet<Source>,
+}
+
 /// What the hub knows of one stream.
 #[derive(Debug)]
 struct Stream {
     pod: ObjKey,
-    tx: watch::Sender<Option<Arc<Push>>>,
-    /// The last snapshot sent (version 0), to tell whether a change affects
-    /// this sidecar.
-    sent: Option<Snapshot>,
+    tx: watch::Sender<Option<Arc<SharedPush>>>,
+    /// The last snapshot sent, to tell whether a change affects this
+    /// sidecar.
+    sent: Option<Arc<Compiled>>,
     /// What went into the last push, and into the last ACKed one.
     sent_sources: BTreeSet<Source>,
     acked_sources: BTreeSet<Source>,
@@ -135,7 +146,7 @@ impl Hub {
         &self,
         pod: ObjKey,
         version: u64,
-    ) -> (StreamId, watch::Receiver<Option<Arc<Push>>>) {
+    ) -> (StreamId, watch::Receiver<Option<Arc<SharedPush>>>) {
         let (tx, rx) = watch::channel(None);
         let id = {
             let mut inner = self.lock();
@@ -273,12 +284,17 @@ impl Hub {
         let attachments = Arc::new(attach_routes(&inner.index));
         inner.attachments = attachments.clone();
         let Inner { index, streams, .. } = &mut *inner;
-        // Streams of one Pod (a handoff's old and new process) share a compile.
-        let mut compiled: BTreeMap<ObjKey, Option<(Snapshot, BTreeSet<Source>)>> = BTreeMap::new();
+        // One compile per group of sidecars that get the same config (and
+        // per Pod whose group cannot be told yet: it is not in the index).
+        let mut compiled: HashMap<_, Option<Arc<Compiled>>> = HashMap::new();
+        // Whether a stream's last snapshot equals its new one, once per
+        // (old, new) pair: the streams of a group share both.
+        let mut same: HashMap<(*const Compiled, *const Compiled), bool> = HashMap::new();
         let mut pushes = 0;
         for s in streams.values_mut() {
-            let snapshot = compiled
-                .entry(s.pod.clone())
+            let key = compile_key(index, &s.pod);
+            let Some(new) = compiled
+                .entry(key)
                 .or_insert_with(
                     || match compile(index, &attachments, &self.params, &s.pod) {
                         Ok(c) => {
@@ -296,7 +312,11 @@ impl Hub {
                                     Some(Source::TlsPolicy(k.clone(), generation(&p.metadata)))
                                 }))
                                 .collect();
-                            Some((c.snapshot, sources))
+                            Some(Arc::new(Compiled {
+                                json: SharedPush::snapshot_json(&c.snapshot),
+                                snapshot: c.snapshot,
+                                sources,
+                            }))
                         }
                         Err(error) => {
                             // The Pod is not (yet) in the index: it connected
@@ -307,34 +327,41 @@ impl Hub {
                         }
                     },
                 )
-                .clone();
-            let Some((snapshot, sources)) = snapshot else {
+                .clone()
+            else {
                 continue;
             };
-            if s.sent.as_ref() == Some(&snapshot) {
+            let unchanged = s.sent.as_ref().is_some_and(|old| {
+                *same
+                    .entry((Arc::as_ptr(old), Arc::as_ptr(&new)))
+                    .or_insert_with(|| old.snapshot == new.snapshot)
+            });
+            if unchanged {
                 // Same config: a new generation that compiles the same
                 // (a cosmetic edit) counts as served once the current
                 // snapshot is ACKed.
-                if s.sent_sources != sources {
+                if s.sent_sources != new.sources {
                     if s.pending.is_none() && s.acked_sources == s.sent_sources {
-                        s.acked_sources = sources.clone();
+                        s.acked_sources = new.sources.clone();
                     }
-                    s.sent_sources = sources;
+                    s.sent_sources = new.sources.clone();
                 }
+                // Keep the newest Arc so the next pass compares pointers.
+                s.sent = Some(new);
                 continue;
             }
-            s.sent_sources = sources;
+            s.sent_sources = new.sources.clone();
             s.version += 1;
             let nonce = format!("{}-{}", s.version, rand::random::<u32>());
-            let mut versioned = snapshot.clone();
-            versioned.version = s.version;
             s.pending = Some((nonce.clone(), Instant::now()));
-            s.sent = Some(snapshot);
-            s.tx.send_replace(Some(Arc::new(Push {
+            // The sidecar stamps the push's version on the snapshot it
+            // applies, so the shared JSON carries none of its own.
+            s.tx.send_replace(Some(Arc::new(SharedPush {
                 version: s.version,
                 nonce,
-                snapshot: versioned,
+                snapshot_json: new.json.clone(),
             })));
+            s.sent = Some(new);
             pushes += 1;
         }
         drop(inner);

@@ -169,7 +169,7 @@ impl<C: Cluster> PushServer<C> {
                 rx.changed().await.ok()?;
                 let push = rx.borrow_and_update().clone();
                 if let Some(push) = push {
-                    let frame = Frame::data(Bytes::from(push::encode(&*push)));
+                    let frame = Frame::data(Bytes::from(push::encode_shared(&push)));
                     return Some((Ok::<_, Infallible>(frame), (rx, guard)));
                 }
             }

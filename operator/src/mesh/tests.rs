@@ -13,8 +13,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::{Value, json};
 
 use super::compile::{
-    Attachments, IdentitySource, MeshParams, WorkloadConfig, attach_routes, compile,
-    tls_policy_refusal,
+    Attachments, CompileKey, IdentitySource, MeshParams, WorkloadConfig, attach_routes, compile,
+    compile_key, tls_policy_refusal,
 };
 use super::index::{Index, ObjKey};
 
@@ -890,4 +890,69 @@ fn an_unknown_pod_is_an_error_not_a_default() {
     )
     .unwrap_err();
     assert!(err.to_string().contains("shop/ghost"), "{err}");
+}
+
+#[test]
+fn pods_with_one_key_compile_alike() {
+    // Pods of one namespace and ServiceAccount, some selected by a policy,
+    // plus another ServiceAccount and another namespace.
+    let mut ix = shop();
+    ix.apply_pod(&pod(
+        "client-2",
+        "10.1.0.2",
+        "client",
+        json!({"app": "client"}),
+    ));
+    ix.apply_pod(&pod(
+        "canary",
+        "10.1.0.3",
+        "client",
+        json!({"app": "canary"}),
+    ));
+    let mut elsewhere = pod("client", "10.2.0.1", "client", json!({"app": "client"}));
+    elsewhere.metadata.namespace = Some("other".into());
+    ix.apply_pod(&elsewhere);
+    ix.apply_tls_policy(&tls_policy(
+        "canary",
+        json!({"matchLabels": {"app": "canary"}}),
+        "Strict",
+    ));
+    let pods = [
+        client(),
+        ObjKey::new(NS, "client-2"),
+        ObjKey::new(NS, "canary"),
+        ObjKey::new(NS, "server-v1"),
+        ObjKey::new(NS, "server-v2"),
+        ObjKey::new("other", "client"),
+    ];
+    let p = params();
+    for a in &pods {
+        for b in &pods {
+            let (ka, kb) = (compile_key(&ix, a), compile_key(&ix, b));
+            let (sa, sb) = (
+                compiled_with(&ix, &p, a).snapshot,
+                compiled_with(&ix, &p, b).snapshot,
+            );
+            if ka == kb {
+                assert_eq!(sa, sb, "{a:?} and {b:?} share {ka:?}");
+            }
+        }
+    }
+    // The groups: labels alone do not split a group, a policy does.
+    assert_eq!(
+        compile_key(&ix, &client()),
+        compile_key(&ix, &ObjKey::new(NS, "client-2"))
+    );
+    assert_ne!(
+        compile_key(&ix, &client()),
+        compile_key(&ix, &ObjKey::new(NS, "canary"))
+    );
+    assert_ne!(
+        compile_key(&ix, &client()),
+        compile_key(&ix, &ObjKey::new("other", "client"))
+    );
+    assert_eq!(
+        compile_key(&ix, &ObjKey::new(NS, "gone")),
+        CompileKey::Unknown(ObjKey::new(NS, "gone"))
+    );
 }
