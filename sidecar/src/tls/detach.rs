@@ -142,3 +142,28 @@ where
     let (io, pending) = aligned.into_parts();
     Ok(Some((io, pending, state, plain)))
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_stream_the_tls_layer_did_not_make_stays_whole_and_working() {
+        // Nothing is lost: an end this layer cannot take apart comes back
+        // as the same stream, and the process that holds it keeps serving it.
+        let (ours, mut peer) = tokio::io::duplex(64);
+        let Detached::Stays(mut io) = detach(Box::new(ours), 7).await else {
+            panic!("a stream of another type must stay")
+        };
+        io.write_all(b"still here").await.unwrap();
+        let mut got = [0u8; 10];
+        peer.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"still here");
+        peer.write_all(b"back").await.unwrap();
+        let mut back = [0u8; 4];
+        io.read_exact(&mut back).await.unwrap();
+        assert_eq!(&back, b"back");
+    }
+}
