@@ -42,7 +42,7 @@ SCB=$(free_port) SCBS=$(free_port)
 
 make_cert ecdsa "$W"
 
-ngx_conf() { # name body
+ngx_conf() { # name body (the nginx proxy peer; the upstream is lib.sh's nginx_upstream)
   cat >"$W/$1.conf" <<EOF
 worker_processes 1;
 daemon off;
@@ -52,7 +52,6 @@ events { worker_connections 4096; }
 http { access_log off; $2 }
 EOF
 }
-ngx_conf upstream "server { listen 127.0.0.1:$UP; location / { return 200 \"0123456789\"; } }"
 ngx_conf proxy "upstream up { server 127.0.0.1:$UP; keepalive 64; }
   server { listen 127.0.0.1:$NGX; location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection \"\"; } }
   server { listen 127.0.0.1:$NGXS ssl; ssl_certificate $W/cert.pem; ssl_certificate_key $W/key.pem;
@@ -82,7 +81,7 @@ sed -e "s/127.0.0.1:$SC\"/127.0.0.1:$SCB\"/" -e "s/127.0.0.1:$SCS\"/127.0.0.1:$S
   -e "s/^runtime: {worker_threads: 1}/runtime: {worker_threads: 1${B_RUNTIME:+, $B_RUNTIME}}/" \
   "$W/sidecar.yaml" >"$W/sidecar-b.yaml"
 
-start_bg upstream 0 nginx -p "$W" -c "$W/upstream.conf"
+nginx_upstream 0 "$UP" || exit 2
 start_bg nginx 0 nginx -p "$W" -c "$W/proxy.conf"; NGX_MASTER=$LAST_PID
 BATON_HANDOFF_SOCKET=$W/handoff.sock BATON_HANDOFF_STATUS_FILE=$W/handoff.json \
   start_bg sidecar 0 "$BIN" run --config "$W/sidecar.yaml"; SC_PID=$LAST_PID

@@ -5,8 +5,9 @@
 #   bench_init my-bench "$OUT"      # OUT/WORK dirs, cleanup trap
 #   BIN=$(sidecar_bin)              # BATON_SIDECAR_BIN, or a fresh release build
 #   port=$(free_port)
-#   start_bg upstream 0 nginx -c …  # own process group, pinned, logged; LAST_PID
+#   start_bg proxy 0 nginx -c …     # own process group, pinned, logged; LAST_PID
 #   wait_port "$port" "$LAST_PID"
+#   nginx_upstream 0 "$port"        # the shared 10-byte nginx upstream
 #
 # Why one file: each script used to carry its own free_port (three different
 # ones), cleanup trap and certificate commands, and they drifted apart (one
@@ -116,6 +117,23 @@ build_release() {   # build_release PACKAGE... : cargo build --release, niced (t
   local args=() p
   for p in "$@"; do args+=(-p "$p"); done
   (cd "$BENCH_ROOT" && nice -n 5 cargo build --release --locked "${args[@]}")
+}
+
+nginx_upstream() {   # nginx_upstream CPUS PORT : the upstream every proxy under test forwards to (nginx,
+                     # 1 worker, `return 200` with a 10-byte body) on 127.0.0.1:PORT, files in $WORK/upstream,
+                     # log $WORK/upstream.log, pinned to CPUS; waits until it listens; sets LAST_PID
+  local cpus=$1 port=$2 dir=$WORK/upstream
+  mkdir -p "$dir/logs"
+  cat >"$dir/nginx.conf" <<NGX
+worker_processes 1;
+daemon off;
+pid $dir/nginx.pid;
+error_log $dir/error.log;
+events { worker_connections 4096; }
+http { access_log off; server { listen 127.0.0.1:$port; location / { return 200 "0123456789"; } } }
+NGX
+  start_bg upstream "$cpus" nginx -p "$dir" -c "$dir/nginx.conf"
+  wait_port "$port" "$LAST_PID" || { echo "the nginx upstream did not start; see $WORK/upstream.log" >&2; return 1; }
 }
 
 make_cert() {   # make_cert rsa|ecdsa DIR : self-signed DIR/cert.pem + DIR/key.pem for 127.0.0.1, 2 days

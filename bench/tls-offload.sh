@@ -60,14 +60,7 @@ PROBE_NICE=""
 
 # Upstream: nginx, 1 worker, 10-byte body.
 UP=$(free_port)
-mkdir -p "$WORK/nginx/logs"
-cat > "$WORK/nginx/nginx.conf" <<NGX
-worker_processes 1; daemon off; pid $WORK/nginx/nginx.pid; error_log $WORK/nginx/error.log;
-events { worker_connections 1024; }
-http { access_log off; server { listen 127.0.0.1:$UP; location / { return 200 "0123456789"; } } }
-NGX
-start_bg upstream "$SRV_CPUS" nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf"
-wait_port "$UP" "$LAST_PID" || die "nginx did not start; see $WORK/upstream.log"
+nginx_upstream "$SRV_CPUS" "$UP" || exit 2
 
 make_cert "$KEY_KIND" "$WORK"
 

@@ -180,7 +180,7 @@ pub enum CliError {
     #[error(transparent)]
     Start(#[from] StartError),
     #[error(transparent)]
-    Handoff(#[from] crate::handoff::RunError),
+    Handoff(#[from] crate::process::RunError),
     #[error(transparent)]
     Init(#[from] crate::init::InitError),
     #[error("{0}")]
@@ -338,7 +338,7 @@ fn run_proxy(args: RunArgs) -> Result<(), CliError> {
         .block_on(async { crate::tls::MeshTls::from_section(snapshot.tls.as_ref()) })
         .map_err(ConfigError::Tls)?;
     // TLS 1.3 traffic secrets for the handoff (KeyUpdate after a move).
-    tls.set_key_log(crate::handoff::tls_record::secret_capture());
+    tls.set_key_log(crate::tls_record::secret_capture());
     // In a pod, a slot this process already handed off from stays idle
     // (see `lifecycle::Retirement`): the kubelet restarted it, and taking
     // the connections back from the successor would start a ping-pong.
@@ -352,7 +352,7 @@ fn run_proxy(args: RunArgs) -> Result<(), CliError> {
     // With handoff: adopt from a live sidecar on the shared volume, or
     // start fresh and answer the next one's handoff request.
     runtime.block_on(async {
-        let ending = crate::handoff::run(
+        let ending = crate::process::run(
             snapshot,
             StartOptions {
                 watch,
@@ -365,6 +365,7 @@ fn run_proxy(args: RunArgs) -> Result<(), CliError> {
             // device) must not take over from the sidecar that has one.
             crate::handoff::HandoffConfig::from_env()
                 .with_identity(tls.clone())
+                .with_sessions(tls.clone())
                 .with_adopt_refusal(tls.offload_readiness().err()),
             // Reloaded `tls` sections are checked and applied, /ready reflects
             // the offload engine, and /metrics carries the TLS series. The

@@ -7,6 +7,9 @@
 //!   a control channel. The handoff asks a connection to *park* — stop at a
 //!   safe point and hand back its sockets plus any bytes read but not yet
 //!   consumed — through [`ConnRegistry::park`].
+//! * [`ParkedIo`], [`SessionDetach`]: what a parked end is, and how the TLS
+//!   layer takes its sessions apart for a move, so the handoff never needs
+//!   the TLS layer's concrete stream types.
 //!
 //! Safe points, per kind (see `docs/performance.md` and the handoff docs):
 //! raw TCP parks between two reads/writes (anything read but not written is
@@ -16,6 +19,7 @@
 
 use std::any::Any;
 use std::collections::HashMap;
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -30,40 +34,85 @@ use tokio::sync::{Notify, oneshot};
 
 use crate::filters::ConnMeta;
 use crate::h1valid::Refusal;
+use crate::tls_record::TlsWireState;
 
 /// Object-safe async stream (TLS streams are passed around boxed).
-/// `Any` so a parked `BoxIo` can be downcast to its concrete stream (the
-/// handoff extracts TLS secrets from the TLS layer's type).
+/// `Any` so the layer that boxed a stream can recognize it again (the TLS
+/// layer, when it takes a parked session apart: [`SessionDetach`]).
 pub trait DynIo: Any + AsyncRead + AsyncWrite + Send + Unpin + 'static {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> DynIo for T {}
 
 /// A boxed downstream stream (e.g. a TLS stream produced by the TLS layer).
 pub type BoxIo = Box<dyn DynIo>;
 
+/// The transport of a parked connection end.
+pub enum ParkedIo {
+    /// A plain socket.
+    Tcp(TcpStream),
+    /// A stream another layer boxed (a TLS session); only that layer can
+    /// take it apart ([`SessionDetach`]).
+    Boxed(BoxIo),
+}
+
+impl std::fmt::Debug for ParkedIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ParkedIo::Tcp(t) => f.debug_tuple("Tcp").field(t).finish(),
+            ParkedIo::Boxed(_) => f.write_str("Boxed(..)"),
+        }
+    }
+}
+
+/// A boxed parked end taken apart by [`SessionDetach::detach`].
+pub enum Detached {
+    /// Stopped at a TLS record boundary: the socket, the record-layer state,
+    /// the ciphertext read from the socket but not decrypted, and the
+    /// plaintext decrypted but not read yet. Another process can continue
+    /// the session from these (`crate::tls_record`).
+    Moved {
+        tcp: TcpStream,
+        state: Box<TlsWireState>,
+        ciphertext: Vec<u8>,
+        plaintext: Vec<u8>,
+    },
+    /// Not at a record boundary, or not a session this layer can take apart:
+    /// the stream, unchanged, to finish in this process.
+    Stays(BoxIo),
+    /// The session turned out to be broken; it is closed.
+    Broken,
+}
+
+/// Takes apart the boxed sessions of parked connections for a handoff. The
+/// layer that boxed them (TLS) implements it; the handoff calls it, so it
+/// depends on this trait, not on the TLS layer's stream types.
+pub trait SessionDetach: Send + Sync {
+    /// Stops `io` at a record boundary (flushing what it still has to send)
+    /// and takes it apart; `conn` is for the logs.
+    fn detach(&self, io: BoxIo, conn: u64) -> Pin<Box<dyn Future<Output = Detached> + Send>>;
+}
+
 /// Streams a parked connection can be handed back as.
 pub trait ParkableIo: AsyncRead + AsyncWrite + Send + Unpin + 'static {
     /// The underlying transport (a `TcpStream` for plaintext connections;
     /// whatever the TLS layer boxed otherwise) and any bytes this wrapper had
     /// buffered but not yet returned to a reader.
-    fn into_parked(self) -> (Box<dyn Any + Send>, Bytes);
+    fn into_parked(self) -> (ParkedIo, Bytes);
 }
 
 impl ParkableIo for TcpStream {
-    fn into_parked(self) -> (Box<dyn Any + Send>, Bytes) {
-        (Box::new(self), Bytes::new())
+    fn into_parked(self) -> (ParkedIo, Bytes) {
+        (ParkedIo::Tcp(self), Bytes::new())
     }
 }
 
 impl ParkableIo for BoxIo {
-    fn into_parked(self) -> (Box<dyn Any + Send>, Bytes) {
-        // Upcast, so the receiver downcasts to the concrete stream type.
-        let any: Box<dyn Any + Send> = self;
-        (any, Bytes::new())
+    fn into_parked(self) -> (ParkedIo, Bytes) {
+        (ParkedIo::Boxed(self), Bytes::new())
     }
 }
 
 impl<T: ParkableIo> ParkableIo for PrefixedIo<T> {
-    fn into_parked(self) -> (Box<dyn Any + Send>, Bytes) {
+    fn into_parked(self) -> (ParkedIo, Bytes) {
         let (inner_io, inner_bytes) = self.inner.into_parked();
         if inner_bytes.is_empty() {
             return (inner_io, self.prefix);
@@ -193,11 +242,11 @@ pub enum Parked {
     /// written to the other.
     Tcp {
         meta: ConnMeta,
-        /// `TcpStream` for plaintext, the TLS layer's stream type otherwise.
-        downstream: Box<dyn Any + Send>,
-        /// `TcpStream` for a plain upstream, the TLS layer's client stream
-        /// type for an originated mesh-mTLS one.
-        upstream: Box<dyn Any + Send>,
+        /// A socket for plaintext, the TLS layer's boxed stream otherwise.
+        downstream: ParkedIo,
+        /// A socket for a plain upstream, the TLS layer's boxed client
+        /// stream for an originated mesh-mTLS one.
+        upstream: ParkedIo,
         /// Read from downstream, not yet written upstream.
         to_upstream: Bytes,
         /// Read from upstream, not yet written downstream.
@@ -206,7 +255,7 @@ pub enum Parked {
     /// HTTP/1 between requests: the socket plus pipelined bytes already read.
     Http1 {
         meta: ConnMeta,
-        downstream: Box<dyn Any + Send>,
+        downstream: ParkedIo,
         unread: Bytes,
     },
     /// The connection cannot move (HTTP/2, or mid-upgrade): it was told to
@@ -882,7 +931,7 @@ impl<T> FramingGuard<T> {
 }
 
 impl<T: ParkableIo> ParkableIo for FramingGuard<T> {
-    fn into_parked(self) -> (Box<dyn Any + Send>, Bytes) {
+    fn into_parked(self) -> (ParkedIo, Bytes) {
         // What this layer read and did not hand to hyper comes first (the
         // receiver starts a fresh shadow at the same request boundary hyper
         // parked at, and validates those bytes again).

@@ -17,7 +17,10 @@
 //! * [`h1valid`] — the HTTP/1.1 request-head validation both HTTP/1 paths run;
 //! * [`admin`], [`metrics`], [`loop_lag`], [`lifecycle`] — operating it;
 //! * [`init`], [`orig_dst`] — transparent capture;
-//! * [`server`], [`cli`] — assembling a process.
+//! * [`handoff`] — the hot upgrade; [`tls_record`] — the userspace TLS
+//!   record layer it and [`tls`] share (a leaf: it imports no other module);
+//! * [`server`], [`process`], [`cli`] — assembling a process: the data
+//!   plane, the main loop with the handoff, the command line.
 
 pub mod admin;
 pub mod body;
@@ -39,9 +42,12 @@ pub mod listener;
 pub mod loop_lag;
 pub mod metrics;
 pub mod orig_dst;
+pub mod process;
 pub mod routing;
 pub mod sched;
 pub mod server;
 pub mod tcp_proxy;
 pub mod tls;
+pub mod tls_record;
+pub mod tls_settings;
 pub mod upstream;

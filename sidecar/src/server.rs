@@ -2,7 +2,8 @@
 //! start the admin server and the config watcher, serve, drain.
 //!
 //! [`start`] returns a [`Running`] handle with the bound addresses, which is
-//! what the binary (through [`run`]) and the in-process tests both use.
+//! what the binary (through [`run`], or [`crate::process::run`] with the
+//! hot upgrade) and the in-process tests both use.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

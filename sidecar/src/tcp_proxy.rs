@@ -196,6 +196,7 @@ pub async fn proxy_resumed<D: ParkableIo>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conn::ParkedIo;
     use std::sync::Arc;
     use tokio::net::TcpListener;
 
@@ -262,12 +263,10 @@ mod tests {
         };
         assert!(to_upstream.is_empty() && to_downstream.is_empty());
         // The sockets still work after the park: the new owner continues.
-        let mut downstream = downstream
-            .downcast::<TcpStream>()
-            .expect("plain tcp downstream");
-        let mut upstream = upstream
-            .downcast::<TcpStream>()
-            .expect("plain tcp upstream");
+        let (ParkedIo::Tcp(mut downstream), ParkedIo::Tcp(mut upstream)) = (downstream, upstream)
+        else {
+            panic!("plain tcp ends")
+        };
         client.write_all(b"after").await.unwrap();
         let mut after = [0u8; 5];
         downstream.read_exact(&mut after).await.unwrap();

@@ -250,7 +250,7 @@ impl TcpUpstream {
 }
 
 impl crate::conn::ParkableIo for TcpUpstream {
-    fn into_parked(self) -> (Box<dyn std::any::Any + Send>, bytes::Bytes) {
+    fn into_parked(self) -> (crate::conn::ParkedIo, bytes::Bytes) {
         match self {
             TcpUpstream::Plain(s) => s.into_parked(),
             TcpUpstream::Tls(s) => s.into_parked(),

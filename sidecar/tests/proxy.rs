@@ -1135,7 +1135,9 @@ async fn http1_connection_parks_between_requests_with_its_pipelined_bytes() {
         panic!("http1")
     };
     assert!(unread.is_empty());
-    let mut downstream = downstream.downcast::<TcpStream>().unwrap();
+    let baton_sidecar::conn::ParkedIo::Tcp(mut downstream) = downstream else {
+        panic!("a plain socket")
+    };
     // The client keeps using the same connection; the new owner sees the bytes.
     s.write_all(b"GET /next HTTP/1.1\r\n").await.unwrap();
     let mut got = [0u8; 20];

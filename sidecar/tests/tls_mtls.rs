@@ -429,7 +429,7 @@ async fn the_server_config_allows_secret_extraction_for_the_handoff() {
 async fn the_handoff_key_log_captures_tls13_traffic_secrets() {
     let pki = Pki::new("mesh-ca");
     let server = context(&settings(TlsMode::Strict), pki.leaf("backend", Key::P256));
-    let capture = Arc::new(baton_sidecar::handoff::tls_record::SecretCapture::new(64));
+    let capture = Arc::new(baton_sidecar::tls_record::SecretCapture::new(64));
     server.set_key_log(capture.clone()).unwrap();
     let client = context(&settings(TlsMode::Strict), pki.leaf("frontend", Key::P256));
     let srv = EchoServer::start(server).await;

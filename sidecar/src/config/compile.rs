@@ -137,7 +137,7 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
                 );
             }
             if let Some(id) = &m.identity
-                && let Err(e) = id.parse::<crate::tls::spiffe::SpiffeId>()
+                && let Err(e) = id.parse::<crate::tls_settings::spiffe::SpiffeId>()
             {
                 p.push(format!("{at}.mtls.identity"), e.to_string());
             }
@@ -418,8 +418,10 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
     let mesh_tls = snapshot
         .tls
         .as_ref()
-        .and_then(|v| serde_json::from_value::<crate::tls::TlsSettings>(v.clone()).ok())
-        .filter(|t| t.mode != crate::tls::TlsMode::Disabled);
+        .and_then(|v| {
+            serde_json::from_value::<crate::tls_settings::settings::TlsSettings>(v.clone()).ok()
+        })
+        .filter(|t| t.mode != crate::tls_settings::settings::TlsMode::Disabled);
 
     // Listeners.
     let mut names = HashSet::new();

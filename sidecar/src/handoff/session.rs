@@ -46,27 +46,24 @@ use serde::{Deserialize, Serialize};
 use tokio::net::{TcpStream, UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
-use super::counters;
-use super::protocol::TlsWireState;
 use super::protocol::{
     Batch, Channel, ConnKind as WireKind, ConnectionHeader, Frame, ListenerInfo, Message,
     ProtocolError, Receiver, Sender, StateSnapshot, UPSTREAM_TLS_SINCE, VersionRange, negotiate,
 };
-use super::tls_record::RecordAlignedIo;
-use super::tls_record::{
-    AeadKind, TLS12, TLS13, TlsRecordStream, secret_capture, wire_state_from_rustls,
-};
 use crate::config::Snapshot;
-use crate::conn::{BoxIo, ConnKind, Parked, ParkedAt, PrefixedIo};
+use crate::conn::{
+    BoxIo, ConnKind, Detached, Parked, ParkedAt, ParkedIo, PrefixedIo, SessionDetach,
+};
 use crate::detect::Protocol;
 use crate::filters::ConnMeta;
 use crate::http_proxy::Shared;
 use crate::lifecycle::Phase;
 use crate::listener::serve_plain;
+use crate::metrics::carried as counters;
 use crate::metrics::{ConnLabels, Metrics};
 use crate::server::{Running, StartError, StartOptions};
-use crate::tls::TlsStream;
-use crate::tls::glue::{MeshClientStream, MeshServerStream};
+pub use crate::tls::material::{IdentityCarrier, IdentityPem};
+use crate::tls_record::{AeadKind, TLS12, TLS13, TlsRecordStream, TlsWireState};
 
 /// Connections parked at once by the old process (see `hand_off_inner`).
 /// A parked connection is frozen until the new process adopts it, so the
@@ -97,7 +94,7 @@ const ACK_BATCH: usize = 32;
 
 /// How long a handed-off process keeps serving admin requests it already
 /// accepted before it exits.
-const ADMIN_LINGER: Duration = Duration::from_millis(250);
+pub(crate) const ADMIN_LINGER: Duration = Duration::from_millis(250);
 
 /// Listener name under which the admin socket travels (not a valid config
 /// listener name, so it never collides).
@@ -109,31 +106,6 @@ const HANDOFF_THREAD: &str = "baton-handoff";
 /// Its nice value: the event loop (nice 0, or what the sidecar was started
 /// with) preempts it whenever a request arrives, as it does crypto threads.
 const HANDOFF_NICE: i32 = 10;
-
-/// The mesh identity as the handoff carries it (PEM text). The new process
-/// can then serve new handshakes before its own certificate arrives (the
-/// identity service may be slow or down during an upgrade).
-#[derive(Clone, PartialEq, Eq)]
-pub struct IdentityPem {
-    pub cert_chain: String,
-    pub key: String,
-    pub trust_bundle: String,
-}
-
-impl std::fmt::Debug for IdentityPem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IdentityPem").finish_non_exhaustive()
-    }
-}
-
-/// What owns the mesh identity (the TLS layer): exports it on the old side,
-/// imports it on the new one.
-pub trait IdentityCarrier: Send + Sync {
-    fn export(&self) -> Option<IdentityPem>;
-    /// `Ok(true)` if the carried identity is now in use, `Ok(false)` if this
-    /// process already has its own (it keeps that).
-    fn import(&self, pem: &IdentityPem) -> Result<bool, String>;
-}
 
 /// Where and how this process hands off.
 #[derive(Clone)]
@@ -150,6 +122,9 @@ pub struct HandoffConfig {
     pub test_step_delay: Duration,
     /// Carries the certificate and key across (the TLS layer).
     pub identity: Option<Arc<dyn IdentityCarrier>>,
+    /// Takes parked TLS sessions apart so they can move (the TLS layer);
+    /// without it a boxed (TLS) connection finishes in this process.
+    pub sessions: Option<Arc<dyn SessionDetach>>,
     /// UIDs besides this process's effective UID that may take over on the
     /// handoff socket (see [`peer_allowed`]); empty in the injected Pod.
     pub peer_uids: Vec<u32>,
@@ -205,6 +180,7 @@ impl HandoffConfig {
             sidecar_version: env!("CARGO_PKG_VERSION").to_string(),
             test_step_delay: ms(contract::env::HANDOFF_TEST_STEP_DELAY_MS, 0),
             identity: None,
+            sessions: None,
             peer_uids: var(contract::env::HANDOFF_PEER_UIDS)
                 .map(|v| parse_uids(&v))
                 .unwrap_or_default(),
@@ -214,6 +190,11 @@ impl HandoffConfig {
 
     pub fn with_identity(mut self, identity: Arc<dyn IdentityCarrier>) -> Self {
         self.identity = Some(identity);
+        self
+    }
+
+    pub fn with_sessions(mut self, sessions: Arc<dyn SessionDetach>) -> Self {
+        self.sessions = Some(sessions);
         self
     }
 
@@ -401,81 +382,48 @@ enum End {
     /// A socket; with the record-layer state (and the ciphertext received
     /// but not yet decrypted) when a TLS session continues on it.
     Raw(TcpStream, Option<Box<(TlsWireState, Vec<u8>)>>),
-    /// An inbound TLS connection still driven by rustls.
-    Server(Box<MeshServerStream>),
-    /// An originated (outbound) mesh-mTLS session still driven by rustls.
-    Client(Box<MeshClientStream>),
-    /// A TLS connection already continued by our record layer (it moved
-    /// here in an earlier handoff).
-    Record(Box<TlsRecordStream<TcpStream>>),
+    /// A session another layer boxed (TLS), taken apart only through
+    /// [`SessionDetach`].
+    Boxed(BoxIo),
 }
 
 impl End {
-    /// The concrete stream behind a parked end.
-    fn from_parked(b: Box<dyn std::any::Any + Send>) -> Option<Self> {
-        let b = match b.downcast::<TcpStream>() {
-            Ok(t) => return Some(End::Raw(*t, None)),
-            Err(b) => b,
-        };
-        let b = match b.downcast::<MeshServerStream>() {
-            Ok(t) => return Some(End::Server(t)),
-            Err(b) => b,
-        };
-        let b = match b.downcast::<MeshClientStream>() {
-            Ok(t) => return Some(End::Client(t)),
-            Err(b) => b,
-        };
-        match b.downcast::<TlsRecordStream<TcpStream>>() {
-            Ok(t) => Some(End::Record(t)),
-            Err(_) => {
-                tracing::error!("parked connection of an unknown stream type; closed");
-                None
-            }
+    fn from_parked(io: ParkedIo) -> Self {
+        match io {
+            ParkedIo::Tcp(t) => End::Raw(t, None),
+            ParkedIo::Boxed(b) => End::Boxed(b),
         }
     }
 
     /// Stops a TLS session at a record boundary and turns it into a socket
     /// plus record state; also returns the plaintext decrypted but not yet
-    /// read. `Err` gives the end back unchanged when it is not at a record
-    /// boundary; `Ok(None)` means the session turned out to be broken.
-    async fn extract(self, conn: u64) -> Result<Option<(Self, Vec<u8>)>, Self> {
-        match self {
-            End::Raw(..) => Ok(Some((self, Vec::new()))),
-            End::Server(s) => match extract_rustls(s, conn, true).await {
-                Err(s) => Err(End::Server(s)),
-                Ok(None) => Ok(None),
-                Ok(Some((prefixed, pending, state, plain))) => {
-                    let (prefix, tcp) = prefixed.into_parts();
-                    let mut ciphertext = prefix.to_vec();
-                    ciphertext.extend_from_slice(&pending);
-                    Ok(Some((
-                        End::Raw(tcp, Some(Box::new((state, ciphertext)))),
-                        plain,
-                    )))
-                }
-            },
-            End::Client(s) => match extract_rustls(s, conn, false).await {
-                Err(s) => Err(End::Client(s)),
-                Ok(None) => Ok(None),
-                Ok(Some((tcp, pending, state, plain))) => Ok(Some((
-                    End::Raw(tcp, Some(Box::new((state, pending)))),
-                    plain,
-                ))),
-            },
-            End::Record(mut s) => {
-                let _ = tokio::time::timeout(
-                    Duration::from_secs(1),
-                    tokio::io::AsyncWriteExt::flush(&mut *s),
-                )
-                .await;
-                match s.export() {
-                    Ok((tcp, state, ciphertext, plain)) => Ok(Some((
-                        End::Raw(tcp, Some(Box::new((state, ciphertext)))),
-                        plain,
-                    ))),
-                    Err(s) => Err(End::Record(Box::new(s))),
-                }
-            }
+    /// read. `Err` gives the end back when it cannot move (not at a record
+    /// boundary, or no layer to take it apart); `Ok(None)` means the session
+    /// turned out to be broken.
+    async fn extract(
+        self,
+        conn: u64,
+        sessions: Option<&dyn SessionDetach>,
+    ) -> Result<Option<(Self, Vec<u8>)>, Self> {
+        let b = match self {
+            End::Raw(..) => return Ok(Some((self, Vec::new()))),
+            End::Boxed(b) => b,
+        };
+        let Some(sessions) = sessions else {
+            return Err(End::Boxed(b));
+        };
+        match sessions.detach(b, conn).await {
+            Detached::Moved {
+                tcp,
+                state,
+                ciphertext,
+                plaintext,
+            } => Ok(Some((
+                End::Raw(tcp, Some(Box::new((*state, ciphertext)))),
+                plaintext,
+            ))),
+            Detached::Stays(b) => Err(End::Boxed(b)),
+            Detached::Broken => Ok(None),
         }
     }
 
@@ -494,67 +442,9 @@ impl End {
                     }
                 }
             }
-            End::Server(s) => Either::Boxed(s),
-            End::Client(s) => Either::Boxed(s),
-            End::Record(s) => Either::Boxed(s),
+            End::Boxed(b) => Either::Boxed(b),
         })
     }
-}
-
-/// The rustls half of [`End::extract`], for either role: flush what rustls
-/// still has to send (a session ticket), check the record alignment, process
-/// what rustls holds, take the decrypted-but-unread plaintext and the
-/// record-layer secrets. Returns the transport under the record-aligned
-/// reader, the partial record it kept, the state and the plaintext.
-#[allow(clippy::type_complexity)]
-async fn extract_rustls<IO, C, S>(
-    mut s: Box<TlsStream<RecordAlignedIo<IO>, C>>,
-    conn: u64,
-    server: bool,
-) -> Result<Option<(IO, Vec<u8>, TlsWireState, Vec<u8>)>, Box<TlsStream<RecordAlignedIo<IO>, C>>>
-where
-    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-    C: std::ops::DerefMut<Target = rustls::ConnectionCommon<S>> + Into<rustls::Connection> + Unpin,
-    S: rustls::SideData,
-{
-    let _ = tokio::time::timeout(
-        Duration::from_secs(1),
-        tokio::io::AsyncWriteExt::flush(&mut *s),
-    )
-    .await;
-    if !s.get_ref().0.is_aligned() || s.get_ref().1.wants_write() {
-        return Err(s);
-    }
-    let (aligned, conn_state) = s.into_parts();
-    let mut tls: rustls::Connection = conn_state.into();
-    if tls.process_new_packets().is_err() {
-        return Ok(None);
-    }
-    let mut plain = Vec::new();
-    let mut chunk = [0u8; 16 * 1024];
-    loop {
-        match std::io::Read::read(&mut tls.reader(), &mut chunk) {
-            Ok(0) => break,
-            Ok(n) => plain.extend_from_slice(&chunk[..n]),
-            Err(_) => break, // WouldBlock: nothing more buffered
-        }
-    }
-    let Some(version) = tls.protocol_version() else {
-        return Ok(None);
-    };
-    let secrets = match tls.dangerous_extract_secrets() {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(conn, error = %e, "cannot extract TLS secrets; connection closed");
-            return Ok(None);
-        }
-    };
-    let Ok(state) = wire_state_from_rustls(version, secrets, Some(&secret_capture()), server)
-    else {
-        return Ok(None);
-    };
-    let (io, pending) = aligned.into_parts();
-    Ok(Some((io, pending, state, plain)))
 }
 
 /// A connection stopped at a safe point, ready to be resumed (here or, once
@@ -586,8 +476,8 @@ impl Resumable {
             } => Some(Self {
                 meta,
                 kind: WireKind::Tcp,
-                down: End::from_parked(downstream)?,
-                up: Some(End::from_parked(upstream)?),
+                down: End::from_parked(downstream),
+                up: Some(End::from_parked(upstream)),
                 to_upstream,
                 to_downstream,
                 paused_since,
@@ -599,7 +489,7 @@ impl Resumable {
             } => Some(Self {
                 meta,
                 kind: WireKind::Http1,
-                down: End::from_parked(downstream)?,
+                down: End::from_parked(downstream),
                 up: None,
                 to_upstream: unread,
                 to_downstream: Bytes::new(),
@@ -614,9 +504,12 @@ impl Resumable {
     /// is not at a record boundary (it then finishes in this process; an
     /// end already extracted continues on our record layer); `Ok(None)`
     /// means the connection turned out to be broken.
-    async fn extract_tls(mut self) -> Result<Option<Self>, Self> {
+    async fn extract_tls(
+        mut self,
+        sessions: Option<&dyn SessionDetach>,
+    ) -> Result<Option<Self>, Self> {
         let id = self.meta.id;
-        let down = match self.down.extract(id).await {
+        let down = match self.down.extract(id, sessions).await {
             Ok(Some((end, plain))) => {
                 // rustls decrypted these after everything the data plane holds.
                 append(&mut self.to_upstream, &plain);
@@ -630,7 +523,7 @@ impl Resumable {
         };
         self.down = down;
         if let Some(up) = self.up.take() {
-            match up.extract(id).await {
+            match up.extract(id, sessions).await {
                 Ok(Some((end, plain))) => {
                     append(&mut self.to_downstream, &plain);
                     self.up = Some(end);
@@ -928,7 +821,7 @@ pub fn bind(path: &Path) -> Option<UnixListener> {
 /// other UIDs are allowed): processes of other users in the Pod cannot even
 /// connect. Root bypasses file modes, hence the SO_PEERCRED check on every
 /// connection as well (see `hand_off_here`).
-fn bind_restricted(path: &Path, peer_uids: &[u32]) -> Option<UnixListener> {
+pub(crate) fn bind_restricted(path: &Path, peer_uids: &[u32]) -> Option<UnixListener> {
     use std::os::unix::fs::PermissionsExt;
     let l = bind(path)?;
     let mode = if peer_uids.is_empty() { 0o600 } else { 0o666 };
@@ -1456,7 +1349,7 @@ async fn hand_off_inner(
                                 hm.conn("drained");
                                 draining.insert(id);
                             }
-                            Some(r) => match r.extract_tls().await {
+                            Some(r) => match r.extract_tls(cfg.sessions.as_deref()).await {
                                 Ok(Some(r)) => {
                                     sent += 1;
                                     // Pending before sending: if the send fails,
@@ -1751,128 +1644,6 @@ fn push_connection(batch: &mut Batch, id: u64, r: &Resumable) -> Result<(), Prot
     batch.push(&Message::Connection(header), &blob, &fds)
 }
 
-/// Errors that end [`run`].
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    #[error(transparent)]
-    Start(#[from] StartError),
-    #[error("handoff from the running sidecar failed: {0}")]
-    Adopt(#[from] HandoffError),
-    #[error("not taking over from the running sidecar, which keeps serving: {0}")]
-    AdoptionRefused(String),
-}
-
-/// The sidecar's main loop with handoff: adopt from a live sidecar on the
-/// handoff socket if one answers, else start fresh; then serve, answering
-/// handoff requests, until a signal, `/shutdown`, or a completed handoff.
-///
-/// `on_start` runs once the data plane serves (fresh or adopted), before the
-/// first handoff request is answered: the place to attach layers that hook
-/// into the running server (mesh TLS: config hook, readiness, metrics).
-pub async fn run(
-    snapshot: Snapshot,
-    mut opts: StartOptions,
-    cfg: HandoffConfig,
-    on_start: impl FnOnce(&crate::server::Running),
-) -> Result<crate::lifecycle::Ending, RunError> {
-    let metrics = opts
-        .metrics
-        .get_or_insert_with(|| Arc::new(Metrics::new()))
-        .clone();
-    let hm = HandoffMetrics::register(&metrics);
-    let grace = Duration::from_millis(snapshot.runtime.drain_timeout_ms);
-    let (running, listener) = match connect(&cfg.socket).await {
-        Some(stream) if cfg.adopt_refusal.is_some() => {
-            // Closing before the first message: the serving sidecar sees a
-            // failed handoff and keeps everything (G9).
-            drop(stream);
-            let reason = cfg.adopt_refusal.clone().unwrap_or_default();
-            tracing::error!(%reason, "refusing to take over from the serving sidecar");
-            return Err(RunError::AdoptionRefused(reason));
-        }
-        Some(stream) => {
-            let running = adopt(stream, snapshot, opts, &cfg, &hm, &metrics).await?;
-            // The path is ours now: the next sidecar asks us.
-            (running, bind_restricted(&cfg.socket, &cfg.peer_uids))
-        }
-        None => {
-            // Bind first, so a successor started right behind us waits for
-            // us instead of finding no one and colliding on the ports.
-            let listener = bind_restricted(&cfg.socket, &cfg.peer_uids);
-            (crate::server::start(snapshot, opts).await?, listener)
-        }
-    };
-    on_start(&running);
-    // Every layer has registered its metric families by now: a carried
-    // series still without a family belongs to a family this build lacks.
-    let unplaced = metrics.carried_unplaced();
-    if !unplaced.is_empty() {
-        tracing::warn!(series = ?unplaced, "handoff: carried counters whose family this build does not export");
-    }
-    // Shared with the handoff's thread while one runs.
-    let running = Arc::new(running);
-    let lifecycle = running.shared.lifecycle.clone();
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    let mut handed_off = false;
-    loop {
-        let accept = async {
-            match &listener {
-                Some(l) => l.accept().await.map(|(s, _)| s),
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            r = accept => match r {
-                Ok(stream) => match hand_off(stream, &running, &cfg, &hm).await {
-                    Ok(true) => { handed_off = true; break; }
-                    Ok(false) => {}
-                    Err(e) => tracing::warn!(error = %e, label = e.metric_label(), "handoff failed; still serving"),
-                },
-                Err(e) => {
-                    tracing::warn!(error = %e, "handoff socket accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            },
-            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {
-                tracing::info!("SIGTERM: draining");
-                break;
-            }
-            _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: draining"); break; }
-            _ = lifecycle.reached(Phase::Draining) => break,
-        }
-    }
-    drop(listener);
-    if handed_off {
-        // Probes on the shared admin socket go to the new process only; the
-        // few admin requests this process accepted just before finish first
-        // (they take well under a millisecond; exiting would cut them off).
-        running.stop_admin();
-        tokio::time::sleep(ADMIN_LINGER).await;
-    }
-    if !handed_off {
-        // The path is ours (a successor would have replaced it).
-        let _ = std::fs::remove_file(&cfg.socket);
-    }
-    // A handoff's thread has ended (it returns only once its future, and its
-    // reference, are dropped), so this is the only reference left.
-    match Arc::try_unwrap(running) {
-        Ok(running) => running.drain(grace).await,
-        Err(_) => tracing::error!("data plane still referenced; exiting without a drain"),
-    }
-    if handed_off {
-        // Everything is with the successor now: our exit (freeing what the
-        // moved connections used) must not take the CPU from it.
-        if let Err(e) = crate::sched::set_current_thread_nice(19) {
-            tracing::debug!(error = %e, "cannot lower priority for exit");
-        }
-    }
-    Ok(if handed_off {
-        crate::lifecycle::Ending::HandedOff
-    } else {
-        crate::lifecycle::Ending::Stopped
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2008,7 +1779,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_tls_connection_with_an_unknown_cipher_or_version_is_declined() {
-        let d = crate::handoff::protocol::DirectionSecrets {
+        let d = crate::tls_record::DirectionSecrets {
             seq: 0,
             key: vec![0; 16],
             iv: vec![0; 12],
@@ -2062,7 +1833,7 @@ mod tests {
     }
 
     fn secrets() -> TlsWireState {
-        let d = crate::handoff::protocol::DirectionSecrets {
+        let d = crate::tls_record::DirectionSecrets {
             seq: 3,
             key: vec![1; 16],
             iv: vec![2; 12],

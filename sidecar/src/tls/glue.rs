@@ -28,15 +28,15 @@ use tokio::net::TcpStream;
 use super::context::PeerInfo;
 use super::identity_client::{RetryPolicy, bootstrap};
 use super::material::{FileWatcher, Material};
+use super::material::{IdentityCarrier, IdentityPem};
 use super::metrics::TlsMetrics;
 use super::settings::{CertSource, TlsMode, TlsSettings};
 use super::spiffe::SpiffeId;
 use super::{TlsContext, TlsError};
 use crate::conn::{BoxIo, PrefixedIo};
 use crate::filters::ConnMeta;
-use crate::handoff::tls_record::RecordAlignedIo;
-use crate::handoff::{IdentityCarrier, IdentityPem};
 use crate::listener::{TlsAccepted, TlsTerminator};
+use crate::tls_record::RecordAlignedIo;
 use crate::upstream::Originator;
 
 #[derive(Default)]
@@ -413,12 +413,12 @@ impl Originator for Outbound {
 }
 
 /// The concrete type behind the `BoxIo` that [`MeshTls`] returns for an
-/// inbound TLS connection: what the handoff downcasts to before calling
+/// inbound TLS connection: what [`super::detach`] recognizes before calling
 /// `into_parts()` and `dangerous_extract_secrets()`.
 pub type MeshServerStream = super::context::ServerTlsStream<RecordAlignedIo<PrefixedIo<TcpStream>>>;
 
 /// The concrete type behind the `BoxIo` of an originated (outbound) mesh
-/// mTLS session, which the handoff downcasts to in the same way.
+/// mTLS session, which [`super::detach`] recognizes in the same way.
 pub type MeshClientStream = super::context::ClientTlsStream<RecordAlignedIo<TcpStream>>;
 
 impl TlsTerminator for MeshTls {
@@ -433,7 +433,7 @@ impl TlsTerminator for MeshTls {
                 return Err(std::io::Error::other("TLS is not configured"));
             };
             // Record-aligned reads let the handoff stop at a record boundary
-            // and move the connection with its secrets (see handoff::tls_record).
+            // and move the connection with its secrets (see crate::tls_record).
             let (stream, peer) = ctx
                 .acceptor()
                 .accept_tls(RecordAlignedIo::new(io))

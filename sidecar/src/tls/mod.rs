@@ -9,6 +9,9 @@
 //!   policy). Pure and exhaustively tested.
 //! - [`spiffe`]: SPIFFE identities (`spiffe://<td>/ns/<ns>/sa/<sa>`) and their
 //!   extraction from a certificate's URI SAN.
+//!
+//!   Both live in [`crate::tls_settings`], below the config compiler, and
+//!   are re-exported here.
 //! - [`verify`]: the client-certificate verifier (WebPKI chain + trust-domain
 //!   check) and the server verifier that checks the peer's SPIFFE identity
 //!   instead of a DNS name.
@@ -28,20 +31,25 @@
 //! - [`glue`]: [`MeshTls`], the data plane's view: the listener's
 //!   `TlsTerminator`, outbound connect by destination, the config hook,
 //!   readiness.
+//! - [`detach`]: [`MeshTls`] as the handoff's `SessionDetach` and (in
+//!   [`material`]) its `IdentityCarrier`: sessions and the identity leave
+//!   through traits the lower `conn` and `material` modules define, so this
+//!   layer never imports the handoff.
 //!
 //! See docs/tls.md for the design, in particular why offload is done per
 //! handshake step rather than inside `Signer::sign`.
 
 pub mod context;
+pub mod detach;
 pub mod glue;
 pub mod identity_client;
 pub mod material;
 pub mod metrics;
 pub mod offload;
-pub mod settings;
-pub mod spiffe;
 pub mod stream;
 pub mod verify;
+
+pub use crate::tls_settings::{settings, spiffe};
 
 pub use context::{Accepted, Acceptor, Connector, PeerInfo, TlsContext};
 pub use glue::MeshTls;

@@ -47,7 +47,47 @@ use rustls::{ConnectionTrafficSecrets, ExtractedSecrets, ProtocolVersion};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::io::poll_read_buf;
 
-use super::protocol::{DirectionSecrets, TlsWireState};
+use serde::{Deserialize, Serialize};
+
+/// Record-layer state of a TLS connection (what the handoff carries for it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TlsWireState {
+    /// 0x0303 (TLS 1.2) or 0x0304 (TLS 1.3).
+    pub version: u16,
+    /// `aes_128_gcm`, `aes_256_gcm` or `chacha20_poly1305`.
+    pub aead: String,
+    pub tx: DirectionSecrets,
+    pub rx: DirectionSecrets,
+    /// Whether the TLS connection is the downstream (server role) one.
+    #[serde(default = "yes")]
+    pub server: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// One direction of a record layer.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirectionSecrets {
+    pub seq: u64,
+    pub key: Vec<u8>,
+    pub iv: Vec<u8>,
+    /// TLS 1.3 application traffic secret (lets the new process follow a
+    /// KeyUpdate); absent when the old process could not capture it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traffic_secret: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for DirectionSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print key material.
+        f.debug_struct("DirectionSecrets")
+            .field("seq", &self.seq)
+            .field("has_traffic_secret", &self.traffic_secret.is_some())
+            .finish_non_exhaustive()
+    }
+}
 
 const CT_CHANGE_CIPHER_SPEC: u8 = 20;
 const CT_ALERT: u8 = 21;
@@ -1008,5 +1048,4 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for RecordAlignedIo<T> {
 }
 
 #[cfg(test)]
-#[path = "tls_record_tests.rs"]
 mod tests;

@@ -8,10 +8,14 @@
 //! (the TLS layer's, once it is attached) or added to the code later
 //! continues like any other. Export reads the exposition with the carried
 //! values included, so a chain of handoffs keeps counting.
+//!
+//! It lives with the metrics, not the handoff: the exposition itself adds
+//! the carried values ([`Metrics::encode`]), and the handoff only moves the
+//! `series → value` map ([`export`], [`import`]).
 
 use std::collections::BTreeMap;
 
-use crate::metrics::Metrics;
+use super::Metrics;
 
 /// `series → value` for every counter sample, e.g.
 /// `baton_sidecar_requests_total{route="r",status_class="2xx"} → 5`.

@@ -19,6 +19,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Metric, Registry};
 
+pub mod carried;
+
 /// HTTP status class label (`2xx` ...), so cardinality stays bounded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum StatusClass {
@@ -374,7 +376,7 @@ impl Metrics {
                 .counter_families
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            crate::handoff::counters::add_carried(&out, &carried, &families)
+            carried::add_carried(&out, &carried, &families)
         }
     }
 
@@ -398,7 +400,7 @@ impl Metrics {
             .counter_families
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        crate::handoff::counters::unplaced(&carried, &families)
+        carried::unplaced(&carried, &families)
     }
 
     pub fn admin_refused(&self, endpoint: &'static str) {
