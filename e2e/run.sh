@@ -53,10 +53,5 @@ export BATON_E2E_SKIPPED
 
 log "e2e tests"
 export BATON_E2E_KUBECONFIG="$KUBECONFIG_ADMIN"
-# Known failure, kept out of the gate until it is fixed (issue #22): the
-# AcceleratorPool scenario's first pod is never found ("preferred-0" not
-# found) on the local cluster. Run it alone with `e2e/run.sh accelerator_`.
-skip=(--skip accelerator_pool_books_grants_fallbacks_refusals_and_frees_a_deleted_pods_device)
-case "${1:-}" in accelerator_*) skip=() ;; esac
-cargo test --locked --no-fail-fast -p baton-e2e --tests -- --ignored --test-threads "${BATON_E2E_TEST_THREADS:-2}" "${skip[@]}" "$@"
+cargo test --locked --no-fail-fast -p baton-e2e --tests -- --ignored --test-threads "${BATON_E2E_TEST_THREADS:-2}" "$@"
 log "e2e tests passed after $(stamp)"

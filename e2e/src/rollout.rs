@@ -286,7 +286,8 @@ pub async fn ready_pods(
     .await
 }
 
-fn is_ready(p: &Pod) -> bool {
+/// The pod's Ready condition is True.
+pub fn is_ready(p: &Pod) -> bool {
     p.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
