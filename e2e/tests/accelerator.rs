@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 use baton_crds::contract::{annotations, containers};
 use baton_crds::{AcceleratorPool, AcceleratorPoolStatus, TlsPolicy};
 use baton_e2e::install as baton;
-use baton_e2e::rollout::{complete_on, is_ready, make_versions, set_version, sidecar_image};
+use baton_e2e::rollout::{
+    complete_on, make_versions, ready_pods_labelled, set_version, sidecar_image,
+};
 use baton_e2e::{Check, pods, wait_for, with_temp_ns_labelled};
 use futures::FutureExt;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -435,42 +437,13 @@ fn required_deployment() -> Deployment {
     .expect("the deployment literal is valid")
 }
 
-/// The live (not terminating) pods of the `held` Deployment, once there
-/// is exactly one, Ready, injected with `version`.
+/// The one pod of the `held` Deployment, once it is Ready on `version`
+/// and no other is left.
 async fn held_pod(client: &Client, ns: &str, version: &str) -> Pod {
-    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    wait_for(
-        &format!("one ready pod of Deployment held on {version}"),
-        Duration::from_secs(180),
-        || {
-            let api = api.clone();
-            async move {
-                let pods = match api.list(&ListParams::default().labels("app=held")).await {
-                    Ok(l) => l.items,
-                    Err(e) => return Check::NotYet(e.to_string()),
-                };
-                let live: Vec<Pod> = pods
-                    .into_iter()
-                    .filter(|p| p.metadata.deletion_timestamp.is_none())
-                    .collect();
-                match &live[..] {
-                    [p] if annotation(p, annotations::VERSION) == Some(version)
-                        && is_ready(p) =>
-                    {
-                        Check::Done(p.clone())
-                    }
-                    _ => Check::NotYet(
-                        live.iter()
-                            .map(baton_e2e::wait::pod_state)
-                            .collect::<Vec<_>>()
-                            .join("; "),
-                    ),
-                }
-            }
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}"))
+    ready_pods_labelled(client, ns, "app=held", version, 1, Duration::from_secs(180))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .remove(0)
 }
 
 /// A sidecar with Required offload cannot move in place (its devices

@@ -2,6 +2,7 @@
 //! planner's [`PodState`]. Pure: the controller fetches, this interprets.
 
 use baton_crds::contract::{annotations, containers, env};
+use baton_crds::tls_policy::OffloadMode;
 use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod};
 
 use crate::accelerator::accounting::OFFLOAD_QAT;
@@ -101,7 +102,7 @@ pub fn pod_state(pod: &Pod, kubelet: Option<(u32, u32)>, observed: Option<Observ
             .any(|o| o.controller == Some(true)),
         offload_required_device: annotation(annotations::OFFLOAD).map(String::as_str)
             == Some(OFFLOAD_QAT)
-            && slot_a_mode == Some("Required"),
+            && slot_a_mode == Some(OffloadMode::Required.as_str()),
         upgrade: annotation(annotations::UPGRADE)
             .map(|v| serde_json::from_str::<UpgradeRecord>(v).map_err(|e| e.to_string())),
         // A failure record that does not parse is dropped: the pod is simply
