@@ -41,12 +41,7 @@ where
     admitted(api, obj, false, std::panic::Location::caller())
 }
 
-async fn admitted<K>(
-    api: &Api<K>,
-    obj: &K,
-    dry_run: bool,
-    caller: &std::panic::Location<'_>,
-) -> K
+async fn admitted<K>(api: &Api<K>, obj: &K, dry_run: bool, caller: &std::panic::Location<'_>) -> K
 where
     K: Resource + Clone + Debug + Serialize + DeserializeOwned,
 {

@@ -100,23 +100,19 @@ async fn books_within(
     want: impl Fn(&AcceleratorPoolStatus) -> bool,
 ) -> AcceleratorPoolStatus {
     let api = Api::<AcceleratorPool>::all(client.clone());
-    wait_for(
-        &format!("AcceleratorPool {pool}: {what}"),
-        within,
-        || {
-            let api = api.clone();
-            let want = &want;
-            async move {
-                match api.get(pool).await {
-                    Ok(p) => match p.status {
-                        Some(s) if want(&s) => Check::Done(s),
-                        other => Check::NotYet(format!("{other:?}")),
-                    },
-                    Err(e) => Check::NotYet(e.to_string()),
-                }
+    wait_for(&format!("AcceleratorPool {pool}: {what}"), within, || {
+        let api = api.clone();
+        let want = &want;
+        async move {
+            match api.get(pool).await {
+                Ok(p) => match p.status {
+                    Some(s) if want(&s) => Check::Done(s),
+                    other => Check::NotYet(format!("{other:?}")),
+                },
+                Err(e) => Check::NotYet(e.to_string()),
             }
-        },
-    )
+        }
+    })
     .await
     .unwrap_or_else(|e| panic!("{e}"))
 }
@@ -245,7 +241,13 @@ where
             .and_then(|n| n.metadata.name)
             .expect("the cluster's node");
         baton::create_release(&client, &ns, &scope).await;
-        set_devices(&client, &node, &resource, Some(devices.to_string().as_str())).await;
+        set_devices(
+            &client,
+            &node,
+            &resource,
+            Some(devices.to_string().as_str()),
+        )
+        .await;
         let pools = Api::<AcceleratorPool>::all(client.clone());
         let t = Devices {
             client: client.clone(),
@@ -408,10 +410,7 @@ async fn accelerator_pool_books_grants_fallbacks_refusals_and_frees_a_deleted_po
         let again = baton_e2e::creates(&api, &app("required-2", "Required")).await;
         assert_eq!(annotation(&again, annotations::OFFLOAD), Some("qat"));
         bound(client, ns, "required-2").await;
-        let s = books(client, &t.pool, "2 allocated again", |s| {
-            s.allocated == 2
-        })
-        .await;
+        let s = books(client, &t.pool, "2 allocated again", |s| s.allocated == 2).await;
         assert_eq!(
             s.nodes[0].pods,
             vec![format!("{ns}/required-0"), format!("{ns}/required-2")]

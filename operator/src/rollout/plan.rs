@@ -1288,7 +1288,11 @@ mod tests {
         // Preferred (or no offload): in place, the new sidecar runs in
         // software (A3). Serving from b: back into a, where the device is.
         assert_eq!(starts(&p), vec![("shop/b", Slot::B), ("shop/c", Slot::A)]);
-        assert!(EvictReason::OffloadDeviceInActiveSlot.message().contains("slot a"));
+        assert!(
+            EvictReason::OffloadDeviceInActiveSlot
+                .message()
+                .contains("slot a")
+        );
 
         // Without a controller nothing would recreate it: blocked, and the
         // budget goes to the next pod.
@@ -1297,8 +1301,16 @@ mod tests {
         let r1 = with(release("2"), |u| u.max_unavailable = IntOrString::Int(1));
         let p = plan(&r1, &[bare, pod("b", "1")], NOW);
         assert_eq!(starts(&p), vec![("shop/b", Slot::B)]);
-        assert!(p.blocked[0].1.contains("requires private-key offload"), "{:?}", p.blocked);
-        assert!(p.blocked[0].1.contains("delete it yourself"), "{:?}", p.blocked);
+        assert!(
+            p.blocked[0].1.contains("requires private-key offload"),
+            "{:?}",
+            p.blocked
+        );
+        assert!(
+            p.blocked[0].1.contains("delete it yourself"),
+            "{:?}",
+            p.blocked
+        );
     }
 
     #[test]

@@ -76,7 +76,11 @@ pub fn pod_state(pod: &Pod, kubelet: Option<(u32, u32)>, observed: Option<Observ
     // The webhook gives both slots the pod's offload mode; slot a's is read.
     let slot_a_mode = spec
         .into_iter()
-        .flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()))
+        .flat_map(|s| {
+            s.containers
+                .iter()
+                .chain(s.init_containers.iter().flatten())
+        })
         .find(|c| c.name == containers::SLOT_A)
         .and_then(|c| c.env.as_ref())
         .and_then(|vars| vars.iter().find(|v| v.name == env::OFFLOAD_MODE))
@@ -226,8 +230,7 @@ mod tests {
         assert!(pod_state(&with("qat", "Required"), None, None).offload_required_device);
         assert!(!pod_state(&with("qat", "Preferred"), None, None).offload_required_device);
         assert!(
-            !pod_state(&with("software-fallback", "Preferred"), None, None)
-                .offload_required_device
+            !pod_state(&with("software-fallback", "Preferred"), None, None).offload_required_device
         );
         assert!(!pod_state(&with("disabled", "Disabled"), None, None).offload_required_device);
     }
