@@ -124,6 +124,9 @@ pub async fn cluster_ip(client: &Client, service: &str) -> IpAddr {
         .unwrap_or_else(|| panic!("service {service} has no ClusterIP"))
 }
 
+/// The version of the releases [`create_release`] makes.
+pub const RELEASE_VERSION: &str = "0.1.0-e2e";
+
 /// Labels of a namespace opted in to injection and selected by the release
 /// [`create_release`] makes for it.
 pub fn injected_namespace_labels(scope: &str) -> std::collections::BTreeMap<String, String> {
@@ -147,7 +150,7 @@ pub async fn create_release(
         "apiVersion": "baton.dev/v1alpha1", "kind": "SidecarRelease",
         "metadata": {"name": name},
         "spec": {
-            "version": "0.1.0-e2e",
+            "version": RELEASE_VERSION,
             "image": crate::pods::image("sidecar"),
             "emptyImage": crate::pods::image("empty"),
             "namespaceSelector": {"matchLabels": {RELEASE_SCOPE_LABEL: scope}},

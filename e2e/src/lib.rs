@@ -27,7 +27,7 @@ pub mod rollout;
 pub mod traffic;
 pub mod wait;
 
-pub use admission::{accepts, rejects};
+pub use admission::{accepts, creates, refuses, rejects};
 pub use cluster::{client, kubectl, kubectl_ok};
 pub use ns::{with_temp_ns, with_temp_ns_labelled};
 pub use wait::{Check, wait_for};

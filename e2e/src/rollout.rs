@@ -267,12 +267,25 @@ pub async fn ready_pods(
     replicas: usize,
     within: Duration,
 ) -> Result<Vec<Pod>, Timeout> {
+    ready_pods_labelled(client, ns, "app=echo", version, replicas, within).await
+}
+
+/// The live (not terminating) pods of `ns` matching the label `selector`,
+/// once exactly `replicas` are Ready and injected with `version`.
+pub async fn ready_pods_labelled(
+    client: &Client,
+    ns: &str,
+    selector: &str,
+    version: &str,
+    replicas: usize,
+    within: Duration,
+) -> Result<Vec<Pod>, Timeout> {
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     wait_for(
-        &format!("{replicas} ready pods on {version}"),
+        &format!("{replicas} ready pods ({selector}) on {version}"),
         within,
         || async {
-            let pods = match api.list(&ListParams::default().labels("app=echo")).await {
+            let pods = match api.list(&ListParams::default().labels(selector)).await {
                 Ok(l) => l.items,
                 Err(e) => return Check::NotYet(e.to_string()),
             };

@@ -4,7 +4,11 @@
 //! plugin exists), then creates meshed pods with Preferred and Required
 //! offload up to and past capacity, and checks that the pool's status, the
 //! Events and the pods' annotations agree, and that deleting a pod frees
-//! its device in the status.
+//! its device in the status within seconds.
+//!
+//! The pods are created for real (not dry runs): the scheduler must place
+//! them for the books to count them, and the webhook books grants and
+//! publishes refusal Events only for real requests.
 //!
 //! The resource and the pool are unique to the run and removed afterwards
 //! (also when the test fails), so other tests never see them.
@@ -15,11 +19,15 @@ use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
-use baton_crds::contract::annotations;
+use baton_crds::contract::{annotations, containers};
 use baton_crds::{AcceleratorPool, AcceleratorPoolStatus, TlsPolicy};
 use baton_e2e::install as baton;
+use baton_e2e::rollout::{
+    complete_on, make_versions, ready_pods_labelled, set_version, sidecar_image,
+};
 use baton_e2e::{Check, pods, wait_for, with_temp_ns_labelled};
 use futures::FutureExt;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -27,6 +35,10 @@ use rand::Rng;
 use serde_json::json;
 
 const STATUS_WAIT: Duration = Duration::from_secs(30);
+/// How soon a deleted holder's device must be free in the status: the
+/// operator's pod watch plus its 0.5 s debounce, with room for a busy
+/// two-core machine. The issue asks for "within seconds".
+const FREED_WITHIN: Duration = Duration::from_secs(10);
 
 /// A pod of the test's app, selected by the TlsPolicy for `mode`.
 fn app(name: &str, mode: &str) -> Pod {
@@ -76,24 +88,31 @@ async fn books(
     what: &str,
     want: impl Fn(&AcceleratorPoolStatus) -> bool,
 ) -> AcceleratorPoolStatus {
+    books_within(client, pool, what, STATUS_WAIT, want).await
+}
+
+/// [`books`] with its own deadline.
+async fn books_within(
+    client: &Client,
+    pool: &str,
+    what: &str,
+    within: Duration,
+    want: impl Fn(&AcceleratorPoolStatus) -> bool,
+) -> AcceleratorPoolStatus {
     let api = Api::<AcceleratorPool>::all(client.clone());
-    wait_for(
-        &format!("AcceleratorPool {pool}: {what}"),
-        STATUS_WAIT,
-        || {
-            let api = api.clone();
-            let want = &want;
-            async move {
-                match api.get(pool).await {
-                    Ok(p) => match p.status {
-                        Some(s) if want(&s) => Check::Done(s),
-                        other => Check::NotYet(format!("{other:?}")),
-                    },
-                    Err(e) => Check::NotYet(e.to_string()),
-                }
+    wait_for(&format!("AcceleratorPool {pool}: {what}"), within, || {
+        let api = api.clone();
+        let want = &want;
+        async move {
+            match api.get(pool).await {
+                Ok(p) => match p.status {
+                    Some(s) if want(&s) => Check::Done(s),
+                    other => Check::NotYet(format!("{other:?}")),
+                },
+                Err(e) => Check::NotYet(e.to_string()),
             }
-        },
-    )
+        }
+    })
     .await
     .unwrap_or_else(|e| panic!("{e}"))
 }
@@ -183,9 +202,29 @@ async fn set_devices(client: &Client, node: &str, resource: &str, count: Option<
         .unwrap_or_else(|e| panic!("patching node {node} status: {e}"));
 }
 
-#[tokio::test]
-#[ignore = "needs the local cluster: run e2e/run.sh"]
-async fn accelerator_pool_books_grants_fallbacks_refusals_and_frees_a_deleted_pods_device() {
+/// What a test gets from [`with_pool`].
+struct Devices {
+    client: Client,
+    ns: String,
+    /// The node given the devices.
+    node: String,
+    /// The extended resource, unique to the run.
+    resource: String,
+    /// The AcceleratorPool serving it.
+    pool: String,
+}
+
+/// Runs `test` in a fresh injected namespace with its own SidecarRelease
+/// (named after the namespace), the cluster's node advertising `devices`
+/// devices of a resource unique to the run, and an AcceleratorPool of it
+/// (one device per sidecar) whose books already show them. The pool, the
+/// node's devices and the release are removed afterwards, also when the
+/// test fails.
+async fn with_pool<F, Fut>(devices: i64, test: F)
+where
+    F: FnOnce(Devices) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
     let id = format!("{:08x}", rand::rng().random::<u32>());
     let scope = format!("accel-{id}");
     let resource = format!("e2e.baton.dev/qat-{id}");
@@ -202,8 +241,21 @@ async fn accelerator_pool_books_grants_fallbacks_refusals_and_frees_a_deleted_po
             .and_then(|n| n.metadata.name)
             .expect("the cluster's node");
         baton::create_release(&client, &ns, &scope).await;
-        set_devices(&client, &node, &resource, Some("2")).await;
+        set_devices(
+            &client,
+            &node,
+            &resource,
+            Some(devices.to_string().as_str()),
+        )
+        .await;
         let pools = Api::<AcceleratorPool>::all(client.clone());
+        let t = Devices {
+            client: client.clone(),
+            ns: ns.clone(),
+            node: node.clone(),
+            resource: resource.clone(),
+            pool: pool_name.clone(),
+        };
         let body = AssertUnwindSafe(async {
             let pool: AcceleratorPool = serde_json::from_value(json!({
                 "apiVersion": "baton.dev/v1alpha1", "kind": "AcceleratorPool",
@@ -215,121 +267,12 @@ async fn accelerator_pool_books_grants_fallbacks_refusals_and_frees_a_deleted_po
                 .create(&PostParams::default(), &pool)
                 .await
                 .expect("creating the pool");
-            let s = books(&client, &pool_name, "2 devices on 1 node", |s| {
-                s.capacity == 2 && s.node_count == 1
+            let s = books(&client, &pool_name, "devices on 1 node", |s| {
+                s.capacity == devices && s.node_count == 1
             })
             .await;
-            assert_eq!((s.allocated, s.free, s.fallbacks), (0, 2, 0), "{s:?}");
-            policy(&client, &ns, "Preferred", &resource, &pool_name).await;
-            policy(&client, &ns, "Required", &resource, &pool_name).await;
-
-            // Up to capacity: both granted, each asking for one device.
-            let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-            wait_policy_seen(&api, "Preferred").await;
-            wait_policy_seen(&api, "Required").await;
-            let mut granted = Vec::new();
-            for name in ["preferred-0", "required-0"] {
-                let mode = if name.starts_with("required") {
-                    "Required"
-                } else {
-                    "Preferred"
-                };
-                let created = baton_e2e::accepts(&api, &app(name, mode)).await;
-                assert_eq!(
-                    annotation(&created, annotations::OFFLOAD),
-                    Some("qat"),
-                    "{name}"
-                );
-                assert_eq!(
-                    annotation(&created, annotations::ACCELERATOR_POOL),
-                    Some(pool_name.as_str())
-                );
-                granted.push(bound(&client, &ns, name).await);
-            }
-            let s = books(&client, &pool_name, "2 allocated", |s| s.allocated == 2).await;
-            assert_eq!((s.free, s.pending), (0, 0), "{s:?}");
-            let row = &s.nodes[0];
-            assert_eq!(row.node, node);
-            assert_eq!(
-                (row.capacity, row.allocated, row.sidecars),
-                (2, 2, 2),
-                "{row:?}"
-            );
-            assert_eq!(
-                row.pods,
-                vec![format!("{ns}/preferred-0"), format!("{ns}/required-0")]
-            );
-            let exhausted = s
-                .conditions
-                .iter()
-                .find(|c| c.type_ == "Exhausted")
-                .unwrap();
-            assert_eq!(exhausted.status, "True", "{exhausted:?}");
-
-            // Past capacity: Preferred falls back (annotated, counted, an
-            // Event on the pod); Required is refused with the reason.
-            let fell_back = baton_e2e::accepts(&api, &app("preferred-1", "Preferred")).await;
-            assert_eq!(
-                annotation(&fell_back, annotations::OFFLOAD),
-                Some("software-fallback")
-            );
-            let reason = annotation(&fell_back, annotations::OFFLOAD_FALLBACK_REASON)
-                .expect("fallback reason")
-                .to_owned();
-            assert!(reason.contains("free device"), "{reason}");
-            let s = books(&client, &pool_name, "1 fallback", |s| s.fallbacks == 1).await;
-            assert_eq!(s.recent_fallbacks[0].pod, "preferred-1");
-            assert_eq!(s.recent_fallbacks[0].reason, reason);
-            assert_eq!(s.allocated, 2, "a fallback holds no device: {s:?}");
-            let e = event_with(&client, &ns, "OffloadFallback", "preferred-1").await;
-            assert_eq!(e.type_.as_deref(), Some("Warning"));
-
-            let refused = baton_e2e::rejects(&api, &app("required-1", "Required")).await;
-            assert!(
-                refused.message.contains("requires private-key offload"),
-                "{}",
-                refused.message
-            );
-            // No owner: the webhook reports the refusal on the Namespace.
-            let e = event_with(&client, "default", "OffloadUnavailable", &ns).await;
-            assert!(
-                e.message
-                    .as_deref()
-                    .unwrap_or_default()
-                    .contains("required-1"),
-                "{e:?}"
-            );
-
-            // Deleting a holder frees its device in the books.
-            let t = Instant::now();
-            api.delete("preferred-0", &DeleteParams::default().grace_period(0))
-                .await
-                .expect("deleting preferred-0");
-            let s = books(&client, &pool_name, "1 allocated after the delete", |s| {
-                s.allocated == 1 && s.free == 1
-            })
-            .await;
-            eprintln!(
-                "accelerator e2e: device freed in the pool status {:?} after the delete",
-                t.elapsed()
-            );
-            assert_eq!(s.nodes[0].pods, vec![format!("{ns}/required-0")]);
-            assert_eq!(
-                s.conditions
-                    .iter()
-                    .find(|c| c.type_ == "Exhausted")
-                    .unwrap()
-                    .status,
-                "False"
-            );
-
-            // And the freed device is granted again.
-            let again = baton_e2e::accepts(&api, &app("required-2", "Required")).await;
-            assert_eq!(annotation(&again, annotations::OFFLOAD), Some("qat"));
-            books(&client, &pool_name, "2 allocated again", |s| {
-                s.allocated == 2
-            })
-            .await;
+            assert_eq!((s.allocated, s.free, s.fallbacks), (0, devices, 0), "{s:?}");
+            test(t).await;
         })
         .catch_unwind()
         .await;
@@ -342,6 +285,237 @@ async fn accelerator_pool_books_grants_fallbacks_refusals_and_frees_a_deleted_po
         if let Err(panic) = body {
             std::panic::resume_unwind(panic);
         }
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: run e2e/run.sh"]
+async fn accelerator_pool_books_grants_fallbacks_refusals_and_frees_a_deleted_pods_device() {
+    with_pool(2, |t| async move {
+        let (client, ns) = (&t.client, &t.ns);
+        policy(client, ns, "Preferred", &t.resource, &t.pool).await;
+        policy(client, ns, "Required", &t.resource, &t.pool).await;
+
+        // Up to capacity: both granted, each asking for one device.
+        let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+        wait_policy_seen(&api, "Preferred").await;
+        wait_policy_seen(&api, "Required").await;
+        let mut granted = Vec::new();
+        for name in ["preferred-0", "required-0"] {
+            let mode = if name.starts_with("required") {
+                "Required"
+            } else {
+                "Preferred"
+            };
+            let created = baton_e2e::creates(&api, &app(name, mode)).await;
+            assert_eq!(
+                annotation(&created, annotations::OFFLOAD),
+                Some("qat"),
+                "{name}"
+            );
+            assert_eq!(
+                annotation(&created, annotations::ACCELERATOR_POOL),
+                Some(t.pool.as_str())
+            );
+            granted.push(bound(client, ns, name).await);
+        }
+        let s = books(client, &t.pool, "2 allocated", |s| s.allocated == 2).await;
+        assert_eq!((s.free, s.pending), (0, 0), "{s:?}");
+        let row = &s.nodes[0];
+        assert_eq!(row.node, t.node);
+        assert_eq!(
+            (row.capacity, row.allocated, row.sidecars),
+            (2, 2, 2),
+            "{row:?}"
+        );
+        assert_eq!(
+            row.pods,
+            vec![format!("{ns}/preferred-0"), format!("{ns}/required-0")]
+        );
+        let exhausted = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Exhausted")
+            .unwrap();
+        assert_eq!(exhausted.status, "True", "{exhausted:?}");
+
+        // Past capacity: Preferred falls back (annotated, counted, an
+        // Event on the pod); Required is refused with the reason.
+        let fell_back = baton_e2e::creates(&api, &app("preferred-1", "Preferred")).await;
+        assert_eq!(
+            annotation(&fell_back, annotations::OFFLOAD),
+            Some("software-fallback")
+        );
+        let reason = annotation(&fell_back, annotations::OFFLOAD_FALLBACK_REASON)
+            .expect("fallback reason")
+            .to_owned();
+        assert!(reason.contains("free device"), "{reason}");
+        let s = books(client, &t.pool, "1 fallback", |s| s.fallbacks == 1).await;
+        assert_eq!(s.recent_fallbacks[0].pod, "preferred-1");
+        assert_eq!(s.recent_fallbacks[0].reason, reason);
+        assert_eq!(s.allocated, 2, "a fallback holds no device: {s:?}");
+        let e = event_with(client, ns, "OffloadFallback", "preferred-1").await;
+        assert_eq!(e.type_.as_deref(), Some("Warning"));
+        assert!(
+            e.message.as_deref().unwrap_or_default().contains(&reason),
+            "{e:?}"
+        );
+
+        let refused = baton_e2e::refuses(&api, &app("required-1", "Required")).await;
+        assert!(
+            refused.message.contains("requires private-key offload"),
+            "{}",
+            refused.message
+        );
+        // No owner: the webhook reports the refusal on the Namespace.
+        let e = event_with(client, "default", "OffloadUnavailable", ns).await;
+        assert!(
+            e.message
+                .as_deref()
+                .unwrap_or_default()
+                .contains("required-1"),
+            "{e:?}"
+        );
+
+        // Deleting a holder (an ordinary delete: the pod terminates
+        // gracefully) frees its device in the books within seconds.
+        let started = Instant::now();
+        api.delete("preferred-0", &DeleteParams::default())
+            .await
+            .expect("deleting preferred-0");
+        let s = books_within(
+            client,
+            &t.pool,
+            "1 allocated after the delete",
+            FREED_WITHIN,
+            |s| s.allocated == 1 && s.free == 1,
+        )
+        .await;
+        eprintln!(
+            "accelerator e2e: device freed in the pool status {:?} after the delete",
+            started.elapsed()
+        );
+        assert_eq!(s.nodes[0].pods, vec![format!("{ns}/required-0")]);
+        assert_eq!(
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == "Exhausted")
+                .unwrap()
+                .status,
+            "False"
+        );
+
+        // And the freed device is granted again.
+        let again = baton_e2e::creates(&api, &app("required-2", "Required")).await;
+        assert_eq!(annotation(&again, annotations::OFFLOAD), Some("qat"));
+        bound(client, ns, "required-2").await;
+        let s = books(client, &t.pool, "2 allocated again", |s| s.allocated == 2).await;
+        assert_eq!(
+            s.nodes[0].pods,
+            vec![format!("{ns}/required-0"), format!("{ns}/required-2")]
+        );
+    })
+    .await;
+}
+
+/// A Deployment of one pod whose TlsPolicy requires offload.
+fn required_deployment() -> Deployment {
+    let mut template = app("held", "Required");
+    let labels = template.metadata.labels.clone();
+    template.metadata.name = None;
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "held"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "held"}},
+            "template": {"metadata": {"labels": labels}, "spec": template.spec},
+        },
+    }))
+    .expect("the deployment literal is valid")
+}
+
+/// The one pod of the `held` Deployment, once it is Ready on `version`
+/// and no other is left.
+async fn held_pod(client: &Client, ns: &str, version: &str) -> Pod {
+    ready_pods_labelled(client, ns, "app=held", version, 1, Duration::from_secs(180))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .remove(0)
+}
+
+/// A sidecar with Required offload cannot move in place (its devices
+/// belong to slot a's container; a sidecar in slot b has none and refuses
+/// to take over), so the rollout evicts such a pod: its Deployment
+/// recreates it, the webhook grants the replacement a device on the new
+/// version, and the books follow the device from the old pod to the new.
+#[tokio::test]
+#[ignore = "needs the local cluster: run e2e/run.sh"]
+async fn accelerator_required_pods_move_to_a_new_version_by_eviction_and_keep_a_device() {
+    baton_e2e::cluster::require_component("operator");
+    baton_e2e::cluster::require_component("webhook");
+    make_versions(&["v2"], &[]).unwrap();
+    with_pool(1, |t| async move {
+        let (client, ns) = (&t.client, &t.ns);
+        policy(client, ns, "Required", &t.resource, &t.pool).await;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        wait_policy_seen(&pods, "Required").await;
+        Api::<Deployment>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &required_deployment())
+            .await
+            .expect("creating the Deployment");
+        let old = held_pod(client, ns, baton::RELEASE_VERSION).await;
+        let old_name = old.metadata.name.clone().unwrap();
+        assert_eq!(annotation(&old, annotations::OFFLOAD), Some("qat"));
+        books(client, &t.pool, "the pod holds the device", |s| {
+            s.allocated == 1 && s.nodes[0].pods == vec![format!("{ns}/{old_name}")]
+        })
+        .await;
+
+        set_version(client, ns, "v2")
+            .await
+            .unwrap_or_else(|e| panic!("patching the release to v2: {e}"));
+        let new = held_pod(client, ns, "v2").await;
+        let new_name = new.metadata.name.clone().unwrap();
+        assert_ne!(new.metadata.uid, old.metadata.uid, "the pod was recreated");
+        assert_eq!(annotation(&new, annotations::OFFLOAD), Some("qat"));
+        let spec = new.spec.as_ref().unwrap();
+        let slot_a = spec
+            .containers
+            .iter()
+            .find(|c| c.name == containers::SLOT_A)
+            .expect("slot a");
+        assert_eq!(slot_a.image.as_deref(), Some(sidecar_image("v2").as_str()));
+        let limits = slot_a
+            .resources
+            .as_ref()
+            .and_then(|r| r.limits.as_ref())
+            .expect("slot a limits");
+        assert_eq!(limits.get(&t.resource).map(|q| q.0.as_str()), Some("1"));
+        let e = event_with(client, ns, "Evicted", &old_name).await;
+        assert!(
+            e.message
+                .as_deref()
+                .unwrap_or_default()
+                .contains("requires private-key offload"),
+            "{e:?}"
+        );
+        let s = books(client, &t.pool, "the new pod holds the device", |s| {
+            s.allocated == 1 && s.nodes[0].pods == vec![format!("{ns}/{new_name}")]
+        })
+        .await;
+        assert_eq!(s.pending, 0, "{s:?}");
+        baton_e2e::rollout::wait_release(
+            client,
+            ns,
+            "release Complete on v2",
+            Duration::from_secs(60),
+            |s| complete_on(s, "v2", 1),
+            |_| {},
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     })
     .await;
 }

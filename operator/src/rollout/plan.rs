@@ -8,7 +8,8 @@
 //!  (active slot runs some version,      (standby slot runs the target,       (active = the slot
 //!   standby slot idle)                   annotation baton.dev/upgrade)         that took over)
 //!      │ no standby slot / Recreate /          │ crash loop, image pull error,
-//!      │ native sidecar on an old kubelet      │ timeout with the old still serving
+//!      │ native sidecar on an old kubelet /    │ timeout with the old still serving
+//!      │ Required offload device in slot a     │
 //!      ▼                                       ▼
 //!    Evict (Eviction API: PDBs)            Fail: standby back to the idle image,
 //!                                          annotation baton.dev/upgrade-failed
@@ -164,6 +165,12 @@ pub struct PodState {
     pub terminating: bool,
     /// Owned by a controller that recreates it after an eviction.
     pub has_controller: bool,
+    /// The webhook granted the pod accelerator devices (`baton.dev/offload:
+    /// qat`) and its TlsPolicy makes offload `Required`. The devices belong
+    /// to slot a's container for the pod's life (only slot a requests
+    /// them), so a sidecar started in slot b has none and refuses to take
+    /// over (docs/upgrade.md, A2).
+    pub offload_required_device: bool,
     /// `baton.dev/upgrade`, or why it does not parse.
     pub upgrade: Option<Result<UpgradeRecord, String>>,
     pub failure: Option<FailureRecord>,
@@ -198,6 +205,10 @@ pub enum EvictReason {
     NoStandbySlot,
     /// Native sidecars on a kubelet that ignores image updates of them.
     NativeSidecarImageUpdateUnsupported,
+    /// Required offload with devices in slot a, and the standby slot is b:
+    /// in place, the new sidecar would have no device and refuse to take
+    /// over; a recreated pod is granted devices again at admission.
+    OffloadDeviceInActiveSlot,
 }
 
 impl EvictReason {
@@ -207,6 +218,9 @@ impl EvictReason {
             Self::NoStandbySlot => "the pod has no standby slot",
             Self::NativeSidecarImageUpdateUnsupported => {
                 "native sidecars on this kubelet (< 1.32) ignore image updates"
+            }
+            Self::OffloadDeviceInActiveSlot => {
+                "its TlsPolicy requires private-key offload and the accelerator devices belong to slot a, which a sidecar in slot b cannot use"
             }
         }
     }
@@ -607,6 +621,12 @@ fn how_to_move(
             "baton.dev/active-slot says {} but the pod has no such container",
             active.as_str()
         ));
+    }
+    // Only slot a ever requests the devices (A1). Moving into b would start
+    // a sidecar without them, which under Required refuses to take over
+    // (A2): every attempt would fail. Into a (a pod serving from b) is fine.
+    if pod.offload_required_device && standby != Slot::A {
+        return Ok(Move::Evict(EvictReason::OffloadDeviceInActiveSlot));
     }
     if let Some(empty) = empty
         && standby_state.image != empty
@@ -1246,6 +1266,54 @@ mod tests {
     }
 
     #[test]
+    fn required_offload_pods_with_devices_in_slot_a_are_evicted_and_others_move_in_place() {
+        let required = |name: &str| {
+            let mut p = pod(name, "1");
+            p.offload_required_device = true;
+            p
+        };
+        let r = with(release("2"), |u| u.max_unavailable = IntOrString::Int(3));
+        let mut from_b = required("c");
+        from_b.active = Some(Slot::B);
+        from_b.slot_b = Some(serving(&image("1")));
+        from_b.slot_a = Some(idle());
+        let p = plan(&r, &[required("a"), pod("b", "1"), from_b], NOW);
+        assert_eq!(
+            p.actions[0],
+            Action::Evict {
+                pod: "shop/a".into(),
+                reason: EvictReason::OffloadDeviceInActiveSlot
+            }
+        );
+        // Preferred (or no offload): in place, the new sidecar runs in
+        // software (A3). Serving from b: back into a, where the device is.
+        assert_eq!(starts(&p), vec![("shop/b", Slot::B), ("shop/c", Slot::A)]);
+        assert!(
+            EvictReason::OffloadDeviceInActiveSlot
+                .message()
+                .contains("slot a")
+        );
+
+        // Without a controller nothing would recreate it: blocked, and the
+        // budget goes to the next pod.
+        let mut bare = required("a");
+        bare.has_controller = false;
+        let r1 = with(release("2"), |u| u.max_unavailable = IntOrString::Int(1));
+        let p = plan(&r1, &[bare, pod("b", "1")], NOW);
+        assert_eq!(starts(&p), vec![("shop/b", Slot::B)]);
+        assert!(
+            p.blocked[0].1.contains("requires private-key offload"),
+            "{:?}",
+            p.blocked
+        );
+        assert!(
+            p.blocked[0].1.contains("delete it yourself"),
+            "{:?}",
+            p.blocked
+        );
+    }
+
+    #[test]
     fn a_standby_slot_running_a_sidecar_without_a_record_is_never_started_again() {
         let mut p0 = pod("a", "1");
         p0.slot_b = Some(serving(&image("1")));
@@ -1329,7 +1397,7 @@ mod tests {
     }
 
     /// Exhaustive over every combination of three pods, each in one of the
-    /// states below, with and without pause, for maxUnavailable 1..=3: the
+    /// ten states below, with and without pause, for maxUnavailable 1..=3: the
     /// invariants hold whatever the mix.
     #[test]
     fn invariants_hold_for_every_combination_of_pod_states() {
@@ -1367,16 +1435,21 @@ mod tests {
                     p.terminating = true;
                     p
                 }
-                _ => {
+                8 => {
                     let mut p = pod(name, "1");
                     p.slot_b = None;
+                    p
+                }
+                _ => {
+                    let mut p = pod(name, "1");
+                    p.offload_required_device = true;
                     p
                 }
             };
             p.key = format!("shop/{name}");
             p
         }
-        const STATES: usize = 9;
+        const STATES: usize = 10;
         for paused in [false, true] {
             for max in 1..=3 {
                 let r = with(release("2"), |u| {
@@ -1415,6 +1488,12 @@ mod tests {
                     );
                     for a in &p.actions {
                         let pod = by_key(a.pod());
+                        if let Action::Start { record, .. } = a {
+                            assert!(
+                                !(pod.offload_required_device && record.slot == Slot::B),
+                                "{ctx}: a pod whose device is in slot a started in slot b"
+                            );
+                        }
                         match a {
                             Action::Start { .. } | Action::Evict { .. } => {
                                 assert!(pod.upgrade.is_none() && !pod.terminating, "{ctx}");

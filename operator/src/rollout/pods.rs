@@ -1,8 +1,11 @@
 //! Reading a pod (and what its sidecar answers on `GET /handoff`) into the
 //! planner's [`PodState`]. Pure: the controller fetches, this interprets.
 
-use baton_crds::contract::{annotations, containers};
+use baton_crds::contract::{annotations, containers, env};
+use baton_crds::tls_policy::OffloadMode;
 use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod};
+
+use crate::accelerator::accounting::OFFLOAD_QAT;
 
 use super::plan::{FailureRecord, Observed, PodState, Slot, SlotState, UpgradeRecord};
 
@@ -70,6 +73,18 @@ pub fn pod_state(pod: &Pod, kubelet: Option<(u32, u32)>, observed: Option<Observ
     let a = find(containers::SLOT_A);
     let b = find(containers::SLOT_B);
     let native = a.as_ref().or(b.as_ref()).is_some_and(|(_, n)| *n);
+    // The webhook gives both slots the pod's offload mode; slot a's is read.
+    let slot_a_mode = spec
+        .into_iter()
+        .flat_map(|s| {
+            s.containers
+                .iter()
+                .chain(s.init_containers.iter().flatten())
+        })
+        .find(|c| c.name == containers::SLOT_A)
+        .and_then(|c| c.env.as_ref())
+        .and_then(|vars| vars.iter().find(|v| v.name == env::OFFLOAD_MODE))
+        .and_then(|v| v.value.as_deref());
     PodState {
         key: format!(
             "{}/{}",
@@ -89,6 +104,9 @@ pub fn pod_state(pod: &Pod, kubelet: Option<(u32, u32)>, observed: Option<Observ
             .iter()
             .flatten()
             .any(|o| o.controller == Some(true)),
+        offload_required_device: annotation(annotations::OFFLOAD).map(String::as_str)
+            == Some(OFFLOAD_QAT)
+            && slot_a_mode == Some(OffloadMode::Required.as_str()),
         upgrade: annotation(annotations::UPGRADE)
             .map(|v| serde_json::from_str::<UpgradeRecord>(v).map_err(|e| e.to_string())),
         // A failure record that does not parse is dropped: the pod is simply
@@ -194,6 +212,27 @@ mod tests {
         assert!(s.slot_b.is_none());
         assert_eq!(s.slot_a.unwrap().terminated_exit_code, Some(137));
         assert_eq!(s.kubelet, Some((1, 33)));
+    }
+
+    #[test]
+    fn a_pod_granted_devices_under_required_offload_is_recognised() {
+        let with = |offload: &str, mode: &str| {
+            pod(serde_json::json!({
+                "metadata": {"name": "n", "namespace": "x",
+                    "annotations": {annotations::OFFLOAD: offload}},
+                "spec": {"containers": [
+                    {"name": containers::SLOT_A, "image": "s:1",
+                     "env": [{"name": env::OFFLOAD_MODE, "value": mode}]},
+                    {"name": containers::SLOT_B, "image": "e:1",
+                     "env": [{"name": env::OFFLOAD_MODE, "value": mode}]}]},
+            }))
+        };
+        assert!(pod_state(&with("qat", "Required"), None, None).offload_required_device);
+        assert!(!pod_state(&with("qat", "Preferred"), None, None).offload_required_device);
+        assert!(
+            !pod_state(&with("software-fallback", "Preferred"), None, None).offload_required_device
+        );
+        assert!(!pod_state(&with("disabled", "Disabled"), None, None).offload_required_device);
     }
 
     #[test]
