@@ -42,6 +42,11 @@ scripts/crd-drift.sh
 step "workspace tests"
 cargo test --workspace --locked
 
+if [ "${BATON_SKIP_FUZZ:-0}" != 1 ]; then
+  step "fuzz the HTTP/1 request-head parser and validation (bounded: 60 s per target)"
+  scripts/fuzz.sh
+fi
+
 if [ "${BATON_SKIP_E2E:-0}" != 1 ]; then
   step "end-to-end suite on a local cluster"
   e2e/run.sh

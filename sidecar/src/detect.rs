@@ -78,17 +78,22 @@ pub fn detect(buf: &[u8]) -> Detection {
     let window = &buf[..buf.len().min(MAX_DETECT_BYTES)];
     let eol = window.iter().position(|b| *b == b'\n');
     let line = &window[..eol.unwrap_or(window.len())];
-    if line
-        .iter()
-        .any(|&b| (b < 0x20 && b != b'\t' && b != b'\r') || b >= 0x7f)
+    let method_len = line.iter().take_while(|b| b.is_ascii_uppercase()).count();
+    let known_method = METHODS.contains(&&line[..method_len]);
+    // A known method, a space and `/` is HTTP whatever follows: a control or
+    // non-ASCII byte later in such a line is the HTTP path's to refuse, not
+    // raw bytes to relay (no binary protocol starts with `GET /`).
+    let origin_form = known_method && line.get(method_len..method_len + 2) == Some(b" /");
+    if !origin_form
+        && line
+            .iter()
+            .any(|&b| (b < 0x20 && b != b'\t' && b != b'\r') || b >= 0x7f)
     {
         return Detection::Done(Protocol::Tcp);
     }
-    let method_len = line.iter().take_while(|b| b.is_ascii_uppercase()).count();
-    let known_method = METHODS.contains(&&line[..method_len]);
     match eol {
         Some(_) => {
-            if line.get(method_len..method_len + 2) == Some(b" /") && known_method {
+            if origin_form {
                 return Detection::Done(Protocol::Http1);
             }
             let line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -185,6 +190,9 @@ mod tests {
             b"GET / http/1.1\r\n",
             b"GET / HTTP/1.1\rHost: x\r\n",
             b"GET / SSH-2.0\r\n",
+            b"GET /\x7f HTTP/1.1\r\n",
+            b"GET /a\x00 HTTP/1.1\r\n",
+            b"POST /caf\xc3\xa9 HTTP/1.1\r\n",
         ] {
             assert_eq!(d(line), Detection::Done(Protocol::Http1), "{line:?}");
         }
@@ -204,13 +212,14 @@ mod tests {
     /// fuzz target checks the same property on arbitrary input).
     #[test]
     fn a_decision_is_stable_when_more_bytes_arrive() {
-        let samples: [&[u8]; 6] = [
+        let samples: [&[u8]; 7] = [
             b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
             b"ABCDEFGHIJKLMNOPQRS / HTTP/1.1\r\n",
             H2_PREFACE,
             b"\x16\x03\x01\x00\x10",
             b"PRX * HTTP/2.0\r\n",
             b"GET /x SSH\r\nmore",
+            b"GET /\x00\x7f HTTP/1.1\r\n",
         ];
         for sample in samples {
             let mut decided = None;

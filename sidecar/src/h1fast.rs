@@ -57,18 +57,6 @@ const BODY_READ: usize = 64 * 1024;
 /// Header lines accepted in a response head (hyper's client takes 100).
 const MAX_RESPONSE_HEADERS: usize = 128;
 
-/// Headers never forwarded (RFC 9110 §7.6.1); `transfer-encoding` is kept on
-/// responses because a chunked body is forwarded as it is.
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "upgrade",
-    "proxy-authorization",
-];
-
 /// Why the fast path let hyper take over (for tests and debug logs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fallback {
@@ -591,7 +579,11 @@ fn write_headers(out: &mut Vec<u8>, headers: &[httparse::Header<'_>]) {
         .collect();
     let named = |n: &str| connection.iter().any(|v| has_token(v, n));
     for h in headers {
-        if HOP_BY_HOP.iter().any(|n| h.name.eq_ignore_ascii_case(n)) || named(h.name) {
+        if crate::h1valid::HOP_BY_HOP
+            .iter()
+            .any(|n| h.name.eq_ignore_ascii_case(n))
+            || named(h.name)
+        {
             continue;
         }
         out.extend_from_slice(h.name.as_bytes());

@@ -36,7 +36,12 @@
 //! * `Upgrade` (with the `upgrade` connection option): one `websocket` on a
 //!   `GET` is relayed as before; `h2c` alone is ignored (RFC 9110 §7.8 lets a
 //!   server ignore an upgrade; nginx and Envoy serve such a request as
-//!   HTTP/1.1, and RFC 9113 deprecates h2c); any other protocol is refused.
+//!   HTTP/1.1, and RFC 9113 deprecates h2c); any other protocol is refused;
+//! * `Connection` options naming `Host`, `Content-Length` or
+//!   `Transfer-Encoding`: a proxy drops the fields `Connection` names
+//!   (RFC 9110 §7.6.1), and dropping one of these would forward a request
+//!   routed or framed differently from the one validated (a `Content-Length`
+//!   dropped on the way leaves its body to be read as the next request).
 //!
 //! Bare LF line ends are accepted, as both parsers (and nginx) do (RFC 9112
 //! §2.2 allows it). Chunked *bodies* are not checked here: the framing shadow
@@ -91,11 +96,13 @@ pub enum Refusal {
     /// line of a chunked body (checked before the head is released).
     #[error("invalid chunk size line")]
     ChunkSize,
+    #[error("Connection names a field that frames or routes the request")]
+    ConnectionOption,
 }
 
 impl Refusal {
     /// Every refusal, for tests and the fuzz target.
-    pub const ALL: [Refusal; 19] = [
+    pub const ALL: [Refusal; 20] = [
         Refusal::RequestLine,
         Refusal::VersionMissing,
         Refusal::VersionUnsupported,
@@ -115,6 +122,7 @@ impl Refusal {
         Refusal::TransferCoding,
         Refusal::Upgrade,
         Refusal::ChunkSize,
+        Refusal::ConnectionOption,
     ];
 
     /// The status RFC 9110/9112 asks for.
@@ -148,6 +156,7 @@ impl Refusal {
             Refusal::TransferCoding => "transfer_coding_unsupported",
             Refusal::Upgrade => "upgrade_unsupported",
             Refusal::ChunkSize => "chunk_size_invalid",
+            Refusal::ConnectionOption => "connection_option_invalid",
         }
     }
 
@@ -226,8 +235,9 @@ pub fn validate(head: &[u8]) -> Result<Accepted, Refusal> {
     let mut te = Codings::default();
     let mut te_seen = false;
     let mut connection_upgrade = false;
-    let mut upgrade: Option<&[u8]> = None;
-    let mut upgrades = 0u32;
+    // Every protocol of every `Upgrade` line: the paths must not read one
+    // line where this reads another.
+    let mut upgrade: Vec<&[u8]> = Vec::new();
     let mut ended = false;
     for line in lines.by_ref() {
         let line = line?;
@@ -264,9 +274,19 @@ pub fn validate(head: &[u8]) -> Result<Accepted, Refusal> {
             te.add(value);
         } else if name.eq_ignore_ascii_case(b"connection") {
             connection_upgrade |= has_token(value, b"upgrade");
+            // Both paths drop the fields `Connection` names (RFC 9110
+            // §7.6.1); dropping one of these would forward a request framed
+            // or routed differently from the one validated here.
+            if PROTECTED_FIELDS.iter().any(|f| has_token(value, f)) {
+                return Err(Refusal::ConnectionOption);
+            }
         } else if name.eq_ignore_ascii_case(b"upgrade") {
-            upgrades += 1;
-            upgrade = Some(value);
+            upgrade.extend(
+                value
+                    .split(|b| *b == b',')
+                    .map(<[u8]>::trim_ascii)
+                    .filter(|p| !p.is_empty()),
+            );
         }
     }
     if !ended || lines.rest_len() != 0 {
@@ -302,11 +322,10 @@ pub fn validate(head: &[u8]) -> Result<Accepted, Refusal> {
     }
 
     // Upgrade (RFC 9110 §7.8): only with the `upgrade` connection option.
-    let upgrade = match upgrade {
-        Some(value) if connection_upgrade && minor_version == 1 => {
-            classify_upgrade(method, value, upgrades)?
-        }
-        _ => Upgrade::None,
+    let upgrade = if connection_upgrade && minor_version == 1 && !upgrade.is_empty() {
+        classify_upgrade(method, &upgrade)?
+    } else {
+        Upgrade::None
     };
     Ok(Accepted {
         minor_version,
@@ -314,6 +333,26 @@ pub fn validate(head: &[u8]) -> Result<Accepted, Refusal> {
         absolute_form,
     })
 }
+
+/// Hop-by-hop fields neither path forwards (RFC 9110 §7.6.1, plus
+/// `HTTP2-Settings`, which only means something with an `h2c` offer), besides
+/// the ones `Connection` names. One list so both paths drop the same ones;
+/// `Transfer-Encoding` is not in it (the fast path copies a chunked response
+/// as it is; hyper re-frames and drops it on its own).
+pub const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+    "proxy-authorization",
+    "http2-settings",
+];
+
+/// Fields a `Connection` option may not name: they decide where the request
+/// goes (`Host`) and where it ends (`Content-Length`, `Transfer-Encoding`).
+const PROTECTED_FIELDS: [&[u8]; 3] = [b"host", b"content-length", b"transfer-encoding"];
 
 /// `method SP target SP HTTP/1.x`, with exactly one space between parts.
 fn request_line_parts(line: &[u8]) -> Result<(&[u8], &[u8], u8), Refusal> {
@@ -404,26 +443,25 @@ fn check_host(value: &[u8]) -> Result<(), Refusal> {
 }
 
 /// One `websocket` on a `GET` is relayed; only `h2c` is ignored; anything
-/// else is refused.
-fn classify_upgrade(method: &[u8], value: &[u8], lines: u32) -> Result<Upgrade, Refusal> {
-    let protocols: Vec<&[u8]> = value
-        .split(|b| *b == b',')
-        .map(<[u8]>::trim_ascii)
-        .filter(|p| !p.is_empty())
-        .collect();
+/// else is refused. `protocols`: every one offered, across all `Upgrade`
+/// lines (hyper's path reads the first line only, so two lines that each
+/// look acceptable must not pass as one).
+fn classify_upgrade(method: &[u8], protocols: &[&[u8]]) -> Result<Upgrade, Refusal> {
     let named = |p: &[u8], name: &[u8]| {
         p.split(|b| *b == b'/')
             .next()
             .is_some_and(|n| n.eq_ignore_ascii_case(name))
     };
-    if lines == 1 && protocols.len() == 1 && named(protocols[0], b"websocket") {
+    if let [only] = protocols
+        && named(only, b"websocket")
+    {
         return if method == b"GET" {
             Ok(Upgrade::WebSocket)
         } else {
             Err(Refusal::Upgrade)
         };
     }
-    if !protocols.is_empty() && protocols.iter().all(|p| p.eq_ignore_ascii_case(b"h2c")) {
+    if protocols.iter().all(|p| p.eq_ignore_ascii_case(b"h2c")) {
         return Ok(Upgrade::H2c);
     }
     Err(Refusal::Upgrade)
@@ -755,11 +793,42 @@ mod tests {
         assert_eq!(up("GET", "foo/1"), Err(Refusal::Upgrade));
         assert_eq!(up("GET", "websocket, foo"), Err(Refusal::Upgrade));
         assert_eq!(up("GET", "HTTP/2.0"), Err(Refusal::Upgrade));
+        // Two lines are one list: hyper's path reads only the first.
+        assert_eq!(
+            up("GET", "websocket\r\nUpgrade: h2c"),
+            Err(Refusal::Upgrade)
+        );
+        assert_eq!(
+            up("GET", "websocket\r\nUpgrade: websocket"),
+            Err(Refusal::Upgrade)
+        );
+        assert_eq!(up("GET", "h2c\r\nUpgrade: h2c"), Ok(Upgrade::H2c));
         // Without the connection option it is not an upgrade request.
         assert_eq!(
             v("GET / HTTP/1.1\r\nHost: x\r\nUpgrade: foo\r\n\r\n").map(|a| a.upgrade),
             Ok(Upgrade::None)
         );
+    }
+
+    #[test]
+    fn connection_may_not_name_the_fields_that_route_or_frame_the_request() {
+        for named in [
+            "content-length",
+            "Content-Length",
+            "keep-alive, host",
+            "transfer-encoding",
+        ] {
+            assert_eq!(
+                refused(&format!(
+                    "POST / HTTP/1.1\r\nHost: x\r\nConnection: {named}\r\nContent-Length: 3\r\n\r\n"
+                )),
+                Refusal::ConnectionOption,
+                "{named:?}"
+            );
+        }
+        // Other options (hop-by-hop or end-to-end) are dropped as before.
+        assert!(v("GET / HTTP/1.1\r\nHost: x\r\nConnection: close, x-hop, te\r\n\r\n").is_ok());
+        assert!(v("GET / HTTP/1.1\r\nHost: x\r\nConnection: hostname\r\n\r\n").is_ok());
     }
 
     #[test]

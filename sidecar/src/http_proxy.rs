@@ -215,15 +215,13 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     for n in named {
         headers.remove(n);
     }
-    for n in [
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        HeaderName::from_static("keep-alive"),
-        HeaderName::from_static("proxy-connection"),
-        HeaderName::from_static("http2-settings"),
-        header::PROXY_AUTHORIZATION,
-    ] {
+    // The fast path's list (`connection` and `upgrade` are decided below),
+    // and `transfer-encoding`: hyper frames each message itself.
+    for n in crate::h1valid::HOP_BY_HOP
+        .into_iter()
+        .filter(|n| !matches!(*n, "connection" | "upgrade"))
+        .chain(["transfer-encoding"])
+    {
         headers.remove(n);
     }
     if keep_upgrade {

@@ -1,7 +1,9 @@
 //! HTTP/1.1 request validation corpus (issue #23): raw request bytes sent to
-//! a real sidecar on 127.0.0.1, once with the fast path on and once with it
-//! off (every request through hyper), against an upstream that records every
-//! byte it receives.
+//! a real sidecar on 127.0.0.1, against an upstream that records every byte
+//! it receives, in three setups: the fast path on; the fast path on but
+//! declining every request at the route (a listener with an access log, so
+//! each head is validated by the fast path and then handed to hyper); and
+//! the fast path off (every request through hyper).
 //!
 //! For each vector: the statuses the client gets, the refusal reason (the
 //! `x-baton-local-reason` header, `Connection: close`, and the connection
@@ -207,6 +209,8 @@ fn corpus() -> Vec<Vector> {
         accept("HTTP/1.0 without Host", b"GET /old HTTP/1.0\r\n\r\n", "GET /old HTTP/1.1\nhost: {UP}"),
         accept("h2c offer: ignored, served as HTTP/1.1", b"GET /h2c HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n", "GET /h2c HTTP/1.1\nhost: x"),
         accept("Upgrade without the connection option is a dropped hop-by-hop header", b"GET /u HTTP/1.1\r\nHost: x\r\nUpgrade: foo\r\n\r\n", "GET /u HTTP/1.1\nhost: x"),
+        accept("HTTP2-Settings without an h2c offer is dropped", b"GET /s HTTP/1.1\r\nHost: x\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n", "GET /s HTTP/1.1\nhost: x"),
+        accept("fields named in Connection are dropped", b"GET /n HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, x-hop\r\nX-Hop: 1\r\nX-End: 2\r\n\r\n", "GET /n HTTP/1.1\nhost: x\nx-end: 2"),
         // Host (RFC 9112 §3.2).
         refuse("no Host in HTTP/1.1", b"GET / HTTP/1.1\r\n\r\n", 400, "host_missing"),
         refuse("no Host with an absolute-form target", b"GET http://a.example/ HTTP/1.1\r\n\r\n", 400, "host_missing"),
@@ -239,6 +243,8 @@ fn corpus() -> Vec<Vector> {
         refuse("a space inside the method", b"GE T / HTTP/1.1\r\nHost: a\r\n\r\n", 400, "request_line_invalid"),
         refuse("a separator in the method", b"G(T / HTTP/1.1\r\nHost: a\r\n\r\n", 400, "method_invalid"),
         refuse("a method in brackets", b"[GET] / HTTP/1.1\r\nHost: a\r\n\r\n", 400, "method_invalid"),
+        refuse("a DEL in the target", b"GET /\x7f HTTP/1.1\r\nHost: a\r\n\r\n", 400, "target_invalid"),
+        refuse("a NUL in the target", b"GET /a\x00 HTTP/1.1\r\nHost: a\r\n\r\n", 400, "target_invalid"),
         refuse("a bare CR in the request line", b"GET / HTTP/1.1\rHost: a\r\n\r\n", 400, "bare_cr"),
         // Header lines.
         refuse("obs-fold", b"GET / HTTP/1.1\r\nHost: a\r\nX-A: 1\r\n Content-Length: 4\r\n\r\nabcd", 400, "header_folded"),
@@ -273,7 +279,12 @@ fn corpus() -> Vec<Vector> {
         // Upgrade.
         refuse("an upgrade to another protocol", b"GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: foo/2\r\n\r\n", 400, "upgrade_unsupported"),
         refuse("an upgrade to HTTP/2.0 by name", b"GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: HTTP/2.0\r\n\r\n", 400, "upgrade_unsupported"),
+        refuse("WebSocket and h2c on two Upgrade lines", b"GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nUpgrade: h2c\r\n\r\n", 400, "upgrade_unsupported"),
         refuse("WebSocket on POST", b"POST / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nContent-Length: 0\r\n\r\n", 400, "upgrade_unsupported"),
+        // Connection options that would drop a routing or framing field.
+        refuse("Connection names Content-Length (its body is a request)", b"POST / HTTP/1.1\r\nHost: a\r\nConnection: content-length\r\nContent-Length: 35\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: a\r\n\r\n", 400, "connection_option_invalid"),
+        refuse("Connection names Transfer-Encoding", b"POST / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, Transfer-Encoding\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400, "connection_option_invalid"),
+        refuse("Connection names Host", b"GET / HTTP/1.1\r\nHost: a\r\nConnection: host\r\n\r\n", 400, "connection_option_invalid"),
         // Pipelined: the good request passes, the bad one is refused, what
         // follows it is never parsed.
         Vector {
@@ -296,9 +307,27 @@ fn corpus() -> Vec<Vector> {
 const SENTINEL: &[u8] = b"GET /sentinel HTTP/1.1\r\nHost: s\r\n\r\n";
 const SENTINEL_SEEN: &str = "GET /sentinel HTTP/1.1\nhost: s";
 
-async fn sidecar(fast_path: bool, upstream: SocketAddr) -> Running {
+/// Which HTTP/1 path the requests take.
+#[derive(Debug, Clone, Copy)]
+enum Path {
+    /// The fast path, for every request it takes.
+    Fast,
+    /// The fast path validates each head, then declines it at the route (an
+    /// access log on the listener) and hands it to hyper: the seam between
+    /// the two paths.
+    FastDeclined,
+    /// `runtime.h1_fast_path: false`: hyper only.
+    Hyper,
+}
+
+async fn sidecar(path: Path, upstream: SocketAddr) -> Running {
+    let (fast_path, access_log) = match path {
+        Path::Fast => (true, false),
+        Path::FastDeclined => (true, true),
+        Path::Hyper => (false, false),
+    };
     let text = format!(
-        "runtime: {{h1_fast_path: {fast_path}}}\nlisteners: [{{name: out, address: '127.0.0.1:0'}}]\nclusters: [{{name: a, endpoints: ['{upstream}']}}]\nroutes: [{{name: r, backends: [{{cluster: a}}]}}]"
+        "runtime: {{h1_fast_path: {fast_path}}}\nlisteners: [{{name: out, address: '127.0.0.1:0', access_log: {access_log}}}]\nclusters: [{{name: a, endpoints: ['{upstream}']}}]\nroutes: [{{name: r, backends: [{{cluster: a}}]}}]"
     );
     let mut snap = yaml::parse(&text).unwrap();
     snap.admin.address = "127.0.0.1:0".parse().unwrap();
@@ -342,11 +371,11 @@ async fn exchange(
     (out, closed)
 }
 
-async fn run_corpus(fast_path: bool) {
+async fn run_corpus(which: Path) {
     let up = recorder().await;
-    let sc = sidecar(fast_path, up.addr).await;
+    let sc = sidecar(which, up.addr).await;
     let addr = sc.addr("out").unwrap();
-    let path = if fast_path { "fast path" } else { "hyper path" };
+    let path = format!("{which:?} path");
     let mut refusals: std::collections::BTreeMap<&str, usize> = Default::default();
     // Every vector runs; the failures are listed together.
     let mut failures = Vec::new();
@@ -416,6 +445,21 @@ async fn run_corpus(fast_path: bool) {
         let line = format!("baton_sidecar_http1_request_refusals_total{{reason=\"{reason}\"}} {n}");
         assert!(m.contains(&line), "{path}: {line}\n{m}");
     }
+    // The setup took the path it names: the fast path served requests, or
+    // validated heads and handed them over at the route, or was off.
+    let counter = |name: &str| {
+        m.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let served = counter("baton_sidecar_h1_fast_path_requests_total ");
+    let declined = counter("baton_sidecar_h1_fast_path_fallbacks_total{reason=\"route\"} ");
+    match which {
+        Path::Fast => assert!(served > 0 && declined == 0, "{path}: {served} {declined}"),
+        Path::FastDeclined => assert!(served == 0 && declined > 0, "{path}: {served} {declined}"),
+        Path::Hyper => assert!(served == 0 && declined == 0, "{path}: {served} {declined}"),
+    }
     sc.stop().await;
 }
 
@@ -432,12 +476,17 @@ async fn admin_metrics(sc: &Running) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_corpus_is_refused_or_forwarded_exactly_on_the_fast_path() {
-    run_corpus(true).await;
+    run_corpus(Path::Fast).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_corpus_is_refused_or_forwarded_exactly_when_the_fast_path_declines_the_route() {
+    run_corpus(Path::FastDeclined).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_corpus_is_refused_or_forwarded_exactly_on_the_hyper_path() {
-    run_corpus(false).await;
+    run_corpus(Path::Hyper).await;
 }
 
 /// A malformed chunk after the first one is found while the request
@@ -446,9 +495,10 @@ async fn the_corpus_is_refused_or_forwarded_exactly_on_the_hyper_path() {
 /// is parsed as a request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_later_chunk_aborts_the_upstream_request_on_both_paths() {
-    for fast_path in [true, false] {
+    for path in [Path::Fast, Path::Hyper] {
+        let fast_path = matches!(path, Path::Fast);
         let up = recorder().await;
-        let sc = sidecar(fast_path, up.addr).await;
+        let sc = sidecar(path, up.addr).await;
         let addr = sc.addr("out").unwrap();
         let (responses, closed) = exchange(
             addr,
