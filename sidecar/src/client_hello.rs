@@ -348,7 +348,12 @@ mod tests {
             rustls_hello(MESH_SERVER_NAME, false, &[], rustls::DEFAULT_VERSIONS),
             // An IP address: rustls sends no SNI at all.
             rustls_hello("127.0.0.1", true, &[], rustls::DEFAULT_VERSIONS),
-            rustls_hello("mesh.baton.invalid.example", true, &[], &[&rustls::version::TLS12]),
+            rustls_hello(
+                "mesh.baton.invalid.example",
+                true,
+                &[],
+                &[&rustls::version::TLS12],
+            ),
         ];
         for h in cases {
             assert_eq!(classify(&h), Hello::App(AppTls::NoMarker));
@@ -428,7 +433,10 @@ mod tests {
         // Only the host_name type counts.
         assert_eq!(ext(&[(1, mesh)]), Hello::App(AppTls::NoMarker));
         assert_eq!(ext(&[]), Hello::App(AppTls::NoMarker));
-        assert_eq!(ext(&[(0, &b"mesh.baton.invali"[..])]), Hello::App(AppTls::NoMarker));
+        assert_eq!(
+            ext(&[(0, &b"mesh.baton.invali"[..])]),
+            Hello::App(AppTls::NoMarker)
+        );
         // Other extensions around it are skipped.
         let h = synthetic(&[
             (10, vec![0, 2, 0, 29]),
@@ -448,10 +456,7 @@ mod tests {
 
     #[test]
     fn malformed_client_hellos_are_not_mesh_tls() {
-        let good = synthetic(&[(
-            EXT_SERVER_NAME,
-            sni(&[(0, MESH_SERVER_NAME.as_bytes())]),
-        )]);
+        let good = synthetic(&[(EXT_SERVER_NAME, sni(&[(0, MESH_SERVER_NAME.as_bytes())]))]);
         let fragment = &good[RECORD_HEADER..];
         let bad = |f: &[u8]| classify(&record(f));
         // A ServerHello, an empty record, a handshake header only.

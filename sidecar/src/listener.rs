@@ -250,7 +250,15 @@ pub async fn handle_connection(
                 tracing::info!(listener = %listener, peer = %peer, "plaintext refused (strict mTLS)");
                 return;
             }
-            serve_plain(PrefixedIo::new(prefix, stream), meta, p, shared, guard, park).await
+            serve_plain(
+                PrefixedIo::new(prefix, stream),
+                meta,
+                p,
+                shared,
+                guard,
+                park,
+            )
+            .await
         }
     }
 }

@@ -82,7 +82,9 @@ async fn web() -> (SocketAddr, tokio::task::JoinHandle<()>) {
                     }
                 }
                 let _ = s
-                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+                    )
                     .await;
             });
         }
@@ -185,8 +187,7 @@ async fn assert_mesh_client_served(pki: &Pki, addr: SocketAddr) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn permissive_terminates_mesh_tls_and_passes_the_applications_own_tls_through_end_to_end()
-{
+async fn permissive_terminates_mesh_tls_and_passes_the_applications_own_tls_through_end_to_end() {
     let pki = Pki::new("mesh-ca");
     let app = tls_app().await;
     let sc = sidecar(&pki, "Permissive", app.addr).await;
@@ -248,12 +249,17 @@ async fn strict_refuses_the_applications_own_tls_and_still_terminates_mesh_tls()
     // Nor is it answered with the mesh certificate: the connection closes
     // without a byte.
     let mut raw = TcpStream::connect(addr).await.unwrap();
-    raw.write_all(&client_hello_bytes("app.test")).await.unwrap();
+    raw.write_all(&client_hello_bytes("app.test"))
+        .await
+        .unwrap();
     assert!(closed_without_data(&mut raw).await);
 
     assert_mesh_client_served(&pki, addr).await;
     let m = sc.running.shared.metrics.encode();
-    assert!(m.contains("baton_sidecar_tls_app_tls_refused_total 2"), "{m}");
+    assert!(
+        m.contains("baton_sidecar_tls_app_tls_refused_total 2"),
+        "{m}"
+    );
     assert!(
         m.contains(r#"baton_sidecar_local_responses_total{reason="app_tls_refused"} 2"#),
         "{m}"

@@ -31,7 +31,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use super::TlsError;
-use crate::client_hello::{Hello, MESH_SERVER_NAME, peek_client_hello};
 use super::material::{CertStore, FileWatcher, Material, MaterialError, StoreResolver};
 use super::metrics::TlsMetrics;
 use super::offload::Offload;
@@ -39,6 +38,7 @@ use super::settings::{CertSource, CompiledPolicy, TlsMode, TlsSettings};
 use super::spiffe::{SpiffeId, spiffe_ids};
 use super::stream::{TlsStream, handshake};
 use super::verify::{MeshClientVerifier, SpiffeServerVerifier};
+use crate::client_hello::{Hello, MESH_SERVER_NAME, peek_client_hello};
 
 /// Server-side established stream.
 pub type ServerTlsStream<IO> = TlsStream<IO, ServerConnection>;
