@@ -219,18 +219,13 @@ async fn permissive_terminates_mesh_tls_and_passes_the_applications_own_tls_thro
         assert_eq!(&back, b"hello app\n", "{name}");
     }
 
-    let m = sc.running.shared.metrics.encode();
-    assert!(
-        m.contains("baton_sidecar_tls_app_tls_passthrough_total 2"),
-        "{m}"
-    );
-    assert!(
-        m.contains(r#"baton_sidecar_tls_handshakes_total{side="server",result="ok"} 1"#),
-        "{m}"
-    );
-    assert!(
-        m.contains(r#"baton_sidecar_connections_total{listener="in",protocol="tcp"} 2"#),
-        "{m}"
+    assert_exposes(
+        &sc,
+        &[
+            "baton_sidecar_tls_app_tls_passthrough_total 2",
+            r#"baton_sidecar_tls_handshakes_total{side="server",result="ok"} 1"#,
+            r#"baton_sidecar_connections_total{listener="in",protocol="tcp"} 2"#,
+        ],
     );
 }
 
@@ -255,15 +250,21 @@ async fn strict_refuses_the_applications_own_tls_and_still_terminates_mesh_tls()
     assert!(closed_without_data(&mut raw).await);
 
     assert_mesh_client_served(&pki, addr).await;
+    assert_exposes(
+        &sc,
+        &[
+            "baton_sidecar_tls_app_tls_refused_total 2",
+            r#"baton_sidecar_local_responses_total{reason="app_tls_refused"} 2"#,
+        ],
+    );
+}
+
+/// The sidecar's `/metrics` text has each of `series` (name, labels, value).
+fn assert_exposes(sc: &Sidecar, series: &[&str]) {
     let m = sc.running.shared.metrics.encode();
-    assert!(
-        m.contains("baton_sidecar_tls_app_tls_refused_total 2"),
-        "{m}"
-    );
-    assert!(
-        m.contains(r#"baton_sidecar_local_responses_total{reason="app_tls_refused"} 2"#),
-        "{m}"
-    );
+    for s in series {
+        assert!(m.contains(s), "no `{s}` in:\n{m}");
+    }
 }
 
 /// The ClientHello a rustls client for `name` sends first.
