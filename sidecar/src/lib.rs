@@ -11,8 +11,9 @@
 //! * [`config`] — the snapshot type, YAML, validation/compilation, the store;
 //! * [`routing`] — compiled route tables and the pure matcher;
 //! * [`filters`] — network and stream filter chains, RBAC, faults;
-//! * [`detect`], [`listener`], [`conn`] — accepting and classifying
-//!   connections, the live-connection registry used by the handoff;
+//! * [`detect`], [`client_hello`], [`listener`], [`conn`] — accepting and
+//!   classifying connections (mesh TLS vs the application's own TLS by the
+//!   ClientHello), the live-connection registry used by the handoff;
 //! * [`http_proxy`], [`h1fast`], [`tcp_proxy`], [`upstream`], [`body`] — proxying;
 //! * [`h1valid`] — the HTTP/1.1 request-head validation both HTTP/1 paths run;
 //! * [`admin`], [`metrics`], [`loop_lag`], [`lifecycle`] — operating it;
@@ -25,6 +26,7 @@
 pub mod admin;
 pub mod body;
 pub mod cli;
+pub mod client_hello;
 pub mod coarse_timer;
 pub mod config;
 pub mod conn;

@@ -22,6 +22,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
 use crate::body::InFlight;
+use crate::client_hello::{AppTls, Hello, peek_client_hello};
 use crate::config::{Capture, Direction, ListenerProtocol};
 use crate::conn::{
     BoxIo, ConnGuard, ConnKind, FramingGuard, H1Framing, H1Refusal, ParkRequest, ParkableIo,
@@ -37,7 +38,7 @@ use crate::metrics::ConnLabels;
 pub type TlsAccepted = std::io::Result<(BoxIo, ConnMeta)>;
 
 /// Hook the TLS layer implements: terminate TLS on a connection whose first
-/// bytes are a ClientHello. The data plane then detects the inner protocol
+/// bytes are a ClientHello with the mesh marker. The data plane then detects the inner protocol
 /// (ALPN `h2` → HTTP/2, `http/1.1` → HTTP/1, else by the first bytes).
 pub trait TlsTerminator: Send + Sync + 'static {
     fn accept(
@@ -51,10 +52,18 @@ pub trait TlsTerminator: Send + Sync + 'static {
         true
     }
 
+    /// Whether TLS without the mesh marker (the application's own TLS from
+    /// a client outside the mesh) may pass through `listener` as opaque
+    /// bytes (Permissive: counted) or is refused (Strict: counted, logged).
+    fn app_tls_allowed(&self, _listener: &str, _why: AppTls) -> bool {
+        true
+    }
+
     /// Whether mesh TLS is terminated at all (a Strict or Permissive
     /// policy). When it is, even a listener that skips protocol detection
-    /// (`protocol: tcp`/`http1`/`http2`, opaque ports) looks at the outer
-    /// layer for a ClientHello; when it is not, TLS passes through such a
+    /// (`protocol: tcp`/`http1`/`http2`, opaque ports) peeks at the whole
+    /// ClientHello and terminates only mesh TLS (the SNI marker of
+    /// [`crate::client_hello`]); when it is not, TLS passes through such a
     /// listener untouched (the application's own TLS).
     fn terminates(&self) -> bool {
         true
@@ -180,40 +189,60 @@ pub async fn handle_connection(
     drop(active);
 
     let mut stream = stream;
-    let (protocol, prefix) = match forced {
-        // Inbound under mesh TLS: the listener's protocol is what is inside
-        // the mesh TLS, so only the outer layer is looked at (ClientHello or
-        // not), never the inner bytes.
-        Some(p) if tls.as_ref().is_some_and(|t| t.terminates()) => {
-            match read_outer_tls(&mut stream, detect_timeout).await {
-                Ok((true, prefix)) => (Protocol::Tls, prefix),
-                Ok((false, prefix)) => (p, prefix),
-                Err(_) => return,
+    let inbound = match &tls {
+        // Inbound under mesh TLS (Strict, Permissive): the whole ClientHello
+        // is peeked at (never consumed) before anything is decided, on every
+        // listener (the listener's protocol is what is inside the mesh TLS):
+        // only a ClientHello with the mesh marker is terminated.
+        Some(t) if t.terminates() => match peek_client_hello(&stream, detect_timeout).await {
+            Err(_) => return,
+            Ok(Some(Hello::Mesh)) => Inbound::MeshTls(t.clone()),
+            Ok(Some(Hello::App(why))) => Inbound::UnmarkedTls(t.clone(), why),
+            // Silent until the timeout: plaintext, as detection's timeout.
+            Ok(None) => Inbound::Plain(forced.unwrap_or(Protocol::Tcp), Bytes::new()),
+            // Not a TLS record: plaintext, detected as usual.
+            Ok(Some(Hello::NotTls | Hello::NeedMore(_))) => {
+                match detect_plain(&mut stream, forced, detect_timeout).await {
+                    Ok((Protocol::Tls, prefix)) => Inbound::Plain(Protocol::Tcp, prefix),
+                    Ok((p, prefix)) => Inbound::Plain(p, prefix),
+                    Err(_) => return,
+                }
             }
-        }
-        Some(p) => (p, Bytes::new()),
-        None => match read_and_detect(&mut stream, detect_timeout).await {
-            Ok(x) => x,
+        },
+        // No mesh TLS here (no TLS layer, or one whose policy does not
+        // terminate: none applied yet, or Disabled): a ClientHello is the
+        // application's own TLS and passes through the mesh untouched.
+        _ => match detect_plain(&mut stream, forced, detect_timeout).await {
+            Ok((Protocol::Tls, prefix)) => Inbound::PassthroughTls(prefix),
+            Ok((p, prefix)) => Inbound::Plain(p, prefix),
             Err(_) => return,
         },
     };
-    let io = PrefixedIo::new(prefix, stream);
-    match protocol {
-        Protocol::Tls => match tls {
-            Some(t) if t.terminates() => {
-                guard.set_kind(ConnKind::Tls);
-                guard.set_tls();
-                match t.accept(io, meta).await {
-                    Ok((io, meta)) => serve_decrypted(io, meta, forced, shared, guard, park).await,
-                    Err(e) => tracing::debug!(error = %e, "tls accept failed"),
-                }
+    match inbound {
+        Inbound::MeshTls(t) => {
+            guard.set_kind(ConnKind::Tls);
+            guard.set_tls();
+            match t.accept(PrefixedIo::new(Bytes::new(), stream), meta).await {
+                Ok((io, meta)) => serve_decrypted(io, meta, forced, shared, guard, park).await,
+                Err(e) => tracing::debug!(error = %e, "tls accept failed"),
             }
-            // No mesh TLS here (no TLS layer, or one whose policy does not
-            // terminate: none applied yet, or Disabled): the bytes are the
-            // application's own TLS and pass through the mesh untouched.
-            _ => serve_plain(io, meta, Protocol::Tcp, shared, guard, park).await,
-        },
-        p => {
+        }
+        // TLS from outside the mesh to the application itself: opaque bytes
+        // (Permissive, counted) or refused (Strict, counted and logged).
+        Inbound::UnmarkedTls(t, why) => {
+            if !t.app_tls_allowed(&listener, why) {
+                shared.metrics.local_response("app_tls_refused");
+                tracing::info!(listener = %listener, peer = %peer, reason = why.as_str(), "TLS without the mesh marker refused (strict mTLS)");
+                return;
+            }
+            let io = PrefixedIo::new(Bytes::new(), stream);
+            serve_plain(io, meta, Protocol::Tcp, shared, guard, park).await
+        }
+        Inbound::PassthroughTls(prefix) => {
+            let io = PrefixedIo::new(prefix, stream);
+            serve_plain(io, meta, Protocol::Tcp, shared, guard, park).await
+        }
+        Inbound::Plain(p, prefix) => {
             if let Some(t) = &tls
                 && !t.plaintext_allowed(&listener)
             {
@@ -221,42 +250,41 @@ pub async fn handle_connection(
                 tracing::info!(listener = %listener, peer = %peer, "plaintext refused (strict mTLS)");
                 return;
             }
-            serve_plain(io, meta, p, shared, guard, park).await
+            serve_plain(
+                PrefixedIo::new(prefix, stream),
+                meta,
+                p,
+                shared,
+                guard,
+                park,
+            )
+            .await
         }
     }
 }
 
-/// Pure: whether `buf` starts a TLS handshake record (content type 22,
-/// major version 3); `None` while one byte is all there is.
-fn starts_tls_record(buf: &[u8]) -> Option<bool> {
-    match buf {
-        [] | [0x16] => None,
-        [0x16, 3, ..] => Some(true),
-        _ => Some(false),
-    }
+/// What an inbound connection turned out to be, and the bytes already read.
+enum Inbound {
+    /// A ClientHello with the mesh marker: terminate mesh TLS.
+    MeshTls(Arc<dyn TlsTerminator>),
+    /// TLS without the marker under a terminating policy (which decides
+    /// whether it passes); nothing consumed.
+    UnmarkedTls(Arc<dyn TlsTerminator>, AppTls),
+    /// TLS where no policy terminates: passes through; the prefix was read.
+    PassthroughTls(Bytes),
+    /// Plaintext of this protocol; the prefix was read during detection.
+    Plain(Protocol, Bytes),
 }
 
-/// Read until the first bytes tell a TLS record from anything else, or the
-/// timeout fires (a silent client: not TLS). Returns the verdict and the
-/// bytes read (at most the first segment; nothing past the outer layer's
-/// first bytes is interpreted).
-async fn read_outer_tls(
+/// The listener's forced protocol, or detection from the first bytes.
+async fn detect_plain(
     stream: &mut TcpStream,
+    forced: Option<Protocol>,
     timeout: Duration,
-) -> std::io::Result<(bool, Bytes)> {
-    let mut buf = BytesMut::with_capacity(1024);
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(tls) = starts_tls_record(&buf) {
-            return Ok((tls, buf.freeze()));
-        }
-        match tokio::time::timeout_at(deadline, stream.read_buf(&mut buf)).await {
-            Err(_) => return Ok((false, buf.freeze())),
-            Ok(Ok(0)) if buf.is_empty() => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            Ok(Ok(0)) => return Ok((false, buf.freeze())),
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(e),
-        }
+) -> std::io::Result<(Protocol, Bytes)> {
+    match forced {
+        Some(p) => Ok((p, Bytes::new())),
+        None => read_and_detect(stream, timeout).await,
     }
 }
 

@@ -9,46 +9,15 @@ mod handoff_support;
 mod tls_support;
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_sidecar::config::yaml;
-use baton_sidecar::server::{Running, StartOptions, start};
-use baton_sidecar::tls::{MeshTls, TlsContext, TlsMetrics, TlsMode, TlsVersion};
+use baton_sidecar::server::Running;
+use baton_sidecar::tls::{MeshTls, TlsContext, TlsMode, TlsVersion};
 use handoff_support::{Pattern, World, admin_get, metric_sum};
 use tls_support::*;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-
-fn pem(der: &[u8], label: &str) -> String {
-    let b64 = openssl::base64::encode_block(der);
-    let lines: Vec<&str> = b64
-        .as_bytes()
-        .chunks(64)
-        .map(|c| std::str::from_utf8(c).unwrap())
-        .collect();
-    format!(
-        "-----BEGIN {label}-----\n{}\n-----END {label}-----\n",
-        lines.join("\n")
-    )
-}
-
-/// Writes the `backend` workload's certificate, key and trust bundle into
-/// `dir`; returns the `tls.source` YAML for them.
-fn write_backend_pki(pki: &Pki, dir: &Path) -> String {
-    let m = pki.leaf("backend", Key::P256);
-    let (c, k, b) = (dir.join("c.pem"), dir.join("k.pem"), dir.join("b.pem"));
-    std::fs::write(&c, pem(&m.cert_chain[0], "CERTIFICATE")).unwrap();
-    std::fs::write(&k, pem(m.key.secret_der(), "PRIVATE KEY")).unwrap();
-    std::fs::write(&b, pem(&m.trust_bundle[0], "CERTIFICATE")).unwrap();
-    format!(
-        "{{files: {{cert_chain: '{}', key: '{}', trust_bundle: '{}'}}}}",
-        c.display(),
-        k.display(),
-        b.display()
-    )
-}
 
 /// A raw TCP echo server (the application behind the opaque port).
 async fn echo_app() -> (SocketAddr, tokio::task::JoinHandle<()>) {
@@ -97,27 +66,6 @@ tls:
         _dir: dir,
         _app: task,
     }
-}
-
-/// Starts an in-process sidecar from `text` with the mesh TLS layer
-/// attached, applying the snapshot's `tls` section (none: no policy).
-async fn start_with_mesh_tls(text: &str) -> (Running, Arc<MeshTls>) {
-    let mut snap = yaml::parse(text).unwrap();
-    baton_sidecar::config::compile(&snap).unwrap();
-    snap.admin.address = "127.0.0.1:0".parse().unwrap();
-    let tls = MeshTls::new(TlsMetrics::default());
-    tls.apply(snap.tls.as_ref()).unwrap();
-    let running = start(
-        snap,
-        StartOptions {
-            tls: Some(tls.clone()),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    tls.attach(&running);
-    (running, tls)
 }
 
 /// A mesh client (workload `frontend`) speaking only TLS `version`.

@@ -39,19 +39,6 @@ async fn app() -> (SocketAddr, tokio::task::JoinHandle<()>) {
     (addr, task)
 }
 
-fn pem(der: &[u8], label: &str) -> String {
-    let b64 = openssl::base64::encode_block(der);
-    let lines: Vec<&str> = b64
-        .as_bytes()
-        .chunks(64)
-        .map(|c| std::str::from_utf8(c).unwrap())
-        .collect();
-    format!(
-        "-----BEGIN {label}-----\n{}\n-----END {label}-----\n",
-        lines.join("\n")
-    )
-}
-
 struct Sidecar {
     running: Running,
     tls: std::sync::Arc<MeshTls>,

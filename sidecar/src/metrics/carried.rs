@@ -423,6 +423,8 @@ mod tests {
             tls.handshake("server", "ok");
             tls.plaintext_refused.inc();
             tls.plaintext_accepted.inc();
+            tls.app_tls_passthrough.inc();
+            tls.app_tls_refused.inc();
         }
         let old = Metrics::new();
         let (hm, tls) = layers(&old);

@@ -2,11 +2,12 @@
 //! the two things the data plane plugs into its listeners:
 //!
 //! - [`Acceptor`] (inbound): per mode, either terminates mTLS and reports the
-//!   verified peer identity, or passes plaintext through (Permissive, decided
-//!   from the first bytes; Disabled), or refuses plaintext (Strict: counted
-//!   and logged).
-//! - [`Connector`] (outbound): originates mTLS to a peer sidecar and refuses
-//!   it unless it proves the SPIFFE identity expected for the destination.
+//!   verified peer identity, or passes plaintext and the application's own
+//!   TLS through (Permissive, decided from the ClientHello; Disabled), or
+//!   refuses both (Strict: counted and logged).
+//! - [`Connector`] (outbound): originates mTLS to a peer sidecar, marked as
+//!   mesh TLS by the SNI [`MESH_SERVER_NAME`], and refuses it unless the peer
+//!   proves the SPIFFE identity expected for the destination.
 //!
 //! Rotation: [`TlsContext::update_material`] swaps the certificate in the
 //! store (resolvers read it per handshake) and rebuilds the server config and
@@ -37,6 +38,7 @@ use super::settings::{CertSource, CompiledPolicy, TlsMode, TlsSettings};
 use super::spiffe::{SpiffeId, spiffe_ids};
 use super::stream::{TlsStream, handshake};
 use super::verify::{MeshClientVerifier, SpiffeServerVerifier};
+use crate::client_hello::{Hello, MESH_SERVER_NAME, peek_client_hello};
 
 /// Server-side established stream.
 pub type ServerTlsStream<IO> = TlsStream<IO, ServerConnection>;
@@ -309,8 +311,10 @@ impl TlsContext {
             .with_custom_certificate_verifier(verifier)
             .with_client_cert_resolver(Arc::new(StoreResolver(self.store.clone())));
         cfg.alpn_protocols = p.alpn.clone();
-        // Peers are addressed by identity, not name: no SNI to leak.
-        cfg.enable_sni = false;
+        // SNI stays on: the fixed MESH_SERVER_NAME is how the peer tells
+        // mesh TLS from the application's own TLS (decision 0026). It names
+        // no workload; peers are verified by identity, not name.
+        cfg.enable_sni = true;
         // The handoff moves raw TCP connections with their originated TLS
         // session (ClientConnection::dangerous_extract_secrets), and the key
         // log lets the next process follow a TLS 1.3 KeyUpdate.
@@ -399,24 +403,9 @@ pub enum Accepted<IO> {
     Tls(Box<ServerTlsStream<IO>>, PeerInfo),
     /// Plaintext (Permissive or Disabled); nothing was consumed.
     Plaintext(IO),
-}
-
-/// What the first bytes of a connection say.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Detected {
-    Tls,
-    Plaintext,
-}
-
-/// Classifies a connection from its first bytes: a TLS record starts with
-/// content type 22 (handshake) and major version 3. `None` = need more.
-pub fn classify(first: &[u8]) -> Option<Detected> {
-    match first {
-        [] => None,
-        [0x16] => None,
-        [0x16, 0x03, ..] => Some(Detected::Tls),
-        _ => Some(Detected::Plaintext),
-    }
+    /// TLS without the mesh marker, the application's own (Permissive):
+    /// to be passed through as opaque bytes; nothing was consumed.
+    AppTls(IO),
 }
 
 /// Inbound side; cheap to clone, one per listener.
@@ -431,28 +420,41 @@ impl Acceptor {
     }
 
     /// Accepts a TCP connection according to the mode. Peeks (never
-    /// consumes) to tell TLS from plaintext.
+    /// consumes) at the whole ClientHello to tell mesh TLS (terminated) from
+    /// the application's own TLS (passed through in Permissive, refused in
+    /// Strict) and from plaintext (see [`crate::client_hello`]).
     pub async fn accept(&self, tcp: TcpStream) -> Result<Accepted<TcpStream>, TlsError> {
         let mode = self.ctx.policy.mode;
         if mode == TlsMode::Disabled {
             return Ok(Accepted::Plaintext(tcp));
         }
-        let detected = detect(&tcp, self.ctx.policy.detect_timeout).await?;
-        match (mode, detected) {
-            (TlsMode::Permissive, Detected::Plaintext) => {
-                self.ctx.metrics.plaintext_accepted.inc();
-                Ok(Accepted::Plaintext(tcp))
-            }
-            (_, Detected::Plaintext) => {
-                self.ctx.metrics.plaintext_refused.inc();
-                tracing::warn!(peer = ?tcp.peer_addr().ok(), "plaintext connection refused: Strict mTLS");
-                drop(tcp);
-                Err(TlsError::PlaintextRefused)
-            }
-            (_, Detected::Tls) => self
+        let hello = peek_client_hello(&tcp, self.ctx.policy.detect_timeout).await?;
+        let metrics = &self.ctx.metrics;
+        match (mode, hello) {
+            (_, Some(Hello::Mesh)) => self
                 .accept_tls(tcp)
                 .await
                 .map(|(s, p)| Accepted::Tls(Box::new(s), p)),
+            (TlsMode::Permissive, Some(Hello::App(_))) => {
+                metrics.app_tls_passthrough.inc();
+                Ok(Accepted::AppTls(tcp))
+            }
+            (_, Some(Hello::App(why))) => {
+                metrics.app_tls_refused.inc();
+                tracing::warn!(peer = ?tcp.peer_addr().ok(), reason = why.as_str(), "TLS without the mesh marker refused: Strict mTLS");
+                Err(TlsError::AppTlsRefused(why.as_str()))
+            }
+            // Plaintext, or nothing decidable before the detection timeout
+            // (a server-speaks-first protocol).
+            (TlsMode::Permissive, _) => {
+                metrics.plaintext_accepted.inc();
+                Ok(Accepted::Plaintext(tcp))
+            }
+            _ => {
+                metrics.plaintext_refused.inc();
+                tracing::warn!(peer = ?tcp.peer_addr().ok(), "plaintext connection refused: Strict mTLS");
+                Err(TlsError::PlaintextRefused)
+            }
         }
     }
 
@@ -494,30 +496,6 @@ impl Acceptor {
         .map_err(TlsError::Handshake)?;
         let peer = PeerInfo::of(stream.get_ref().1, &self.ctx.policy.trust_domain);
         Ok((stream, peer))
-    }
-}
-
-async fn detect(tcp: &TcpStream, limit: Duration) -> Result<Detected, TlsError> {
-    let deadline = tokio::time::Instant::now() + limit;
-    let mut buf = [0u8; 3];
-    loop {
-        let n = match tokio::time::timeout_at(deadline, tcp.peek(&mut buf)).await {
-            // A silent client (server-speaks-first protocol) is plaintext.
-            Err(_) => return Ok(Detected::Plaintext),
-            Ok(r) => r?,
-        };
-        if n == 0 {
-            return Err(TlsError::Io(std::io::ErrorKind::UnexpectedEof.into()));
-        }
-        if let Some(d) = classify(&buf[..n]) {
-            return Ok(d);
-        }
-        // One byte so far (0x16): the rest is in flight; peek would return
-        // at once, so wait a moment instead of spinning.
-        if tokio::time::Instant::now() >= deadline {
-            return Ok(Detected::Plaintext);
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
 
@@ -566,9 +544,9 @@ impl Connector {
             return Err(TlsError::Disabled);
         }
         let config = self.ctx.client_config(expected)?;
-        // Not sent (SNI is off) and not checked (identity is): rustls only
-        // needs a syntactically valid name.
-        let name = ServerName::try_from("mesh.baton.invalid").expect("static name is valid");
+        // Sent as SNI, the mesh marker the terminating side looks for; never
+        // checked against the certificate (the SPIFFE identity is).
+        let name = ServerName::try_from(MESH_SERVER_NAME).expect("static name is valid");
         let conn = match alpn {
             Some(a) => ClientConnection::new_with_alpn(config, name, a)?,
             None => ClientConnection::new(config, name)?,
@@ -582,30 +560,5 @@ impl Connector {
         .map_err(TlsError::Handshake)?;
         let peer = PeerInfo::of(stream.get_ref().1, &self.ctx.policy.trust_domain);
         Ok((stream, peer))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_client_hello_is_detected_as_tls() {
-        assert_eq!(classify(&[0x16, 0x03, 0x01]), Some(Detected::Tls));
-        assert_eq!(classify(&[0x16, 0x03]), Some(Detected::Tls));
-    }
-
-    #[test]
-    fn http_and_other_bytes_are_plaintext() {
-        assert_eq!(classify(b"GET / HTTP/1.1"), Some(Detected::Plaintext));
-        assert_eq!(classify(b"PRI * HTTP/2.0"), Some(Detected::Plaintext));
-        assert_eq!(classify(&[0x16, 0x01]), Some(Detected::Plaintext));
-        assert_eq!(classify(&[0x00]), Some(Detected::Plaintext));
-    }
-
-    #[test]
-    fn one_handshake_byte_is_undecided() {
-        assert_eq!(classify(&[0x16]), None);
-        assert_eq!(classify(&[]), None);
     }
 }

@@ -450,6 +450,25 @@ impl TlsTerminator for MeshTls {
         matches!(self.mode(), Some(TlsMode::Strict | TlsMode::Permissive))
     }
 
+    fn app_tls_allowed(&self, listener: &str, why: crate::client_hello::AppTls) -> bool {
+        match self.mode() {
+            Some(TlsMode::Strict) => {
+                self.metrics.app_tls_refused.inc();
+                tracing::warn!(
+                    listener,
+                    reason = why.as_str(),
+                    "TLS without the mesh marker refused: Strict mTLS"
+                );
+                false
+            }
+            Some(TlsMode::Permissive) => {
+                self.metrics.app_tls_passthrough.inc();
+                true
+            }
+            _ => true,
+        }
+    }
+
     fn plaintext_allowed(&self, listener: &str) -> bool {
         match self.mode() {
             Some(TlsMode::Strict) => {

@@ -54,6 +54,10 @@ pub struct TlsMetrics {
     pub handshakes: Family<HandshakeLabels, Counter>,
     pub plaintext_refused: Counter,
     pub plaintext_accepted: Counter,
+    /// TLS without the mesh marker passed through as opaque bytes (Permissive).
+    pub app_tls_passthrough: Counter,
+    /// TLS without the mesh marker refused (Strict).
+    pub app_tls_refused: Counter,
     pub material_generation: Gauge,
     pub cert_expiry_seconds: Gauge,
 }
@@ -73,6 +77,8 @@ impl Default for TlsMetrics {
             handshakes: Family::default(),
             plaintext_refused: Counter::default(),
             plaintext_accepted: Counter::default(),
+            app_tls_passthrough: Counter::default(),
+            app_tls_refused: Counter::default(),
             material_generation: Gauge::default(),
             cert_expiry_seconds: Gauge::default(),
         }
@@ -204,6 +210,16 @@ impl TlsMetrics {
             self.plaintext_accepted.clone(),
         );
         r.register(
+            "app_tls_passthrough",
+            "TLS connections without the mesh marker (the application's own TLS) passed through by Permissive mode",
+            self.app_tls_passthrough.clone(),
+        );
+        r.register(
+            "app_tls_refused",
+            "TLS connections without the mesh marker (the application's own TLS) refused by Strict mTLS",
+            self.app_tls_refused.clone(),
+        );
+        r.register(
             "material_generation",
             "Generation of the certificate material in use (bumps on rotation)",
             self.material_generation.clone(),
@@ -234,6 +250,7 @@ mod tests {
         m.engine("software").sign_seconds.observe(0.0001);
         m.fallback("engine_unavailable");
         m.plaintext_refused.inc();
+        m.app_tls_passthrough.inc();
         let out = reg.encode();
         assert!(
             out.contains("baton_sidecar_tls_offload_sign_seconds_count{engine=\"software\"} 1"),
@@ -247,6 +264,10 @@ mod tests {
         );
         assert!(
             out.contains("baton_sidecar_tls_plaintext_refused_total 1"),
+            "{out}"
+        );
+        assert!(
+            out.contains("baton_sidecar_tls_app_tls_passthrough_total 1"),
             "{out}"
         );
     }

@@ -76,6 +76,8 @@ pub enum TlsError {
     Verifier(#[from] rustls::server::VerifierBuilderError),
     #[error("plaintext connection refused by Strict mTLS")]
     PlaintextRefused,
+    #[error("TLS without the mesh marker ({0}) refused by Strict mTLS")]
+    AppTlsRefused(&'static str),
     #[error("TLS is disabled by policy")]
     Disabled,
     #[error("handshake timed out")]
@@ -96,6 +98,7 @@ impl TlsError {
             TlsError::Rustls(_) => "rustls",
             TlsError::Verifier(_) => "verifier",
             TlsError::PlaintextRefused => "plaintext_refused",
+            TlsError::AppTlsRefused(_) => "app_tls_refused",
             TlsError::Disabled => "disabled",
             TlsError::HandshakeTimeout => "handshake_timeout",
             TlsError::Handshake(_) => "handshake",

@@ -118,14 +118,18 @@ pub struct World {
 /// The identity in the world's certificate.
 pub const SIDECAR_ID: &str = "spiffe://cluster.local/ns/test/sa/sidecar";
 
-/// A CA and a server certificate (DNS `localhost` + a SPIFFE URI) as PEM
-/// files in `dir`; returns the CA certificate.
+/// A CA and a server certificate (DNS `localhost` and the mesh marker name
+/// + a SPIFFE URI) as PEM files in `dir`; returns the CA certificate.
 fn write_pki(dir: &Path) -> rustls_pki_types::CertificateDer<'static> {
     use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, SanType};
     let mut ca = CertificateParams::default();
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
-    let mut leaf = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    let mut leaf = CertificateParams::new(vec![
+        "localhost".to_string(),
+        baton_sidecar::client_hello::MESH_SERVER_NAME.to_string(),
+    ])
+    .unwrap();
     leaf.subject_alt_names
         .push(SanType::URI(SIDECAR_ID.try_into().unwrap()));
     let key = KeyPair::generate().unwrap();
@@ -929,7 +933,11 @@ async fn tls_echo_client(
         let tcp = TcpStream::connect(addr)
             .await
             .map_err(|e| format!("connect: {e}"))?;
-        let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+        // The mesh marker (SNI): these clients stand in for a peer sidecar;
+        // a ClientHello without it is the application's own TLS.
+        let name =
+            rustls_pki_types::ServerName::try_from(baton_sidecar::client_hello::MESH_SERVER_NAME)
+                .unwrap();
         let mut s = tokio_rustls::TlsConnector::from(Arc::new(cfg))
             .connect(name, tcp)
             .await
@@ -1013,7 +1021,11 @@ async fn https_client(
         let tcp = TcpStream::connect(addr)
             .await
             .map_err(|e| format!("connect: {e}"))?;
-        let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+        // The mesh marker (SNI): these clients stand in for a peer sidecar;
+        // a ClientHello without it is the application's own TLS.
+        let name =
+            rustls_pki_types::ServerName::try_from(baton_sidecar::client_hello::MESH_SERVER_NAME)
+                .unwrap();
         let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
             .connect(name, tcp)
             .await

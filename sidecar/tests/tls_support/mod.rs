@@ -5,13 +5,14 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use baton_sidecar::tls::material::Material;
 use baton_sidecar::tls::offload::{Offload, OffloadMode, OffloadSettings};
 use baton_sidecar::tls::settings::{CertSource, IdentitySettings, TlsMode, TlsSettings};
-use baton_sidecar::tls::{Accepted, SpiffeId, TlsContext, TlsMetrics};
+use baton_sidecar::tls::{Accepted, MeshTls, SpiffeId, TlsContext, TlsMetrics};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose, SanType,
@@ -195,6 +196,9 @@ impl EchoServer {
                             echo(s, format!("tls {who}\n")).await
                         }
                         Ok(Accepted::Plaintext(s)) => echo(s, "plain\n".into()).await,
+                        // The application's own TLS: no application here
+                        // to pass it to.
+                        Ok(Accepted::AppTls(_)) => {}
                         Err(_) => {}
                     }
                 });
@@ -246,4 +250,54 @@ pub async fn closed_without_data(tcp: &mut TcpStream) -> bool {
         tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf)).await,
         Ok(Ok(0)) | Ok(Err(_))
     )
+}
+
+pub fn pem(der: &[u8], label: &str) -> String {
+    let b64 = openssl::base64::encode_block(der);
+    let lines: Vec<&str> = b64
+        .as_bytes()
+        .chunks(64)
+        .map(|c| std::str::from_utf8(c).unwrap())
+        .collect();
+    format!(
+        "-----BEGIN {label}-----\n{}\n-----END {label}-----\n",
+        lines.join("\n")
+    )
+}
+
+/// Writes the `backend` workload's certificate, key and trust bundle into
+/// `dir`; returns the `tls.source` YAML for them.
+pub fn write_backend_pki(pki: &Pki, dir: &Path) -> String {
+    let m = pki.leaf("backend", Key::P256);
+    let (c, k, b) = (dir.join("c.pem"), dir.join("k.pem"), dir.join("b.pem"));
+    std::fs::write(&c, pem(&m.cert_chain[0], "CERTIFICATE")).unwrap();
+    std::fs::write(&k, pem(m.key.secret_der(), "PRIVATE KEY")).unwrap();
+    std::fs::write(&b, pem(&m.trust_bundle[0], "CERTIFICATE")).unwrap();
+    format!(
+        "{{files: {{cert_chain: '{}', key: '{}', trust_bundle: '{}'}}}}",
+        c.display(),
+        k.display(),
+        b.display()
+    )
+}
+
+/// Starts an in-process sidecar from `text` with the mesh TLS layer
+/// attached, applying the snapshot's `tls` section (none: no policy).
+pub async fn start_with_mesh_tls(text: &str) -> (baton_sidecar::server::Running, Arc<MeshTls>) {
+    let mut snap = baton_sidecar::config::yaml::parse(text).unwrap();
+    baton_sidecar::config::compile(&snap).unwrap();
+    snap.admin.address = "127.0.0.1:0".parse().unwrap();
+    let tls = MeshTls::new(TlsMetrics::default());
+    tls.apply(snap.tls.as_ref()).unwrap();
+    let running = baton_sidecar::server::start(
+        snap,
+        baton_sidecar::server::StartOptions {
+            tls: Some(tls.clone()),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    tls.attach(&running);
+    (running, tls)
 }
