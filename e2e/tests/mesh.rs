@@ -215,16 +215,7 @@ impl Scene {
     /// Fetches (small batches) until `done` holds for a batch: the wait for
     /// a pushed config to reach the client's sidecar.
     async fn until(&self, what: &str, spec: &FetchSpec, done: impl Fn(&FetchReport) -> bool) {
-        let done = &done;
-        wait_for(what, PROPAGATION, || async move {
-            match fetch::fetch_via(self.driver, spec).await {
-                Ok(r) if done(&r) => Check::Done(()),
-                Ok(r) => Check::NotYet(format!("{r:?}")),
-                Err(e) => Check::NotYet(e),
-            }
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        until_via(self.driver, what, spec, done).await;
     }
 
     async fn apply(&self, manifest: serde_json::Value) {
@@ -288,6 +279,25 @@ impl Scene {
         .await
         .unwrap_or_else(|e| panic!("{e}"))
     }
+}
+
+/// [`Scene::until`] through any driver (the meshed one or an outsider).
+async fn until_via(
+    driver: SocketAddr,
+    what: &str,
+    spec: &FetchSpec,
+    done: impl Fn(&FetchReport) -> bool,
+) {
+    let done = &done;
+    wait_for(what, PROPAGATION, || async move {
+        match fetch::fetch_via(driver, spec).await {
+            Ok(r) if done(&r) => Check::Done(()),
+            Ok(r) => Check::NotYet(format!("{r:?}")),
+            Err(e) => Check::NotYet(e),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
 }
 
 fn v2_share(r: &FetchReport) -> f64 {
@@ -525,19 +535,13 @@ async fn tlspolicy_strict_refuses_an_unmeshed_pods_plaintext_and_permissive_acce
             // The server's sidecars get certificates and refuse plaintext; the
             // meshed client's sidecar originates mTLS to them.
             let probe = s.spec(s.server_v1, "/", 10);
-            wait_for(
+            until_via(
+                outsider,
                 "the outsider's plaintext is refused",
-                PROPAGATION,
-                || async {
-                    match fetch::fetch_via(outsider, &probe).await {
-                        Ok(r) if r.responses() == 0 && r.errors == 10 => Check::Done(()),
-                        Ok(r) => Check::NotYet(format!("{r:?}")),
-                        Err(e) => Check::NotYet(e),
-                    }
-                },
+                &probe,
+                |r| r.responses() == 0 && r.errors == 10,
             )
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .await;
             s.until("the meshed client is served over mTLS", &probe, |r| {
                 r.status(200) == 10
             })
@@ -554,15 +558,10 @@ async fn tlspolicy_strict_refuses_an_unmeshed_pods_plaintext_and_permissive_acce
             assert!(handshakes > 0, "the server's sidecar terminated mTLS");
 
             s.apply(policy("Permissive")).await;
-            wait_for("Permissive serves the outsider", PROPAGATION, || async {
-                match fetch::fetch_via(outsider, &probe).await {
-                    Ok(r) if r.status(200) == 10 => Check::Done(()),
-                    Ok(r) => Check::NotYet(format!("{r:?}")),
-                    Err(e) => Check::NotYet(e),
-                }
+            until_via(outsider, "Permissive serves the outsider", &probe, |r| {
+                r.status(200) == 10
             })
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .await;
             let r = s.fetch(&s.spec(s.server, "/", 100)).await;
             assert_eq!(r.status(200), 100, "meshed client under Permissive: {r:?}");
         },
