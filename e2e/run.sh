@@ -58,12 +58,6 @@ export BATON_E2E_KUBECONFIG="$KUBECONFIG_ADMIN"
 # the test's (dry-run creates); the fixed tests have not run on a cluster
 # yet. Run them alone with `e2e/run.sh accelerator_`, then drop this skip.
 skip=(--skip accelerator_)
-# Known failure (issue #19): on the cluster, Routes and TlsPolicies are
-# compiled, pushed and ACKed by every sidecar (status Programmed), but the
-# client's captured requests to a Service's ClusterIP do not take the pushed
-# routes (they still pass through to the original destination), so the
-# route_* and tlspolicy_* scenarios fail. Run them with `e2e/run.sh route_`.
-skip+=(--skip route_ --skip tlspolicy_)
-case "${1:-}" in accelerator_* | route_* | tlspolicy_*) skip=() ;; esac
+case "${1:-}" in accelerator_*) skip=() ;; esac
 cargo test --locked --no-fail-fast -p baton-e2e --tests -- --ignored --test-threads "${BATON_E2E_TEST_THREADS:-2}" "${skip[@]}" "$@"
 log "e2e tests passed after $(stamp)"

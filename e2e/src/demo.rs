@@ -32,8 +32,9 @@ pub const HEADER_ORIGINAL_DST: &str = "x-echo-original-dst";
 /// Response header: name of the server (the pod's hostname).
 pub const HEADER_SERVER_NAME: &str = "x-echo-server-name";
 
-/// Path on which the HTTP echo server fails every other request (per
-/// process) with 503: a flaky backend that a retry policy hides.
+/// Path on which the HTTP echo server fails every tenth request (per
+/// process) with 503: a flaky backend that a retry policy hides (within
+/// the default 20 % retry budget).
 pub const FLAKY_PATH: &str = "/flaky";
 
 /// Requests seen on [`FLAKY_PATH`] by this process.
@@ -115,11 +116,11 @@ where
 async fn echo(req: Request<Incoming>, info: ConnInfo) -> Result<Response<Full<Bytes>>, Infallible> {
     let protocol = format!("{:?}", req.version());
     let is_post = req.method() == http::Method::POST;
-    // The first, third, fifth ... request on the flaky path fails.
+    // The first, eleventh, twenty-first ... request on the flaky path fails.
     let fail = req.uri().path() == FLAKY_PATH
         && FLAKY_SEEN
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            .is_multiple_of(2);
+            .is_multiple_of(10);
     let body = match req.into_body().collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(error) => {
