@@ -16,6 +16,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use baton_crds::contract::labels;
+use baton_e2e::demo::FLAKY_PATH;
 use baton_e2e::fetch::{self, FetchReport, FetchSpec};
 use baton_e2e::install::{self as baton};
 use baton_e2e::rollout::ReleaseGuard;
@@ -338,7 +339,7 @@ async fn route_split_match_fault_retry_and_deletion_reach_the_clients_sidecar_an
                 "{plain:?}"
             );
             // The flaky path fails half the time without a retry policy.
-            let flaky = s.fetch(&s.spec(s.server_v1, fetch_flaky(), 40)).await;
+            let flaky = s.fetch(&s.spec(s.server_v1, FLAKY_PATH, 40)).await;
             assert_eq!(
                 flaky.status(503),
                 4,
@@ -360,7 +361,7 @@ async fn route_split_match_fault_retry_and_deletion_reach_the_clients_sidecar_an
                          "fault": {"abort": {"httpStatus": 418, "percent": 100}},
                          "backendRefs": [{"name": "server-v1", "port": PORT}]},
                         {"name": "flaky",
-                         "matches": [{"path": {"type": "PathPrefix", "value": fetch_flaky()}}],
+                         "matches": [{"path": {"type": "PathPrefix", "value": FLAKY_PATH}}],
                          "retries": {"attempts": 2, "retryOn": ["503"]},
                          "backendRefs": [{"name": "server-v1", "port": PORT}]},
                         {"name": "split",
@@ -409,7 +410,7 @@ async fn route_split_match_fault_retry_and_deletion_reach_the_clients_sidecar_an
                 "a fault never reaches a server: {fault:?}"
             );
 
-            let mut retried = s.spec(s.server, fetch_flaky(), 100);
+            let mut retried = s.spec(s.server, FLAKY_PATH, 100);
             retried.concurrency = 1;
             let r = s.fetch(&retried).await;
             assert_eq!(
@@ -463,10 +464,6 @@ async fn route_split_match_fault_retry_and_deletion_reach_the_clients_sidecar_an
         },
     )
     .await;
-}
-
-fn fetch_flaky() -> &'static str {
-    baton_e2e::demo::FLAKY_PATH
 }
 
 #[tokio::test]
