@@ -10,15 +10,29 @@
 //! version and a nonce; the sidecar answers each with an ACK (applied) or a
 //! NACK (refused, with the error — it keeps serving its last good config).
 //!
+//! A push carries either the whole [`Snapshot`] or a [`Delta`]: the
+//! sections that changed since the version the sidecar serves (xDS's
+//! incremental variant, by section). The operator sends a delta only onto a
+//! version the sidecar has ACKed, and a full snapshot on (re)connect and
+//! after a NACK; the sidecar applies a delta onto its serving snapshot and
+//! validates the result as it would a full one, so ACK and NACK mean the
+//! same for both.
+//!
 //! Why length-prefixed JSON over plain HTTP/2 rather than gRPC: the
 //! snapshot is already serde data with one JSON form (`/config`, the
 //! handoff); a protobuf schema would be a second definition to keep in step,
 //! and tonic a second HTTP/2 stack beside hyper in both binaries.
 
+use std::collections::HashMap;
+
+use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::Snapshot;
+use crate::{
+    AdminConfig, ClusterConfig, ListenerConfig, Policies, RouteConfig, RuntimeConfig, Snapshot,
+    TlsSection,
+};
 
 /// Path of the watch stream.
 pub const WATCH_PATH: &str = "/v1/config/watch";
@@ -31,51 +45,266 @@ pub const VERSION_HEADER: &str = "x-baton-version";
 /// Largest frame either side accepts.
 pub const MAX_FRAME: usize = 16 << 20;
 
-/// A snapshot sent to one sidecar.
+/// One push to one sidecar: exactly one of `snapshot` (the whole config)
+/// and `delta` (the sections that changed since version `base`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Push {
     pub version: u64,
     /// Names this push in the reply (a version may be re-sent).
     pub nonce: String,
-    pub snapshot: Snapshot,
+    /// With a delta: the version it applies onto, which must be the one the
+    /// sidecar serves (otherwise the push is refused, NACK, and the operator
+    /// follows with a full snapshot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<Snapshot>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta: Option<Delta>,
 }
 
-/// A push whose snapshot is already JSON (`snapshot_json`, the
-/// serialization of one [`Snapshot`]). The operator serializes a snapshot
-/// once and sends it to every sidecar it compiles to; on the wire it is a
-/// [`Push`] ([`encode_shared`]).
+impl Push {
+    /// The snapshot this push stands for, given the one the sidecar serves,
+    /// stamped with the push's version. Not yet validated.
+    pub fn resolve(self, serving: &Snapshot) -> Result<Snapshot, DeltaError> {
+        let mut snapshot = match (self.snapshot, self.delta) {
+            (Some(snapshot), None) => snapshot,
+            (None, Some(delta)) => {
+                let base = self
+                    .base
+                    .ok_or(DeltaError::Shape("a delta without a base"))?;
+                if serving.version != base {
+                    return Err(DeltaError::BaseMismatch {
+                        base,
+                        serving: serving.version,
+                    });
+                }
+                delta.apply(serving)?
+            }
+            (None, None) => return Err(DeltaError::Shape("neither")),
+            (Some(_), Some(_)) => return Err(DeltaError::Shape("both")),
+        };
+        snapshot.version = self.version;
+        Ok(snapshot)
+    }
+}
+
+/// A push's config: the whole snapshot, or the sections that changed since
+/// the version the sidecar serves.
+///
+/// Why deltas: most changes touch one section (a Route edit: `routes`; a Pod
+/// scaling: one cluster's endpoints), while a full snapshot carries every
+/// Service's cluster; every byte is encrypted and framed once per connected
+/// sidecar. The operator sends a delta only onto a version the sidecar has
+/// ACKed; a full snapshot goes on (re)connect and after a NACK, so a sidecar
+/// never needs anything but its serving snapshot to apply a push.
+///
+/// The delta itself names no version: the streams of one group share its
+/// bytes while each has its own version ([`Push::base`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Delta {
+    pub sections: Vec<Section>,
+}
+
+/// The new value of one snapshot section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Section {
+    Admin(AdminConfig),
+    Runtime(RuntimeConfig),
+    Listeners(Vec<ListenerConfig>),
+    Routes(Keyed<RouteConfig>),
+    Clusters(Keyed<ClusterConfig>),
+    Tls(Option<TlsSection>),
+    Policies(Policies),
+}
+
+/// A list section by name (names are unique in a valid snapshot: the
+/// sidecar's validation refuses duplicates): `order` names every entry of
+/// the new list in order, `changed` holds the entries that are new or
+/// differ; an entry named in `order` and not in `changed` keeps its
+/// definition from the base. A Route edit sends one route, a Pod scaling
+/// one cluster, not the whole list.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Keyed<T> {
+    pub order: Vec<String>,
+    pub changed: Vec<T>,
+}
+
+/// An entry of a [`Keyed`] section.
+pub trait Named {
+    fn name(&self) -> &str;
+}
+
+impl Named for RouteConfig {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Named for ClusterConfig {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl<T: Named + Clone + PartialEq> Keyed<T> {
+    fn between(old: &[T], new: &[T]) -> Self {
+        let before: HashMap<&str, &T> = old.iter().map(|e| (e.name(), e)).collect();
+        Keyed {
+            order: new.iter().map(|e| e.name().to_owned()).collect(),
+            changed: new
+                .iter()
+                .filter(|e| before.get(e.name()) != Some(e))
+                .cloned()
+                .collect(),
+        }
+    }
+
+    fn apply(&self, base: &[T]) -> Result<Vec<T>, DeltaError> {
+        let mut by_name: HashMap<&str, &T> = base.iter().map(|e| (e.name(), e)).collect();
+        for e in &self.changed {
+            by_name.insert(e.name(), e);
+        }
+        self.order
+            .iter()
+            .map(|name| {
+                by_name
+                    .get(name.as_str())
+                    .map(|e| (*e).clone())
+                    .ok_or_else(|| DeltaError::Unknown(name.clone()))
+            })
+            .collect()
+    }
+}
+
+/// Why a delta does not apply.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeltaError {
+    #[error("delta applies onto version {base}, the sidecar serves {serving}")]
+    BaseMismatch { base: u64, serving: u64 },
+    #[error("delta keeps {0:?}, which the serving config does not have")]
+    Unknown(String),
+    #[error("push carries {0}: exactly one of snapshot and delta is required")]
+    Shape(&'static str),
+}
+
+impl Delta {
+    /// The sections of `new` that differ from `old`:
+    /// `Delta::between(old, new).apply(old)` is `new` (but its version).
+    pub fn between(old: &Snapshot, new: &Snapshot) -> Delta {
+        let mut sections = Vec::new();
+        if old.admin != new.admin {
+            sections.push(Section::Admin(new.admin.clone()));
+        }
+        if old.runtime != new.runtime {
+            sections.push(Section::Runtime(new.runtime.clone()));
+        }
+        if old.listeners != new.listeners {
+            sections.push(Section::Listeners(new.listeners.clone()));
+        }
+        if old.routes != new.routes {
+            sections.push(Section::Routes(Keyed::between(&old.routes, &new.routes)));
+        }
+        if old.clusters != new.clusters {
+            sections.push(Section::Clusters(Keyed::between(
+                &old.clusters,
+                &new.clusters,
+            )));
+        }
+        if old.tls != new.tls {
+            sections.push(Section::Tls(new.tls.clone()));
+        }
+        if old.policies != new.policies {
+            sections.push(Section::Policies(new.policies.clone()));
+        }
+        Delta { sections }
+    }
+
+    /// The snapshot this delta makes of `serving`; the result still goes
+    /// through the sidecar's validation before it replaces anything.
+    pub fn apply(&self, serving: &Snapshot) -> Result<Snapshot, DeltaError> {
+        let mut out = serving.clone();
+        for section in &self.sections {
+            match section {
+                Section::Admin(v) => out.admin = v.clone(),
+                Section::Runtime(v) => out.runtime = v.clone(),
+                Section::Listeners(v) => out.listeners = v.clone(),
+                Section::Routes(k) => out.routes = k.apply(&serving.routes)?,
+                Section::Clusters(k) => out.clusters = k.apply(&serving.clusters)?,
+                Section::Tls(v) => out.tls = v.clone(),
+                Section::Policies(v) => out.policies = v.clone(),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Which field of a [`Push`] a [`SharedPush`]'s JSON is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigKind {
+    Snapshot,
+    Delta { base: u64 },
+}
+
+/// A push whose config is already JSON (`json`: one [`Snapshot`] or
+/// [`Delta`], per `kind`). The operator serializes a config once per group
+/// of sidecars that get the same one and shares the bytes between their
+/// pushes; on the wire it is a [`Push`] ([`SharedPush::frame_parts`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SharedPush {
     pub version: u64,
     pub nonce: String,
-    pub snapshot_json: std::sync::Arc<[u8]>,
+    /// `Delta { base }`: a delta onto version `base`.
+    pub kind: ConfigKind,
+    pub json: Bytes,
 }
 
 impl SharedPush {
     /// Serializes `snapshot` for sharing between pushes.
-    pub fn snapshot_json(snapshot: &Snapshot) -> std::sync::Arc<[u8]> {
+    pub fn snapshot_json(snapshot: &Snapshot) -> Bytes {
         serde_json::to_vec(snapshot)
             .expect("snapshots serialize")
             .into()
     }
+
+    /// Serializes `delta` for sharing between pushes.
+    pub fn delta_json(delta: &Delta) -> Bytes {
+        serde_json::to_vec(delta).expect("deltas serialize").into()
+    }
+
+    /// The frame of this push in three pieces that decode as a [`Push`]: the
+    /// length prefix with the version and nonce, the shared JSON itself
+    /// (a reference, not a copy: one buffer serves every stream of a group)
+    /// and the closing brace.
+    pub fn frame_parts(&self) -> [Bytes; 3] {
+        let nonce = serde_json::to_string(&self.nonce).expect("strings serialize");
+        // The fields in [`Push`]'s order, so the frame is byte for byte
+        // what serializing the Push would give.
+        let head = match self.kind {
+            ConfigKind::Snapshot => format!(
+                "{{\"version\":{},\"nonce\":{nonce},\"snapshot\":",
+                self.version
+            ),
+            ConfigKind::Delta { base } => format!(
+                "{{\"version\":{},\"nonce\":{nonce},\"base\":{base},\"delta\":",
+                self.version
+            ),
+        };
+        let len = head.len() + self.json.len() + 1;
+        let mut first = Vec::with_capacity(4 + head.len());
+        first.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
+        first.extend_from_slice(head.as_bytes());
+        [first.into(), self.json.clone(), Bytes::from_static(b"}")]
+    }
 }
 
-/// One [`SharedPush`] as a frame that decodes as a [`Push`]: the fields in
-/// [`Push`]'s order around the pre-serialized snapshot, so a push costs a
-/// copy of the snapshot's JSON, not a serialization.
+/// One [`SharedPush`] as one contiguous frame (tests; the server sends
+/// [`SharedPush::frame_parts`]).
 pub fn encode_shared(push: &SharedPush) -> Vec<u8> {
-    let nonce = serde_json::to_string(&push.nonce).expect("strings serialize");
-    let head = format!(
-        "{{\"version\":{},\"nonce\":{nonce},\"snapshot\":",
-        push.version
-    );
-    let len = head.len() + push.snapshot_json.len() + 1;
-    let mut out = Vec::with_capacity(4 + len);
-    out.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
-    out.extend_from_slice(head.as_bytes());
-    out.extend_from_slice(&push.snapshot_json);
-    out.push(b'}');
-    out
+    push.frame_parts().concat()
 }
 
 /// The sidecar's answer to one push.
@@ -145,7 +374,9 @@ mod tests {
         let push = Push {
             version: 7,
             nonce: "n7".into(),
-            snapshot: crate::pod_default(),
+            base: None,
+            snapshot: Some(crate::pod_default()),
+            delta: None,
         };
         let ack = Reply::Ack {
             nonce: "n7".into(),
@@ -174,27 +405,210 @@ mod tests {
     #[test]
     fn a_shared_push_decodes_as_the_push_it_stands_for() {
         let snapshot = crate::pod_default();
-        let shared = SharedPush {
-            version: 42,
-            // A nonce that needs escaping still round-trips.
-            nonce: "n\"42\\".into(),
-            snapshot_json: SharedPush::snapshot_json(&snapshot),
-        };
-        let mut d = Decoder::default();
-        d.extend(&encode_shared(&shared));
-        let got: Push = d.next_message().unwrap().unwrap();
-        assert_eq!(
-            got,
-            Push {
+        let delta = Delta::between(&snapshot, &changed(&snapshot));
+        for (kind, json, base, want_snapshot, want_delta) in [
+            (
+                ConfigKind::Snapshot,
+                SharedPush::snapshot_json(&snapshot),
+                None,
+                Some(snapshot.clone()),
+                None,
+            ),
+            (
+                ConfigKind::Delta { base: 41 },
+                SharedPush::delta_json(&delta),
+                Some(41),
+                None,
+                Some(delta.clone()),
+            ),
+        ] {
+            let shared = SharedPush {
                 version: 42,
-                nonce: shared.nonce.clone(),
-                snapshot,
+                // A nonce that needs escaping still round-trips.
+                nonce: "n\"42\\".into(),
+                kind,
+                json,
+            };
+            let mut d = Decoder::default();
+            for part in shared.frame_parts() {
+                d.extend(&part);
             }
+            let got: Push = d.next_message().unwrap().unwrap();
+            assert_eq!(
+                got,
+                Push {
+                    version: 42,
+                    nonce: shared.nonce.clone(),
+                    base,
+                    snapshot: want_snapshot,
+                    delta: want_delta,
+                }
+            );
+            assert_eq!(
+                encode_shared(&shared),
+                encode(&got),
+                "byte for byte what serializing the Push gives"
+            );
+        }
+    }
+
+    /// `base` with a change in every section.
+    fn changed(base: &Snapshot) -> Snapshot {
+        let mut new = base.clone();
+        new.admin.address = "127.0.0.1:1".parse().unwrap();
+        new.runtime.worker_threads = 3;
+        new.listeners.pop();
+        new.routes.push(
+            serde_json::from_value(serde_json::json!({
+                "name": "r", "backends": [{"cluster": "b", "weight": 1}]
+            }))
+            .unwrap(),
+        );
+        new.clusters = vec![cluster("b", 2), cluster("c", 1)];
+        new.tls = Some(serde_json::json!({"mode": "Strict"}));
+        new.policies =
+            serde_json::from_value(serde_json::json!({"rbac": [{"name": "p", "rules": []}]}))
+                .unwrap();
+        new
+    }
+
+    fn cluster(name: &str, last_octet: u8) -> ClusterConfig {
+        ClusterConfig::new(name, vec![([10, 0, 0, last_octet], 80).into()])
+    }
+
+    fn with_clusters(clusters: Vec<ClusterConfig>) -> Snapshot {
+        Snapshot {
+            version: 5,
+            clusters,
+            ..crate::pod_default()
+        }
+    }
+
+    #[test]
+    fn a_delta_applied_onto_its_base_gives_the_new_snapshot() {
+        let a = with_clusters(vec![cluster("a", 1), cluster("b", 1), cluster("c", 1)]);
+        let cases = [
+            ("nothing", a.clone()),
+            ("every section", changed(&a)),
+            (
+                "one cluster's endpoints",
+                with_clusters(vec![cluster("a", 1), cluster("b", 9), cluster("c", 1)]),
+            ),
+            (
+                "reordered, one removed, one added",
+                with_clusters(vec![cluster("c", 1), cluster("d", 1), cluster("a", 1)]),
+            ),
+            ("no clusters", with_clusters(vec![])),
+            ("tls removed", {
+                let mut with_tls = a.clone();
+                with_tls.tls = Some(serde_json::json!({"mode": "Strict"}));
+                let delta = Delta::between(&with_tls, &a);
+                assert_eq!(delta.apply(&with_tls).unwrap().tls, None);
+                a.clone()
+            }),
+        ];
+        for (what, new) in cases {
+            let delta = Delta::between(&a, &new);
+            // Through the wire, as the sidecar gets it.
+            let json = serde_json::to_vec(&delta).unwrap();
+            let delta: Delta = serde_json::from_slice(&json).unwrap();
+            let mut got = delta.apply(&a).unwrap();
+            got.version = new.version;
+            assert_eq!(got, new, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_delta_carries_only_what_changed() {
+        let a = with_clusters(vec![cluster("a", 1), cluster("b", 1), cluster("c", 1)]);
+        assert!(Delta::between(&a, &a).sections.is_empty());
+        let b = with_clusters(vec![cluster("a", 1), cluster("b", 9), cluster("c", 1)]);
+        assert_eq!(
+            Delta::between(&a, &b).sections,
+            vec![Section::Clusters(Keyed {
+                order: vec!["a".into(), "b".into(), "c".into()],
+                changed: vec![cluster("b", 9)],
+            })]
+        );
+        let route = |name: &str, weight: u32| -> RouteConfig {
+            serde_json::from_value(serde_json::json!({
+                "name": name, "backends": [{"cluster": "a", "weight": weight}]
+            }))
+            .unwrap()
+        };
+        let mut c = a.clone();
+        c.routes = vec![route("r1", 1), route("r2", 1)];
+        let mut d = c.clone();
+        d.routes[1] = route("r2", 2);
+        assert_eq!(
+            Delta::between(&c, &d).sections,
+            vec![Section::Routes(Keyed {
+                order: vec!["r1".into(), "r2".into()],
+                changed: vec![route("r2", 2)],
+            })]
+        );
+    }
+
+    #[test]
+    fn a_push_resolves_to_its_snapshot_stamped_with_its_version() {
+        let a = with_clusters(vec![cluster("a", 1)]);
+        let b = with_clusters(vec![cluster("b", 1)]);
+        let push = |base, snapshot, delta| Push {
+            version: 6,
+            nonce: "n".into(),
+            base,
+            snapshot,
+            delta,
+        };
+        let want = Snapshot {
+            version: 6,
+            ..b.clone()
+        };
+        assert_eq!(
+            push(None, Some(b.clone()), None).resolve(&a),
+            Ok(want.clone())
+        );
+        let delta = Delta::between(&a, &b);
+        assert_eq!(
+            push(Some(5), None, Some(delta.clone())).resolve(&a),
+            Ok(want)
         );
         assert_eq!(
-            encode_shared(&shared),
-            encode(&got),
-            "byte for byte what serializing the Push gives"
+            push(None, None, None).resolve(&a),
+            Err(DeltaError::Shape("neither"))
+        );
+        assert_eq!(
+            push(None, Some(b), Some(delta.clone())).resolve(&a),
+            Err(DeltaError::Shape("both"))
+        );
+        assert_eq!(
+            push(None, None, Some(delta.clone())).resolve(&a),
+            Err(DeltaError::Shape("a delta without a base"))
+        );
+    }
+
+    #[test]
+    fn a_delta_onto_another_version_or_missing_cluster_is_refused() {
+        let a = with_clusters(vec![cluster("a", 1)]);
+        let b = with_clusters(vec![cluster("a", 1), cluster("b", 1)]);
+        let push = |base| Push {
+            version: 6,
+            nonce: "n".into(),
+            base: Some(base),
+            snapshot: None,
+            delta: Some(Delta::between(&a, &b)),
+        };
+        assert_eq!(
+            push(4).resolve(&a),
+            Err(DeltaError::BaseMismatch {
+                base: 4,
+                serving: 5
+            })
+        );
+        let other = with_clusters(vec![cluster("z", 1)]);
+        assert_eq!(
+            push(5).resolve(&other),
+            Err(DeltaError::Unknown("a".into()))
         );
     }
 

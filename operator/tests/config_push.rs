@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_config::Snapshot;
+use baton_config::push::{self, Decoder, Push, Reply, Section};
 use baton_operator::identity::authority::{Authority, generate_root};
 use baton_operator::identity::cluster::{Cluster, PodState};
 use baton_operator::identity::issue::{Caller, Refusal, ReviewResult};
@@ -21,6 +22,8 @@ use baton_operator::mesh::server::{PushServer, serve};
 use baton_sidecar::config::store::ConfigStore;
 use baton_sidecar::control::{self, ControlConfig};
 use baton_sidecar::metrics::Metrics;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::json;
@@ -381,8 +384,16 @@ async fn a_sidecar_keeps_its_config_without_the_operator_and_resumes_at_its_vers
 
 /// An authenticated stream whose request body is `garbage`, over a raw
 /// HTTP/2 client (the sidecar's client never sends a bad frame).
-async fn raw_stream(op: &Operator, token: &str, pod: &str, garbage: &'static [u8]) -> u16 {
-    use http_body_util::Full;
+type ReplyBody = http_body_util::combinators::BoxBody<bytes::Bytes, std::convert::Infallible>;
+
+/// A hand-driven stream: TLS and HTTP/2 to the operator as `pod` with
+/// `token`, `replies` as the request body.
+async fn open_stream(
+    op: &Operator,
+    token: &str,
+    pod: &str,
+    replies: ReplyBody,
+) -> http::Response<hyper::body::Incoming> {
     use hyper_util::rt::{TokioExecutor, TokioIo};
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::{CertificateDer, ServerName};
@@ -409,15 +420,118 @@ async fn raw_stream(op: &Operator, token: &str, pod: &str, garbage: &'static [u8
             .await
             .unwrap();
     tokio::spawn(conn);
-    let req = http::Request::post(format!(
-        "https://{SERVER_NAME}{}",
-        baton_config::push::WATCH_PATH
-    ))
-    .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
-    .header(baton_config::push::POD_HEADER, pod)
-    .body(Full::new(bytes::Bytes::from_static(garbage)))
-    .unwrap();
-    sender.send_request(req).await.unwrap().status().as_u16()
+    let req = http::Request::post(format!("https://{SERVER_NAME}{}", push::WATCH_PATH))
+        .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
+        .header(push::POD_HEADER, pod)
+        .body(replies)
+        .unwrap();
+    sender.send_request(req).await.unwrap()
+}
+
+async fn raw_stream(op: &Operator, token: &str, pod: &str, garbage: &'static [u8]) -> u16 {
+    let body = Full::new(bytes::Bytes::from_static(garbage)).boxed();
+    open_stream(op, token, pod, body).await.status().as_u16()
+}
+
+/// The pushes of a hand-driven stream, decoded.
+struct Pushes {
+    body: hyper::body::Incoming,
+    decoder: Decoder,
+}
+
+impl Pushes {
+    async fn next(&mut self) -> Push {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Some(p) = self.decoder.next_message::<Push>().unwrap() {
+                    return p;
+                }
+                let frame = self.body.frame().await.unwrap().unwrap();
+                if let Some(data) = frame.data_ref() {
+                    self.decoder.extend(data);
+                }
+            }
+        })
+        .await
+        .expect("a push within 10 s")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushes_after_an_ack_are_deltas_and_a_nacked_delta_is_followed_by_the_full_snapshot() {
+    let op = start_operator().await;
+    let (replies, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(4);
+    let body = StreamBody::new(futures::stream::unfold(rx, |mut rx| async move {
+        let b = rx.recv().await?;
+        Some((Ok(Frame::data(b)), rx))
+    }))
+    .boxed();
+    let resp = open_stream(&op, "token-1", "shop/client-1", body).await;
+    assert_eq!(resp.status(), 200);
+    let mut pushes = Pushes {
+        body: resp.into_body(),
+        decoder: Decoder::default(),
+    };
+    let reply = async |r: Reply| replies.send(push::encode(&r).into()).await.unwrap();
+
+    // The first push of a stream is the whole snapshot.
+    let first = pushes.next().await;
+    assert_eq!(
+        (first.version, first.base, first.delta.is_some()),
+        (1, None, false)
+    );
+    let serving = first.clone().resolve(&Snapshot::default()).unwrap();
+    reply(Reply::Ack {
+        nonce: first.nonce,
+        version: 1,
+    })
+    .await;
+    eventually("the ACK", || {
+        op.hub.sidecars().iter().any(|s| s.acked == Some(1))
+    })
+    .await;
+
+    // A change onto an ACKed version: only what changed, onto version 1.
+    op.hub.update(|ix| ix.apply_route(&split_route()));
+    let delta = pushes.next().await;
+    assert_eq!((delta.version, delta.base), (2, Some(1)));
+    assert!(delta.snapshot.is_none());
+    let sections = &delta.delta.as_ref().unwrap().sections;
+    assert!(
+        sections
+            .iter()
+            .all(|s| matches!(s, Section::Routes(_) | Section::Clusters(_))),
+        "a Route change touches routes (and clusters), nothing else: {sections:?}"
+    );
+    let wanted = delta.clone().resolve(&serving).unwrap();
+    assert!(wanted.routes.iter().any(|r| r.name == "route:shop/split/0"));
+
+    // Refused: the full snapshot follows, with the same config.
+    reply(Reply::Nack {
+        nonce: delta.nonce,
+        error: "base mismatch".into(),
+    })
+    .await;
+    let full = pushes.next().await;
+    assert_eq!(
+        (full.version, full.base, full.delta.is_some()),
+        (3, None, false)
+    );
+    let mut got = full.snapshot.clone().unwrap();
+    got.version = wanted.version;
+    assert_eq!(got, wanted);
+    reply(Reply::Ack {
+        nonce: full.nonce,
+        version: 3,
+    })
+    .await;
+    eventually("the ACK of the full snapshot", || {
+        op.hub
+            .sidecars()
+            .iter()
+            .any(|s| s.acked == Some(3) && s.nack.is_none())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

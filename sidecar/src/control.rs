@@ -1,6 +1,7 @@
 //! The config stream client: one HTTP/2 stream over TLS to the operator
 //! (wire format in [`baton_config::push`]), applying each pushed snapshot
-//! through the [`ConfigStore`] and answering ACK or NACK.
+//! (or delta, applied onto the serving snapshot) through the [`ConfigStore`]
+//! and answering ACK or NACK.
 //!
 //! Failure behaviour, by design:
 //! * a snapshot the store refuses is NACKed with the error and never
@@ -224,20 +225,17 @@ async fn stream_once(
     Err(StreamError::Closed)
 }
 
-/// Apply one push: the store validates and swaps, or refuses and keeps the
-/// serving snapshot.
+/// Apply one push: a delta is applied onto the serving snapshot first; the
+/// store validates and swaps, or refuses and keeps the serving snapshot.
 fn apply(store: &ConfigStore, push: Push) -> Reply {
-    let mut snapshot = push.snapshot;
-    snapshot.version = push.version;
-    match store.apply(&snapshot) {
-        Ok(()) => Reply::Ack {
-            nonce: push.nonce,
-            version: push.version,
-        },
-        Err(error) => Reply::Nack {
-            nonce: push.nonce,
-            error: error.to_string(),
-        },
+    let (nonce, version) = (push.nonce.clone(), push.version);
+    let applied = push
+        .resolve(&store.snapshot())
+        .map_err(|e| e.to_string())
+        .and_then(|snapshot| store.apply(&snapshot).map_err(|e| e.to_string()));
+    match applied {
+        Ok(()) => Reply::Ack { nonce, version },
+        Err(error) => Reply::Nack { nonce, error },
     }
 }
 

@@ -192,35 +192,9 @@ pub async fn serve<C: Cluster>(
     service: Arc<IdentityService<C>>,
     path: &'static str,
 ) -> std::io::Result<()> {
-    loop {
-        let (tcp, peer) = match listener.accept().await {
-            Ok(conn) => conn,
-            // Out of descriptors or similar: keep serving the rest.
-            Err(error) => {
-                tracing::warn!(%error, "identity accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let acceptor = acceptor.clone();
+    accept_tls(listener, acceptor, "identity", move |tls, peer| {
         let service = service.clone();
-        tokio::spawn(async move {
-            let tls = match tokio::time::timeout(
-                std::time::Duration::from_secs(10),
-                acceptor.accept(tcp),
-            )
-            .await
-            {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(error)) => {
-                    tracing::debug!(%peer, %error, "identity TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "identity TLS handshake timed out");
-                    return;
-                }
-            };
+        async move {
             let svc = service_fn(move |req: Request<Incoming>| {
                 let service = service.clone();
                 async move { Ok::<_, Infallible>(respond(&service, path, req).await) }
@@ -230,6 +204,60 @@ pub async fn serve<C: Cluster>(
                 .await
             {
                 tracing::debug!(%peer, %error, "identity connection ended");
+            }
+        }
+    })
+    .await
+}
+
+/// The accept loop of the operator's TLS endpoints (identity, config
+/// push): accepts on `listener`, completes the TLS handshake within 10 s in
+/// the connection's own task and hands the stream to `serve_conn`. A failed
+/// accept (out of descriptors) or handshake costs only that connection. The
+/// connections are owned by this future: dropping it (aborting its task)
+/// closes every one, as a process exit would.
+pub async fn accept_tls<F, Fut>(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    what: &'static str,
+    serve_conn: F,
+) -> std::io::Result<()>
+where
+    F: Fn(tokio_rustls::server::TlsStream<tokio::net::TcpStream>, std::net::SocketAddr) -> Fut
+        + Send
+        + Sync
+        + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let serve_conn = Arc::new(serve_conn);
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            Some(_) = connections.join_next() => continue,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(conn) => conn,
+            // Out of descriptors or similar: keep serving the rest.
+            Err(error) => {
+                tracing::warn!(%error, endpoint = what, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let acceptor = acceptor.clone();
+        let serve_conn = serve_conn.clone();
+        connections.spawn(async move {
+            match tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(tcp))
+                .await
+            {
+                Ok(Ok(tls)) => serve_conn(tls, peer).await,
+                Ok(Err(error)) => {
+                    tracing::debug!(%peer, %error, endpoint = what, "TLS handshake failed");
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, endpoint = what, "TLS handshake timed out");
+                }
             }
         });
     }

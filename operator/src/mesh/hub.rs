@@ -10,13 +10,20 @@
 //! (resync complete), so an operator restart or failover never sends a
 //! partial config. Each stream holds only the latest push (a `watch`
 //! channel): a slow sidecar gets the newest config, never a backlog.
+//!
+//! A push is a delta ([`baton_config::push::Delta`]: the sections that
+//! changed) when the sidecar has ACKed the last push and nothing is
+//! pending; otherwise — first push of a stream, a push still unanswered, a
+//! NACK — it is the full snapshot. A NACKed delta is followed at once by the
+//! full snapshot (the sidecar's base may not be what the hub thinks).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use baton_config::Snapshot;
-use baton_config::push::{Reply, SharedPush};
+use baton_config::push::{ConfigKind, Delta, Reply, SharedPush};
+use bytes::Bytes;
 use tokio::sync::{Notify, watch};
 
 use super::compile::{Attachments, MeshParams, attach_routes, compile, compile_key};
@@ -52,7 +59,7 @@ pub struct Programmed {
 #[derive(Debug, PartialEq)]
 struct Compiled {
     snapshot: Snapshot,
-    json: Arc<[u8]>,
+    json: Bytes,
     sources: BTreeSet<Source>,
 }
 
@@ -68,8 +75,9 @@ struct Stream {
     sent_sources: BTreeSet<Source>,
     acked_sources: BTreeSet<Source>,
     version: u64,
-    /// Push awaiting its reply: nonce and when it was sent.
-    pending: Option<(String, Instant)>,
+    /// Push awaiting its reply: nonce, when it was sent, whether it was a
+    /// delta.
+    pending: Option<(String, Instant, ConfigKind)>,
     acked: Option<u64>,
     /// The last NACK's error, cleared by the next ACK.
     nack: Option<String>,
@@ -189,7 +197,7 @@ impl Hub {
         let nonce = match &reply {
             Reply::Ack { nonce, .. } | Reply::Nack { nonce, .. } => nonce,
         };
-        let Some((pending, sent_at)) = s.pending.take_if(|(n, _)| n == nonce) else {
+        let Some((pending, sent_at, kind)) = s.pending.take_if(|(n, _, _)| n == nonce) else {
             self.metrics
                 .replies
                 .get_or_create(&reply_labels("stale"))
@@ -217,6 +225,14 @@ impl Hub {
                     .inc();
                 tracing::warn!(pod = %s.pod, version = s.version, %error, "sidecar refused its config; it keeps its last good one");
                 s.nack = Some(error);
+                if matches!(kind, ConfigKind::Delta { .. }) {
+                    // The delta may have met another base than the hub
+                    // assumed: the next recompile sends the full snapshot
+                    // (which gets its own ACK or NACK).
+                    s.sent = None;
+                    drop(inner);
+                    self.dirty.notify_one();
+                }
             }
         }
     }
@@ -290,6 +306,8 @@ impl Hub {
         // Whether a stream's last snapshot equals its new one, once per
         // (old, new) pair: the streams of a group share both.
         let mut same: HashMap<(*const Compiled, *const Compiled), bool> = HashMap::new();
+        // The delta from one snapshot to another, serialized once per pair.
+        let mut deltas: HashMap<(*const Compiled, *const Compiled), Bytes> = HashMap::new();
         let mut pushes = 0;
         for s in streams.values_mut() {
             let key = compile_key(index, &s.pod);
@@ -350,16 +368,35 @@ impl Hub {
                 s.sent = Some(new);
                 continue;
             }
+            // A delta only onto what the sidecar is known to serve: the last
+            // push, ACKed, with nothing in flight.
+            let base = s
+                .sent
+                .as_ref()
+                .filter(|_| s.pending.is_none() && s.nack.is_none() && s.acked == Some(s.version));
+            let (kind, json) = match base {
+                Some(old) => (
+                    ConfigKind::Delta { base: s.version },
+                    deltas
+                        .entry((Arc::as_ptr(old), Arc::as_ptr(&new)))
+                        .or_insert_with(|| {
+                            SharedPush::delta_json(&Delta::between(&old.snapshot, &new.snapshot))
+                        })
+                        .clone(),
+                ),
+                None => (ConfigKind::Snapshot, new.json.clone()),
+            };
             s.sent_sources = new.sources.clone();
             s.version += 1;
             let nonce = format!("{}-{}", s.version, rand::random::<u32>());
-            s.pending = Some((nonce.clone(), Instant::now()));
+            s.pending = Some((nonce.clone(), Instant::now(), kind));
             // The sidecar stamps the push's version on the snapshot it
             // applies, so the shared JSON carries none of its own.
             s.tx.send_replace(Some(Arc::new(SharedPush {
                 version: s.version,
                 nonce,
-                snapshot_json: new.json.clone(),
+                kind,
+                json,
             })));
             s.sent = Some(new);
             pushes += 1;

@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use baton_config::push::{self, Decoder, Reply};
 use bytes::Bytes;
+use futures::StreamExt;
 use http::{Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
 use hyper::body::{Frame, Incoming};
@@ -26,6 +27,7 @@ use super::hub::{Hub, StreamId};
 use super::index::ObjKey;
 use crate::identity::cluster::{Cluster, PodState};
 use crate::identity::issue::{Refusal, caller_from_review};
+use crate::identity::server::accept_tls;
 
 /// Why a stream was not opened.
 #[derive(Debug, thiserror::Error)]
@@ -169,11 +171,16 @@ impl<C: Cluster> PushServer<C> {
                 rx.changed().await.ok()?;
                 let push = rx.borrow_and_update().clone();
                 if let Some(push) = push {
-                    let frame = Frame::data(Bytes::from(push::encode_shared(&push)));
-                    return Some((Ok::<_, Infallible>(frame), (rx, guard)));
+                    // The config's bytes are shared by every stream of its
+                    // group: sent by reference, not copied per stream.
+                    let parts = push
+                        .frame_parts()
+                        .map(|b| Ok::<_, Infallible>(Frame::data(b)));
+                    return Some((futures::stream::iter(parts), (rx, guard)));
                 }
             }
-        });
+        })
+        .flatten();
         Response::builder()
             .status(StatusCode::OK)
             .header(header::CONTENT_TYPE, "application/x-baton-push")
@@ -221,44 +228,18 @@ async fn read_replies(mut body: Incoming, stream: Arc<Disconnect>) {
     stream.hub.disconnect(stream.id);
 }
 
-/// Accepts TLS connections and serves HTTP/2 on each. The connections are
-/// owned by this future: dropping it (aborting its task) closes every
-/// stream, as a process exit would.
+/// Accepts TLS connections and serves HTTP/2 on each (the identity
+/// endpoint's accept loop, [`accept_tls`]). The connections are owned by
+/// this future: dropping it (aborting its task) closes every stream, as a
+/// process exit would.
 pub async fn serve<C: Cluster>(
     listener: TcpListener,
     acceptor: TlsAcceptor,
     server: Arc<PushServer<C>>,
 ) -> std::io::Result<()> {
-    let mut connections = tokio::task::JoinSet::new();
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            Some(_) = connections.join_next() => continue,
-        };
-        let (tcp, peer) = match accepted {
-            Ok(conn) => conn,
-            Err(error) => {
-                tracing::warn!(%error, "config push accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let acceptor = acceptor.clone();
+    accept_tls(listener, acceptor, "config push", move |tls, peer| {
         let server = server.clone();
-        connections.spawn(async move {
-            let tls = match tokio::time::timeout(
-                std::time::Duration::from_secs(10),
-                acceptor.accept(tcp),
-            )
-            .await
-            {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(error)) => {
-                    tracing::debug!(%peer, %error, "config push TLS handshake failed");
-                    return;
-                }
-                Err(_) => return,
-            };
+        async move {
             let service = hyper::service::service_fn(move |req| {
                 let server = server.clone();
                 async move { Ok::<_, Infallible>(server.respond(req).await) }
@@ -272,6 +253,7 @@ pub async fn serve<C: Cluster>(
             if let Err(error) = h2.serve_connection(TokioIo::new(tls), service).await {
                 tracing::debug!(%peer, %error, "config push connection ended");
             }
-        });
-    }
+        }
+    })
+    .await
 }
