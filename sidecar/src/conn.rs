@@ -720,18 +720,31 @@ impl H1Framing {
                 return None;
             }
             // Common case: the whole head is in this read; nothing is copied.
-            if let Some(end) = head_end(&data[at..]) {
-                return Some((at + end, end, self.judge(&data[at..at + end])));
+            match head_end(&data[at..]) {
+                HeadEnd::Complete(end) => {
+                    return Some((at + end, end, self.judge(&data[at..at + end])));
+                }
+                HeadEnd::BareCr(end) => {
+                    return Some((at + end, end, HeadScan::Refuse(Refusal::BareCr)));
+                }
+                HeadEnd::Partial => {}
             }
         }
         let already = self.partial.len();
         // The end marker (at most 3 bytes) may straddle the previous read.
         let from = already.saturating_sub(2);
         self.partial.extend_from_slice(&data[at..]);
-        match head_end(&self.partial[from..]) {
-            Some(end) => {
-                let end = from + end;
-                let scan = self.judge(&self.partial[..end]);
+        let found = match head_end(&self.partial[from..]) {
+            HeadEnd::Complete(end) => Some((from + end, None)),
+            HeadEnd::BareCr(end) => Some((from + end, Some(Refusal::BareCr))),
+            HeadEnd::Partial => None,
+        };
+        match found {
+            Some((end, refused)) => {
+                let scan = match refused {
+                    Some(why) => HeadScan::Refuse(why),
+                    None => self.judge(&self.partial[..end]),
+                };
                 self.partial = Vec::new();
                 Some((at + end - already, end, scan))
             }
@@ -762,19 +775,34 @@ impl H1Framing {
     }
 }
 
-/// Length of the head at the start of `buf` (request line, header lines and
-/// the empty line; LF or CRLF line ends, as httparse accepts), if complete.
-fn head_end(buf: &[u8]) -> Option<usize> {
+/// Where the head at the start of a buffer ends, as far as its bytes say.
+#[derive(Debug, PartialEq, Eq)]
+enum HeadEnd {
+    /// The head's length (request line, header lines and the empty line).
+    Complete(usize),
+    /// A line starts with a CR that no LF follows: the head can never be
+    /// valid (httparse, hence hyper, fails on it at once), and without this
+    /// the client would wait for a head end that never comes. Refused up to
+    /// and including the byte after that CR.
+    BareCr(usize),
+    /// More bytes are needed.
+    Partial,
+}
+
+/// Find the end of the head at the start of `buf` (LF or CRLF line ends, as
+/// httparse accepts).
+fn head_end(buf: &[u8]) -> HeadEnd {
     let mut from = 0;
     while let Some(i) = buf[from..].iter().position(|b| *b == b'\n') {
         let i = from + i;
         match buf.get(i + 1..) {
-            Some([b'\n', ..]) => return Some(i + 2),
-            Some([b'\r', b'\n', ..]) => return Some(i + 3),
+            Some([b'\n', ..]) => return HeadEnd::Complete(i + 2),
+            Some([b'\r', b'\n', ..]) => return HeadEnd::Complete(i + 3),
+            Some([b'\r', _, ..]) => return HeadEnd::BareCr(i + 3),
             _ => from = i + 1,
         }
     }
-    None
+    HeadEnd::Partial
 }
 
 /// Read the framing of one complete, validated head (so: no obs-fold, no
@@ -1104,6 +1132,37 @@ mod tests {
             shadow_any_split(stream.as_bytes()),
             (Some((2, stream.len())), 2)
         );
+    }
+
+    #[test]
+    fn framing_shadow_refuses_a_line_that_starts_with_a_bare_cr_without_waiting() {
+        // No LF ever follows the CR, so the head has no end: without the
+        // refusal the client would wait out the head timeout.
+        for stream in [
+            &b"GET / HTTP/1.1\r\nHost: a\r\n\r\r\n"[..],
+            b"GET / HTTP/1.1\r\nHost: a\r\n\rX-A: 1\r\n\r\n",
+            b"GET / HTTP/1.1\nHost: a\n\r\r",
+        ] {
+            let (refused, heads) = shadow_any_split(stream);
+            let (index, end) = refused.unwrap_or_else(|| panic!("{stream:?} not refused"));
+            assert_eq!((index, heads), (0, 0), "{stream:?}");
+            assert!(end <= stream.len(), "{stream:?}");
+            let mut f = H1Framing::new(8192);
+            assert!(matches!(
+                f.feed(stream),
+                FramingVerdict::Refuse {
+                    why: Refusal::BareCr,
+                    ..
+                }
+            ));
+        }
+        // A CR that an LF follows is a line end, and a CR at the end of a
+        // read may still be one: no refusal yet.
+        assert_eq!(
+            head_end(b"GET / HTTP/1.1\r\nHost: a\r\n\r"),
+            HeadEnd::Partial
+        );
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\n\r\n"), HeadEnd::Complete(18));
     }
 
     #[test]
