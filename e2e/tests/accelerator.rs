@@ -140,8 +140,7 @@ async fn bound(client: &Client, ns: &str, name: &str) -> Pod {
 }
 
 /// The Event with `reason` about the object named `about`, in namespace
-/// `ns` (Events about cluster-scoped objects, such as the Namespace a
-/// refusal is reported on, live in `default`).
+/// `ns` (the webhook records a refusal about a Namespace in that namespace).
 async fn event_with(client: &Client, ns: &str, reason: &str, about: &str) -> Event {
     let api: Api<Event> = Api::namespaced(client.clone(), ns);
     wait_for(
@@ -369,7 +368,7 @@ async fn accelerator_pool_books_grants_fallbacks_refusals_and_frees_a_deleted_po
             refused.message
         );
         // No owner: the webhook reports the refusal on the Namespace.
-        let e = event_with(client, "default", "OffloadUnavailable", ns).await;
+        let e = event_with(client, ns, "OffloadUnavailable", ns).await;
         assert!(
             e.message
                 .as_deref()

@@ -268,7 +268,7 @@ impl Admission {
 
     /// Records the refusal where `kubectl describe` shows it: on the pod's
     /// controller (a ReplicaSet, Job...) when there is one, else on the
-    /// namespace. Fire and forget: admission never waits for it.
+    /// namespace (the Event in that namespace). Fire and forget: admission never waits for it.
     fn publish_event(&self, pod: &Pod, namespace: &str, denial: &Denial) {
         let Some(recorder) = self.recorder.clone() else {
             return;
@@ -287,10 +287,16 @@ impl Admission {
                 uid: Some(o.uid.clone()),
                 ..ObjectReference::default()
             })
+            // The Event lives in the pod's own namespace, where its owner
+            // looks (`kubectl get events -n <ns>`). It cannot go to
+            // `default` with an empty reference namespace: API servers
+            // before 1.22 refuse an events.k8s.io/v1 Event whose namespace
+            // differs from its object's ("does not match event.namespace").
             .unwrap_or_else(|| ObjectReference {
                 api_version: Some("v1".to_owned()),
                 kind: Some("Namespace".to_owned()),
                 name: Some(namespace.to_owned()),
+                namespace: Some(namespace.to_owned()),
                 ..ObjectReference::default()
             });
         let reason = match denial.reason {

@@ -285,7 +285,7 @@ async fn publish(
         action: "Rollout".into(),
         secondary: None,
     };
-    if let Err(error) = ctx.recorder.publish(&event, reference).await {
+    if let Err(error) = crate::events::publish(&ctx.recorder, &event, reference).await {
         tracing::warn!(%error, reason, "cannot publish event");
     }
 }

@@ -332,6 +332,20 @@ impl MeshTls {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(Arc::new(move || me.readiness()));
+        let me = self.clone();
+        *running
+            .admin
+            .offload
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(move || {
+            let report = me
+                .current
+                .load()
+                .as_ref()
+                .map(|ctx| ctx.offload().report())
+                .unwrap_or_default();
+            serde_json::to_value(report).unwrap_or_default()
+        }));
         let metrics = self.metrics.clone();
         running
             .shared
