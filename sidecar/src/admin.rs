@@ -246,10 +246,7 @@ impl Admin {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .clone();
-                json(&hook.map_or_else(
-                    || serde_json::json!({ "configured": false }),
-                    |h| h(),
-                ))
+                json(&hook.map_or_else(|| serde_json::json!({ "configured": false }), |h| h()))
             }
             (&Method::GET, "/connections") => {
                 let mut out = String::new();

@@ -464,7 +464,10 @@ async fn a_signature_failure_at_run_time_is_redone_in_software_when_preferred() 
         "{report:?}"
     );
     let fell_back = report.falling_back_since(None).unwrap_or_default();
-    assert!(fell_back.starts_with("SignErrors: "), "{fell_back} {report:?}");
+    assert!(
+        fell_back.starts_with("SignErrors: "),
+        "{fell_back} {report:?}"
+    );
 }
 
 #[tokio::test]

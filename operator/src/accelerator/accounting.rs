@@ -16,7 +16,11 @@
 //!   these before granting more).
 //! - a pod **fell back** when the webhook annotated it
 //!   `baton.dev/offload=software-fallback` with this pool in
-//!   `baton.dev/accelerator-pool`, and it has not ended.
+//!   `baton.dev/accelerator-pool`, and it has not ended; or when it was
+//!   granted a device but its sidecar reports (`GET /offload`, read by the
+//!   controller: [`super::probe`]) that software signs instead: the device
+//!   failed its self-test at start, or signatures fail now. Such a pod still
+//!   holds its device in the books (the kubelet gave it one).
 //!
 //! Ended pods hold nothing: the books release their devices on the first
 //! reconcile after the pod's phase or deletion timestamp changes.
@@ -63,6 +67,9 @@ pub struct PodDevices {
     pub pool: Option<String>,
     /// `baton.dev/offload-fallback-reason`.
     pub fallback_reason: Option<String>,
+    /// Granted a device, but its sidecar signs in software (why), as the
+    /// controller last read it from the sidecar; not from the Pod object.
+    pub runtime_fallback: Option<String>,
     /// Effective request per extended resource (only names with a `/`).
     pub requests: BTreeMap<String, i64>,
     /// `metadata.creationTimestamp` in seconds (newest fallbacks first).
@@ -106,6 +113,7 @@ impl PodDevices {
             offload: annotation(annotations::OFFLOAD),
             pool: annotation(annotations::ACCELERATOR_POOL),
             fallback_reason: annotation(annotations::OFFLOAD_FALLBACK_REASON),
+            runtime_fallback: None,
             requests: pod
                 .spec
                 .as_ref()
@@ -255,11 +263,16 @@ pub fn compute(pool: &AcceleratorPool, nodes: &[Node], pods: &[PodDevices], now:
         .collect();
     rows.sort_by(|a, b| a.node.cmp(&b.node));
 
-    // Fallbacks: meshed pods the webhook sent to software for this pool.
+    // Fallbacks: meshed pods the webhook sent to software for this pool,
+    // and granted pods whose sidecar signs in software anyway.
     let mut fallback_pods: Vec<&PodDevices> = pods
         .iter()
         .filter(|p| !p.ended && p.meshed)
-        .filter(|p| p.offload.as_deref() == Some(OFFLOAD_FALLBACK))
+        .filter(|p| match p.offload.as_deref() {
+            Some(OFFLOAD_FALLBACK) => true,
+            Some(OFFLOAD_QAT) => p.runtime_fallback.is_some(),
+            _ => false,
+        })
         .filter(|p| p.pool.as_deref() == Some(name.as_str()))
         .collect();
     fallback_pods.sort_by(|a, b| {
@@ -274,8 +287,9 @@ pub fn compute(pool: &AcceleratorPool, nodes: &[Node], pods: &[PodDevices], now:
             pod: p.name.clone(),
             uid: p.uid.clone(),
             reason: p
-                .fallback_reason
+                .runtime_fallback
                 .clone()
+                .or_else(|| p.fallback_reason.clone())
                 .unwrap_or_else(|| "no reason recorded".to_owned()),
         })
         .collect();

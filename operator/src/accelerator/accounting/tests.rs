@@ -352,6 +352,38 @@ fn fallbacks_of_other_pools_ended_pods_or_unmeshed_pods_do_not_count() {
 }
 
 #[test]
+fn a_granted_pod_whose_sidecar_signs_in_software_is_a_fallback_that_still_holds_its_device() {
+    let mut failing = granted("failing", Some("n1"), 1);
+    failing.runtime_fallback = Some("SignErrors: 3 signature(s) redone in software".into());
+    let working = granted("working", Some("n1"), 1);
+    // A sidecar report on a pod the webhook sent to software already: the
+    // annotation's reason is the older news, the sidecar's wins.
+    let mut both = fallback("both", 1);
+    both.runtime_fallback = Some("EngineUnavailable: no provider".into());
+    let books = compute(
+        &pool(1, false),
+        &[node("n1", false, Some("4"))],
+        &[failing, working, both],
+        &now(),
+    );
+    let s = &books.status;
+    assert_eq!(s.fallbacks, 2, "{s:?}");
+    assert_eq!(s.allocated, 2, "the failing sidecar's pod keeps its device");
+    let reasons: BTreeMap<_, _> = books
+        .fallbacks
+        .iter()
+        .map(|f| (f.pod.as_str(), f.reason.as_str()))
+        .collect();
+    assert_eq!(
+        reasons,
+        BTreeMap::from([
+            ("both", "EngineUnavailable: no provider"),
+            ("failing", "SignErrors: 3 signature(s) redone in software"),
+        ])
+    );
+}
+
+#[test]
 fn unchanged_books_keep_their_condition_times_so_the_write_is_skipped() {
     let p0 = pool(1, false);
     let nodes = [node("n1", false, Some("2"))];
@@ -474,6 +506,7 @@ fn pod_devices_reads_node_phase_deletion_annotations_and_scheduling() {
             offload: Some("qat".into()),
             pool: Some("qat".into()),
             fallback_reason: None,
+            runtime_fallback: None,
             requests: BTreeMap::from([(R.to_owned(), 1)]),
             created: 77,
             unschedulable: false,
