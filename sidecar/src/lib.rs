@@ -18,7 +18,8 @@
 //! * [`h1valid`] — the HTTP/1.1 request-head validation both HTTP/1 paths run;
 //! * [`admin`], [`metrics`], [`loop_lag`], [`lifecycle`] — operating it;
 //! * [`init`], [`orig_dst`] — transparent capture;
-//! * [`handoff`] — the hot upgrade; [`tls_record`] — the userspace TLS
+//! * [`handoff`] — the hot upgrade, driving the data plane through the
+//!   traits [`dataplane`] implements; [`tls_record`] — the userspace TLS
 //!   record layer it and [`tls`] share (a leaf: it imports no other module);
 //! * [`server`], [`process`], [`cli`] — assembling a process: the data
 //!   plane, the main loop with the handoff, the command line.
@@ -31,6 +32,7 @@ pub mod coarse_timer;
 pub mod config;
 pub mod conn;
 pub mod control;
+pub mod dataplane;
 pub mod detect;
 pub mod filters;
 pub mod h1fast;

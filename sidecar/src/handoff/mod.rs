@@ -3,19 +3,24 @@
 //! See `docs/upgrade.md` for the guarantees. Layers, bottom up:
 //! - [`fd`]: descriptors over a Unix socket (`SCM_RIGHTS`), the only unsafe code;
 //! - [`protocol`]: framed, versioned messages on the handoff socket (pure codec);
-//! - [`session`]: both sides of a handoff wired to the data plane (the
-//!   process main loop that adopts or starts fresh is
-//!   [`crate::process::run`]);
+//! - [`plane`]: what the handoff needs from the data plane (list listening
+//!   sockets, park a connection at a safe point, resume, adopt), as traits
+//!   the data plane implements ([`crate::dataplane`]);
+//! - [`session`]: both sides of a handoff and their flow control, driving a
+//!   [`plane::DataPlane`] (the process main loop that adopts or starts
+//!   fresh is [`crate::process::run`]);
 //! - metric counters are carried by [`crate::metrics::carried`].
 //!
 //! The userspace TLS record layer that continues a rustls connection in
 //! another process from its extracted secrets is a leaf of its own,
 //! [`crate::tls_record`], which both this module and [`crate::tls`] use; the
-//! mesh identity crosses as [`crate::tls::material::IdentityPem`] through the
-//! [`crate::tls::material::IdentityCarrier`] the TLS layer implements, so the
-//! TLS layer never imports the handoff.
+//! mesh identity crosses as [`crate::conn::IdentityPem`] through the
+//! [`crate::conn::IdentityCarrier`] the TLS layer implements, so neither
+//! imports the other.
 pub mod fd;
+pub mod plane;
 pub mod protocol;
 pub mod session;
 
+pub use plane::{DataPlane, Inherited, Resumed, Serving};
 pub use session::{HandoffConfig, HandoffMetrics, IdentityCarrier, IdentityPem};
