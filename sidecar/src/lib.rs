@@ -19,8 +19,9 @@
 //! * [`admin`], [`metrics`], [`loop_lag`], [`lifecycle`] — operating it;
 //! * [`init`], [`orig_dst`] — transparent capture;
 //! * [`handoff`] — the hot upgrade, driving the data plane through the
-//!   traits [`dataplane`] implements; [`tls_record`] — the userspace TLS
-//!   record layer it and [`tls`] share (a leaf: it imports no other module);
+//!   traits [`dataplane`] implements, its wire format in the
+//!   `baton-handoff` crate; [`tls_record`] — the userspace TLS record layer
+//!   it and [`tls`] share (the leaf crate `baton-tls-record`);
 //! * [`server`], [`process`], [`cli`] — assembling a process: the data
 //!   plane, the main loop with the handoff, the command line.
 
@@ -52,6 +53,9 @@ pub mod sched;
 pub mod server;
 pub mod tcp_proxy;
 pub mod tls;
-pub mod tls_record;
 pub mod tls_settings;
 pub mod upstream;
+
+/// The userspace TLS record layer, a leaf crate the TLS layer and the
+/// handoff both use (named here as the module it was).
+pub use baton_tls_record as tls_record;

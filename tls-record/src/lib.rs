@@ -35,6 +35,12 @@
 //! The old process must stop at a record boundary, or rustls would hold part of
 //! a record that cannot be extracted: [`RecordAlignedIo`] wraps its socket and
 //! hands rustls only whole records, keeping the rest to pass along.
+//!
+//! A leaf crate: it depends on no other Baton crate, and both the sidecar's
+//! TLS layer and the handoff (`baton-handoff`, which carries
+//! [`TlsWireState`] on its wire) use it. Its tests move real rustls sessions
+//! through the handoff's wire format, so they live in `baton-handoff`
+//! (`handoff/tests/tls_session_moves.rs`).
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -1047,5 +1053,3 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for RecordAlignedIo<T> {
     }
 }
 
-#[cfg(test)]
-mod tests;

@@ -1,8 +1,8 @@
 //! Lossless handoff between two `baton-sidecar` processes.
 //!
 //! See `docs/upgrade.md` for the guarantees. Layers, bottom up:
-//! - [`fd`]: descriptors over a Unix socket (`SCM_RIGHTS`), the only unsafe code;
-//! - [`protocol`]: framed, versioned messages on the handoff socket (pure codec);
+//! - [`fd`], [`protocol`]: the wire format (descriptors over a Unix socket,
+//!   framed versioned messages), in the `baton-handoff` crate;
 //! - [`plane`]: what the handoff needs from the data plane (list listening
 //!   sockets, park a connection at a safe point, resume, adopt), as traits
 //!   the data plane implements ([`crate::dataplane`]);
@@ -17,10 +17,12 @@
 //! mesh identity crosses as [`crate::conn::IdentityPem`] through the
 //! [`crate::conn::IdentityCarrier`] the TLS layer implements, so neither
 //! imports the other.
-pub mod fd;
 pub mod plane;
-pub mod protocol;
 pub mod session;
+
+/// The wire format lives in the `baton-handoff` crate; these paths keep the
+/// names the rest of the sidecar (and its tests) use.
+pub use baton_handoff::{fd, protocol};
 
 pub use plane::{DataPlane, Inherited, Resumed, Serving};
 pub use session::{HandoffConfig, HandoffMetrics, IdentityCarrier, IdentityPem};
