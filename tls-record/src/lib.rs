@@ -1052,4 +1052,3 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for RecordAlignedIo<T> {
         Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }
-
