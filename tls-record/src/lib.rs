@@ -1006,6 +1006,9 @@ impl<T: AsyncRead + Unpin> AsyncRead for RecordAlignedIo<T> {
 /// Length of the longest prefix of `data` made of whole records that fits
 /// in `room`; if not even one record fits, the first whole record (which the
 /// caller then splits, losing alignment until it completes).
+// Inlinable into the sidecar, where the generic reader using it is compiled
+// (it runs on every read of a mesh TLS socket).
+#[inline]
 fn whole_records(data: &[u8], room: usize) -> usize {
     let mut off = 0;
     while data.len() - off >= HEADER_LEN {
@@ -1024,6 +1027,9 @@ fn whole_records(data: &[u8], room: usize) -> usize {
 /// Bytes of a record still owed after handing out `pending[..n]`, when
 /// `owed` bytes of the record in progress were owed before. Only called with
 /// `n` inside whole records, so every header it needs is in `pending`.
+// Inlinable into the sidecar, where the generic reader using it is compiled
+// (it runs on every read of a mesh TLS socket).
+#[inline]
 fn owed_after(pending: &[u8], mut owed: usize, n: usize) -> usize {
     let mut off = 0;
     while off < n {
