@@ -10,7 +10,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::conn::{ConnKind, ConnRegistry, ParkedIo, PrefixedIo};
+use crate::conn::{
+    ConnGuard, ConnKind, ConnRegistry, ParkRequest, ParkableIo, ParkedIo, PrefixedIo,
+};
 use crate::detect::Protocol;
 use crate::filters::ConnMeta;
 use crate::handoff::protocol::ConnKind as WireKind;
@@ -113,29 +115,14 @@ impl Serving for Shared {
                 });
             }
             (WireKind::Http1, _) => {
+                let (to_upstream, down) = (r.to_upstream, r.down);
                 tokio::spawn(async move {
-                    match r.down {
+                    match down {
                         ParkedIo::Tcp(d) => {
-                            serve_plain(
-                                PrefixedIo::new(r.to_upstream, d),
-                                meta,
-                                Protocol::Http1,
-                                shared,
-                                guard,
-                                park,
-                            )
-                            .await
+                            resume_http1(d, to_upstream, meta, shared, guard, park).await
                         }
                         ParkedIo::Boxed(d) => {
-                            serve_plain(
-                                PrefixedIo::new(r.to_upstream, d),
-                                meta,
-                                Protocol::Http1,
-                                shared,
-                                guard,
-                                park,
-                            )
-                            .await
+                            resume_http1(d, to_upstream, meta, shared, guard, park).await
                         }
                     }
                 });
@@ -146,4 +133,18 @@ impl Serving for Shared {
             ),
         }
     }
+}
+
+/// An HTTP/1.1 connection resumed between two requests: the bytes already
+/// read from it go in front, then the listener's HTTP/1.1 path serves it.
+async fn resume_http1<I: ParkableIo>(
+    down: I,
+    to_upstream: bytes::Bytes,
+    meta: ConnMeta,
+    shared: Arc<Shared>,
+    guard: ConnGuard,
+    park: tokio::sync::oneshot::Receiver<ParkRequest>,
+) {
+    let io = PrefixedIo::new(to_upstream, down);
+    serve_plain(io, meta, Protocol::Http1, shared, guard, park).await
 }

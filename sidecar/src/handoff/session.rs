@@ -780,6 +780,13 @@ where
     let serving = tokio::runtime::Handle::current();
     let stream = stream.into_std()?;
     let (cfg, hm, metrics) = (cfg.clone(), hm.clone(), metrics.clone());
+    let start: StartFn<P> = Box::new(move |inherited| {
+        Box::pin(async move {
+            start(inherited)
+                .await
+                .map_err(|e| HandoffError::Start(e.into()))
+        })
+    });
     crate::sched::on_own_thread(HANDOFF_THREAD, HANDOFF_NICE, async move {
         // Registered with this thread's runtime: its reads wake this thread.
         let stream = UnixStream::from_std(stream)?;
@@ -788,20 +795,20 @@ where
     .await?
 }
 
-async fn adopt_here<P, F, Fut, E>(
+/// [`adopt`]'s `start`, boxed (run once, on the serving runtime).
+type StartFn<P> = Box<
+    dyn FnOnce(Inherited) -> std::pin::Pin<Box<dyn Future<Output = Result<P, HandoffError>> + Send>>
+        + Send,
+>;
+
+async fn adopt_here<P: DataPlane>(
     stream: UnixStream,
-    start: F,
+    start: StartFn<P>,
     cfg: &HandoffConfig,
     hm: &HandoffMetrics,
     metrics: &Arc<Metrics>,
     serving: tokio::runtime::Handle,
-) -> Result<P, HandoffError>
-where
-    P: DataPlane,
-    F: FnOnce(Inherited) -> Fut + Send + 'static,
-    Fut: Future<Output = Result<P, E>> + Send + 'static,
-    E: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
-{
+) -> Result<P, HandoffError> {
     let started = Instant::now();
     // The other way round too: whoever can replace the socket file on the
     // shared volume must not be able to feed us listeners and config.
@@ -900,8 +907,7 @@ where
     let running = serving
         .spawn(start(inherited))
         .await
-        .map_err(|e| std::io::Error::other(format!("starting the data plane: {e}")))?
-        .map_err(|e| HandoffError::Start(e.into()))?;
+        .map_err(|e| std::io::Error::other(format!("starting the data plane: {e}")))??;
     let shared = running.serving();
     let mut moved = 0u64;
     // From here on we serve: a failure leaves us with what we acknowledged
