@@ -1069,7 +1069,7 @@ pub async fn hand_off(
         let running = running.clone();
         async move {
             let stream = UnixStream::from_std(stream)?;
-            hand_off_here(stream, &running, &cfg, &hm).await
+            hand_off_here(stream, &*running, &cfg, &hm).await
         }
     })
     .await;
@@ -1079,7 +1079,7 @@ pub async fn hand_off(
             // The thread did not start, or panicked: serve again with what
             // this process still holds.
             tracing::error!(error = %e, "handoff thread failed; resuming service");
-            resume_serving(&running);
+            resume_serving(&*running);
             Err(e.into())
         }
     }
