@@ -20,7 +20,7 @@
 //! the handler, so it holds on an admin socket the handoff passed in from the
 //! previous process as much as on one bound here.
 use std::convert::Infallible;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -30,6 +30,9 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
 use crate::config::yaml::redacted_json;
+// Also used by the config compiler (an endpoint on the admin port), so it
+// lives below both.
+pub use crate::filters::from_pod;
 use crate::http_proxy::Shared;
 use crate::lifecycle::Phase;
 
@@ -114,19 +117,6 @@ pub fn access(path: &str) -> Option<(Access, &'static str)> {
         "/shutdown" => (Access::PodOnly, "/shutdown"),
         _ => return None,
     })
-}
-
-/// Pure: whether a caller at `peer` is inside the Pod: on its loopback
-/// (127.0.0.0/8, ::1, or 127.x mapped into IPv6 by a dual-stack socket).
-/// Containers of a Pod share its network namespace, so its loopback is
-/// reachable only from them (and through `kubectl port-forward`, which the
-/// API server authorizes per Pod); the kubelet and other Pods arrive from
-/// the Pod's or the node's addresses.
-pub fn from_pod(peer: IpAddr) -> bool {
-    match peer {
-        IpAddr::V4(a) => a.is_loopback(),
-        IpAddr::V6(a) => a.is_loopback() || a.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
-    }
 }
 
 impl Admin {

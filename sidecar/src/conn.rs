@@ -10,6 +10,8 @@
 //! * [`ParkedIo`], [`SessionDetach`]: what a parked end is, and how the TLS
 //!   layer takes its sessions apart for a move, so the handoff never needs
 //!   the TLS layer's concrete stream types.
+//! * [`IdentityPem`], [`IdentityCarrier`]: the mesh identity as the handoff
+//!   carries it, exported and imported by the TLS layer.
 //!
 //! Safe points, per kind (see `docs/performance.md` and the handoff docs):
 //! raw TCP parks between two reads/writes (anything read but not written is
@@ -1045,6 +1047,45 @@ impl<T: AsyncRead + Unpin> AsyncRead for FramingGuard<T> {
 }
 
 write_through_to_inner!(FramingGuard);
+
+/// The mesh identity as the handoff carries it (PEM text). The new process
+/// can then serve new handshakes before its own certificate arrives (the
+/// identity service may be slow or down during an upgrade).
+#[derive(Clone, PartialEq, Eq)]
+pub struct IdentityPem {
+    pub cert_chain: String,
+    pub key: String,
+    pub trust_bundle: String,
+}
+
+impl std::fmt::Debug for IdentityPem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdentityPem").finish_non_exhaustive()
+    }
+}
+
+/// What owns the mesh identity (the TLS layer): exports it on the old side,
+/// imports it on the new one.
+pub trait IdentityCarrier: Send + Sync {
+    fn export(&self) -> Option<IdentityPem>;
+    /// `Ok(true)` if the carried identity is now in use, `Ok(false)` if this
+    /// process already has its own (it keeps that).
+    fn import(&self, pem: &IdentityPem) -> Result<bool, IdentityImportError>;
+}
+
+/// Why a carried identity was not taken into use (the new process then
+/// waits for its own, as on a fresh start).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityImportError {
+    /// The PEM text does not hold a certificate chain, key and bundle.
+    #[error("the carried identity cannot be read: {0}")]
+    Unreadable(String),
+    #[error("the carried certificate has expired")]
+    Expired,
+    /// Read, but no TLS context could be built from it.
+    #[error("cannot serve with the carried identity: {0}")]
+    Unusable(String),
+}
 
 #[cfg(test)]
 mod tests {
