@@ -10,7 +10,7 @@
 #
 # BEFORE/AFTER: any git revision (AFTER defaults to HEAD). Env: ROUNDS
 # (alternations, default 2), and every harness variable (DURATION, REPEATS,
-# TESTS, PEERS: default "nginx", …). Binaries are built once per revision into
+# PEERS: default "direct nginx", TESTS, …). Binaries are built once per revision into
 # ~/.cache/baton/compare-revs/ (kept; keyed by commit).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -42,7 +42,7 @@ build_rev() {   # build_rev REV : prints the path of that commit's release sidec
 BEFORE=$1 AFTER=${2:-HEAD}
 BIN_BEFORE=$(build_rev "$BEFORE")
 BIN_AFTER=$(build_rev "$AFTER")
-export PEERS=${PEERS:-nginx} DURATION=${DURATION:-5} LAT_DURATION=${LAT_DURATION:-3} REPEATS=${REPEATS:-2}
+export PEERS=${PEERS:-direct nginx} DURATION=${DURATION:-5} LAT_DURATION=${LAT_DURATION:-3} REPEATS=${REPEATS:-2}
 for round in $(seq "${ROUNDS:-2}"); do
   for side in before after; do
     bin=BIN_${side^^}
