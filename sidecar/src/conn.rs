@@ -726,9 +726,7 @@ impl H1Framing {
                 HeadEnd::Complete(end) => {
                     return Some((at + end, end, self.judge(&data[at..at + end])));
                 }
-                HeadEnd::BareCr(end) => {
-                    return Some((at + end, end, HeadScan::Refuse(Refusal::BareCr)));
-                }
+                HeadEnd::BareCr(end) => return Some((at + end, end, self.bare_cr(end))),
                 HeadEnd::Partial => {}
             }
         }
@@ -737,15 +735,16 @@ impl H1Framing {
         let from = already.saturating_sub(2);
         self.partial.extend_from_slice(&data[at..]);
         let found = match head_end(&self.partial[from..]) {
-            HeadEnd::Complete(end) => Some((from + end, None)),
-            HeadEnd::BareCr(end) => Some((from + end, Some(Refusal::BareCr))),
+            HeadEnd::Complete(end) => Some((from + end, false)),
+            HeadEnd::BareCr(end) => Some((from + end, true)),
             HeadEnd::Partial => None,
         };
         match found {
-            Some((end, refused)) => {
-                let scan = match refused {
-                    Some(why) => HeadScan::Refuse(why),
-                    None => self.judge(&self.partial[..end]),
+            Some((end, bare_cr)) => {
+                let scan = if bare_cr {
+                    self.bare_cr(end)
+                } else {
+                    self.judge(&self.partial[..end])
                 };
                 self.partial = Vec::new();
                 Some((at + end - already, end, scan))
@@ -763,6 +762,18 @@ impl H1Framing {
 }
 
 impl H1Framing {
+    /// A head cut short by a bare CR at `end`: refused, unless it is already
+    /// longer than hyper accepts (then hyper answers 431, as [`Self::judge`]
+    /// decides for a complete head), so the verdict does not depend on how
+    /// the bytes were split into reads.
+    fn bare_cr(&self, end: usize) -> HeadScan {
+        if end > self.max_head {
+            HeadScan::Next(Frame::Off)
+        } else {
+            HeadScan::Refuse(Refusal::BareCr)
+        }
+    }
+
     /// A head longer than hyper accepts gets 431 from hyper: stop following
     /// (the same whether it arrived in one read or several). Any other head
     /// is validated, then its framing read.
@@ -1196,6 +1207,20 @@ mod tests {
                     ..
                 }
             ));
+        }
+        // Past the largest head hyper accepts, hyper's 431 stands, however
+        // the bytes are split (the fuzzer found a split that differed).
+        let mut long = b"GET / HTTP/1.1\r\nX-Long: ".to_vec();
+        long.resize(80, b'a');
+        long.extend_from_slice(b"\r\n\rX");
+        for step in 1..long.len() {
+            let mut f = H1Framing::new(64);
+            for piece in long.chunks(step) {
+                assert!(
+                    !matches!(f.feed(piece), FramingVerdict::Refuse { .. }),
+                    "split every {step}"
+                );
+            }
         }
         // A CR that an LF follows is a line end, and a CR at the end of a
         // read may still be one: no refusal yet.
