@@ -371,7 +371,11 @@ async fn accelerator_pool_books_grants_fallbacks_refusals_and_frees_a_deleted_po
                 annotation(&created, annotations::ACCELERATOR_POOL),
                 Some(t.pool.as_str())
             );
-            granted.push(bound(client, ns, name).await);
+            let grant = annotation(&created, annotations::OFFLOAD_GRANT)
+                .unwrap_or_else(|| panic!("{name}: no grant id"))
+                .to_owned();
+            bound(client, ns, name).await;
+            granted.push(grant);
         }
         // Each holder's sidecar signs with the device's engine (OpenSSL's
         // default provider stands in for QAT's here): what the operator
@@ -387,6 +391,13 @@ async fn accelerator_pool_books_grants_fallbacks_refusals_and_frees_a_deleted_po
         }
         let s = books(client, &t.pool, "2 allocated", |s| s.allocated == 2).await;
         assert_eq!((s.free, s.pending), (0, 0), "{s:?}");
+        // The books name the grants they hold, so the webhook stops
+        // counting them on top (the second grant above came right after the
+        // first: counted twice, it would have been refused).
+        let listed = s.recent_grants.clone().unwrap_or_default();
+        for grant in &granted {
+            assert!(listed.contains(grant), "{grant} not in {listed:?}");
+        }
         let row = &s.nodes[0];
         assert_eq!(row.node, t.node);
         assert_eq!(

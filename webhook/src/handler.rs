@@ -178,7 +178,7 @@ impl Admission {
             .or_else(|| pod.metadata.namespace.clone())
             .unwrap_or_else(|| "default".to_owned());
         drop(_guard);
-        let outcome = self.decide(&pod, &namespace).await;
+        let outcome = self.decide(&pod, &namespace, &request.uid).await;
         let _guard = span.enter();
         match outcome {
             Ok(Outcome::Skipped(skip)) => {
@@ -188,10 +188,16 @@ impl Admission {
             }
             Ok(Outcome::Injected(injection)) => {
                 self.count_decision("injected");
-                if let inject::Offload::Granted { pool, devices, .. } = &injection.offload
+                if let inject::Offload::Granted {
+                    pool,
+                    devices,
+                    grant,
+                    ..
+                } = &injection.offload
                     && !request.dry_run
                 {
                     let grant = RecentGrant {
+                        id: grant.clone(),
                         pool: pool.clone(),
                         devices: *devices,
                         at: k8s_openapi::jiff::Timestamp::now(),
@@ -231,9 +237,10 @@ impl Admission {
     /// namespace, or says it did not opt in (the API server only sends pods
     /// its selectors matched, so that suggests the cache lags a fresh
     /// label), the namespace is read live once before deciding.
-    async fn decide(&self, pod: &Pod, namespace: &str) -> Result<Outcome, Denial> {
+    async fn decide(&self, pod: &Pod, namespace: &str, uid: &str) -> Result<Outcome, Denial> {
         let (mut snapshot, known) = self.state.snapshot(namespace);
         snapshot.recent_grants = self.grants.recent(Instant::now());
+        snapshot.grant_id = uid.to_owned();
         let first = inject::mutate(pod, &snapshot.cluster_view(), &self.config);
         let lagging = !known || matches!(first, Ok(Outcome::Skipped(Skip::NotOptedIn)));
         let Some(client) = self.client.as_ref().filter(|_| lagging) else {
@@ -569,6 +576,7 @@ mod tests {
         let ledger = GrantLedger::default();
         let t0 = Instant::now();
         let grant = |pool: &str| RecentGrant {
+            id: format!("req-{pool}"),
             pool: pool.to_owned(),
             devices: 1,
             at: k8s_openapi::jiff::Timestamp::UNIX_EPOCH,

@@ -44,6 +44,15 @@ use k8s_openapi::api::core::v1::{Container, Node, Pod};
 pub const MAX_PODS_PER_NODE: usize = 20;
 /// At most this many fallbacks are listed (the count is exact).
 pub const MAX_RECENT_FALLBACKS: usize = 10;
+/// Grants of pods created this long before the books are listed in
+/// `status.recentGrants`: well past the webhook's five-second memory of its
+/// own grants, with room for clock skew between the API server (which
+/// stamps `creationTimestamp`) and the operator.
+pub const RECENT_GRANT_WINDOW_SECONDS: i64 = 60;
+/// At most this many grant ids are listed; past that (a burst of more
+/// device pods within the window) the webhook counts its newest grants on
+/// top of the books for a few seconds more, which errs on the safe side.
+pub const MAX_RECENT_GRANTS: usize = 256;
 /// Value of `baton.dev/offload` for a software fallback.
 pub const OFFLOAD_FALLBACK: &str = "software-fallback";
 /// Value of `baton.dev/offload` for a granted device.
@@ -67,6 +76,8 @@ pub struct PodDevices {
     pub pool: Option<String>,
     /// `baton.dev/offload-fallback-reason`.
     pub fallback_reason: Option<String>,
+    /// `baton.dev/offload-grant`.
+    pub grant: Option<String>,
     /// Granted a device, but its sidecar signs in software (why), as the
     /// controller last read it from the sidecar; not from the Pod object.
     pub runtime_fallback: Option<String>,
@@ -113,6 +124,7 @@ impl PodDevices {
             offload: annotation(annotations::OFFLOAD),
             pool: annotation(annotations::ACCELERATOR_POOL),
             fallback_reason: annotation(annotations::OFFLOAD_FALLBACK_REASON),
+            grant: annotation(annotations::OFFLOAD_GRANT),
             runtime_fallback: None,
             requests: pod
                 .spec
@@ -231,6 +243,23 @@ pub fn compute(pool: &AcceleratorPool, nodes: &[Node], pods: &[PodDevices], now:
         .filter(|p| p.pool.as_deref().is_none_or(|n| n == name))
         .collect();
     let pending: i64 = pending_pods.iter().map(|p| p.request(resource)).sum();
+
+    // Grants these books have seen, whether the pod still holds its device
+    // or has already ended: either way the webhook must stop counting it.
+    let since = now.0.as_second() - RECENT_GRANT_WINDOW_SECONDS;
+    let mut recent: Vec<(i64, &str)> = pods
+        .iter()
+        .filter(|p| p.pool.as_deref() == Some(name.as_str()) && p.created >= since)
+        .filter_map(|p| p.grant.as_deref().map(|g| (p.created, g)))
+        .collect();
+    // Newest first, so a cap drops the grants the webhook forgot already.
+    recent.sort_by(|a, b| b.cmp(a));
+    let mut recent_grants: Vec<String> = recent
+        .into_iter()
+        .take(MAX_RECENT_GRANTS)
+        .map(|(_, g)| g.to_owned())
+        .collect();
+    recent_grants.sort();
 
     // The pool's nodes, as the grant decision sees them.
     let inventory: Vec<NodeInventory> = nodes
@@ -424,6 +453,7 @@ pub fn compute(pool: &AcceleratorPool, nodes: &[Node], pods: &[PodDevices], now:
         allocated,
         free,
         pending,
+        recent_grants: Some(recent_grants),
         fallbacks: count(fallbacks.iter()),
         nodes: rows,
         recent_fallbacks: fallbacks

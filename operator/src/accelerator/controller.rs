@@ -226,6 +226,7 @@ fn trim_pod(pod: &mut Pod) {
                 annotations::OFFLOAD,
                 annotations::ACCELERATOR_POOL,
                 annotations::OFFLOAD_FALLBACK_REASON,
+                annotations::OFFLOAD_GRANT,
             ]
             .contains(&k.as_str())
         });
