@@ -4,17 +4,18 @@
 //! One HTTP/2 stream per sidecar: `POST` [`WATCH_PATH`] over TLS with the
 //! sidecar's projected ServiceAccount token as a bearer token, the Pod it
 //! speaks for in [`POD_HEADER`] and the version it already serves in
-//! [`VERSION_HEADER`]. The response body carries [`Push`] frames, the
-//! request body [`Reply`] frames. A frame is a 4-byte big-endian length and
+//! [`VERSION_HEADER`], and what its client understands beyond full
+//! snapshots in [`CAPABILITIES_HEADER`]. The response body carries [`Push`]
+//! frames, the request body [`Reply`] frames. A frame is a 4-byte big-endian length and
 //! that many bytes of JSON. Semantics follow Envoy's xDS: every push has a
 //! version and a nonce; the sidecar answers each with an ACK (applied) or a
 //! NACK (refused, with the error — it keeps serving its last good config).
 //!
 //! A push carries either the whole [`Snapshot`] or a [`Delta`]: the
 //! sections that changed since the version the sidecar serves (xDS's
-//! incremental variant, by section). The operator sends a delta only onto a
-//! version the sidecar has ACKed, and a full snapshot on (re)connect and
-//! after a NACK; the sidecar applies a delta onto its serving snapshot and
+//! incremental variant, by section). The operator sends a delta only to a
+//! stream that declared the `delta` capability, only onto a version the
+//! sidecar has ACKed, and a full snapshot on (re)connect and after a NACK; the sidecar applies a delta onto its serving snapshot and
 //! validates the result as it would a full one, so ACK and NACK mean the
 //! same for both.
 //!
@@ -44,6 +45,48 @@ pub const POD_HEADER: &str = "x-baton-pod";
 pub const VERSION_HEADER: &str = "x-baton-version";
 /// Largest frame either side accepts.
 pub const MAX_FRAME: usize = 16 << 20;
+/// What the sidecar's client understands beyond the base protocol, as
+/// comma-separated tokens (e.g. `delta`). A sidecar that sends no such
+/// header (one from before deltas) gets only full snapshots; a token the
+/// operator does not know is ignored, so a newer sidecar works with an older
+/// operator.
+pub const CAPABILITIES_HEADER: &str = "x-baton-capabilities";
+
+/// The protocol features one stream's client declared in
+/// [`CAPABILITIES_HEADER`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// The client applies [`Delta`] pushes (token `delta`).
+    pub delta: bool,
+}
+
+impl Capabilities {
+    const DELTA: &str = "delta";
+
+    /// Everything this build of the client understands.
+    pub const ALL: Capabilities = Capabilities { delta: true };
+
+    /// Parses the header's value: tokens separated by commas, surrounding
+    /// whitespace and case ignored, unknown tokens ignored.
+    pub fn parse(value: &str) -> Capabilities {
+        let mut caps = Capabilities::default();
+        for token in value.split(',').map(str::trim) {
+            if token.eq_ignore_ascii_case(Self::DELTA) {
+                caps.delta = true;
+            }
+        }
+        caps
+    }
+
+    /// The header's value for these capabilities.
+    pub fn header_value(&self) -> String {
+        let mut tokens = Vec::new();
+        if self.delta {
+            tokens.push(Self::DELTA);
+        }
+        tokens.join(",")
+    }
+}
 
 /// One push to one sidecar: exactly one of `snapshot` (the whole config)
 /// and `delta` (the sections that changed since version `base`).
@@ -368,6 +411,25 @@ impl Decoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn capabilities_parse_known_tokens_and_ignore_the_rest() {
+        let delta = Capabilities { delta: true };
+        for (value, want) in [
+            ("", Capabilities::default()),
+            ("delta", delta),
+            (" Delta ", delta),
+            ("gzip, delta", delta),
+            ("delta,future-thing", delta),
+            ("gzip", Capabilities::default()),
+            ("deltas", Capabilities::default()),
+            (",,", Capabilities::default()),
+        ] {
+            assert_eq!(Capabilities::parse(value), want, "{value:?}");
+        }
+        assert_eq!(Capabilities::parse(&Capabilities::ALL.header_value()), Capabilities::ALL);
+        assert_eq!(Capabilities::default().header_value(), "");
+    }
 
     #[test]
     fn frames_survive_any_chunking() {

@@ -4,7 +4,13 @@
 //! ```sh
 //! cargo bench -p baton-operator --bench config_push              # 100 and 1,000 streams
 //! BATON_BENCH_STREAMS=100,1000,5000 cargo bench -p baton-operator --bench config_push
+//! BATON_BENCH_DELTAS=0 cargo bench -p baton-operator --bench config_push   # full snapshots only
 //! ```
+//!
+//! The simulated sidecars declare the `delta` capability, as the real client
+//! does; with `BATON_BENCH_DELTAS=0` they declare none (a sidecar from before
+//! deltas), so every push is the whole snapshot: the same harness measures
+//! what the deltas save.
 //!
 //! Two processes. The **operator** (this binary re-executed with
 //! `BATON_BENCH_OPERATOR` set) runs the real hub and HTTP/2 + TLS endpoint
@@ -156,6 +162,7 @@ async fn sidecar(
     tls: tokio_rustls::TlsConnector,
     seen: mpsc::UnboundedSender<(usize, u64, Instant)>,
     sample: Arc<Mutex<Vec<Push>>>,
+    caps: push::Capabilities,
 ) -> Result<(), String> {
     let tcp = tokio::net::TcpStream::connect(addr)
         .await
@@ -177,6 +184,7 @@ async fn sidecar(
     let req = http::Request::post(format!("https://{SERVER_NAME}{}", push::WATCH_PATH))
         .header(http::header::AUTHORIZATION, format!("Bearer pod-{n}"))
         .header(push::POD_HEADER, format!("bench/pod-{n}"))
+        .header(push::CAPABILITIES_HEADER, caps.header_value())
         .body(body)
         .unwrap();
     let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
@@ -348,7 +356,7 @@ fn apply_cost(pushes: &[Push]) -> [(usize, Duration); 2] {
     ]
 }
 
-fn run_size(streams: usize) {
+fn run_size(streams: usize, caps: push::Capabilities) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .env("BATON_BENCH_OPERATOR", streams.to_string())
         .stdin(Stdio::piped())
@@ -405,6 +413,7 @@ fn run_size(streams: usize) {
                 tls.clone(),
                 seen_tx.clone(),
                 sample.clone(),
+                caps,
             ));
             if n % 200 == 199 {
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -496,11 +505,20 @@ fn main() {
         .filter_map(|s| s.trim().parse().ok())
         .map(|n: usize| n.clamp(1, 10_000))
         .collect();
+    let caps = match std::env::var("BATON_BENCH_DELTAS").as_deref() {
+        Ok("0") => push::Capabilities::default(),
+        _ => push::Capabilities::ALL,
+    };
     println!(
         "config push propagation: operator in its own process (2 runtime workers), \
-         {ROUNDS} Route changes per size"
+         {ROUNDS} Route changes per size, {}",
+        if caps.delta {
+            "deltas after the first ACK"
+        } else {
+            "full snapshots only (BATON_BENCH_DELTAS=0)"
+        }
     );
     for n in sizes {
-        run_size(n);
+        run_size(n, caps);
     }
 }

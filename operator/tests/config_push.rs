@@ -224,7 +224,11 @@ async fn eventually(what: &str, f: impl FnMut() -> bool) {
 }
 
 fn has_route(store: &ConfigStore, name: &str) -> bool {
-    store.snapshot().routes.iter().any(|r| r.name == name)
+    has_route_in(&store.snapshot(), name)
+}
+
+fn has_route_in(snapshot: &Snapshot, name: &str) -> bool {
+    snapshot.routes.iter().any(|r| r.name == name)
 }
 
 fn split_route() -> baton_crds::Route {
@@ -387,11 +391,12 @@ async fn a_sidecar_keeps_its_config_without_the_operator_and_resumes_at_its_vers
 type ReplyBody = http_body_util::combinators::BoxBody<bytes::Bytes, std::convert::Infallible>;
 
 /// A hand-driven stream: TLS and HTTP/2 to the operator as `pod` with
-/// `token`, `replies` as the request body.
+/// `token`, `headers` added to the request, `replies` as its body.
 async fn open_stream(
     op: &Operator,
     token: &str,
     pod: &str,
+    headers: &[(&str, &str)],
     replies: ReplyBody,
 ) -> http::Response<hyper::body::Incoming> {
     use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -420,17 +425,19 @@ async fn open_stream(
             .await
             .unwrap();
     tokio::spawn(conn);
-    let req = http::Request::post(format!("https://{SERVER_NAME}{}", push::WATCH_PATH))
+    let mut req = http::Request::post(format!("https://{SERVER_NAME}{}", push::WATCH_PATH))
         .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
-        .header(push::POD_HEADER, pod)
-        .body(replies)
-        .unwrap();
+        .header(push::POD_HEADER, pod);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let req = req.body(replies).unwrap();
     sender.send_request(req).await.unwrap()
 }
 
 async fn raw_stream(op: &Operator, token: &str, pod: &str, garbage: &'static [u8]) -> u16 {
     let body = Full::new(bytes::Bytes::from_static(garbage)).boxed();
-    open_stream(op, token, pod, body).await.status().as_u16()
+    open_stream(op, token, pod, &[], body).await.status().as_u16()
 }
 
 /// The pushes of a hand-driven stream, decoded.
@@ -457,21 +464,33 @@ impl Pushes {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pushes_after_an_ack_are_deltas_and_a_nacked_delta_is_followed_by_the_full_snapshot() {
-    let op = start_operator().await;
+/// A hand-driven stream for client-1 with `headers`: its pushes, and where
+/// its replies go.
+async fn driven_stream(
+    op: &Operator,
+    headers: &[(&str, &str)],
+) -> (Pushes, tokio::sync::mpsc::Sender<bytes::Bytes>) {
     let (replies, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(4);
     let body = StreamBody::new(futures::stream::unfold(rx, |mut rx| async move {
         let b = rx.recv().await?;
         Some((Ok(Frame::data(b)), rx))
     }))
     .boxed();
-    let resp = open_stream(&op, "token-1", "shop/client-1", body).await;
+    let resp = open_stream(op, "token-1", "shop/client-1", headers, body).await;
     assert_eq!(resp.status(), 200);
-    let mut pushes = Pushes {
+    let pushes = Pushes {
         body: resp.into_body(),
         decoder: Decoder::default(),
     };
+    (pushes, replies)
+}
+
+const WITH_DELTAS: (&str, &str) = (push::CAPABILITIES_HEADER, "delta");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushes_after_an_ack_are_deltas_and_a_nacked_delta_is_followed_by_the_full_snapshot() {
+    let op = start_operator().await;
+    let (mut pushes, replies) = driven_stream(&op, &[WITH_DELTAS]).await;
     let reply = async |r: Reply| replies.send(push::encode(&r).into()).await.unwrap();
 
     // The first push of a stream is the whole snapshot.
@@ -532,6 +551,76 @@ async fn pushes_after_an_ack_are_deltas_and_a_nacked_delta_is_followed_by_the_fu
             .any(|s| s.acked == Some(3) && s.nack.is_none())
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_declares_no_delta_capability_gets_only_full_snapshots() {
+    let op = start_operator().await;
+    // A sidecar from before deltas sends no capabilities header; one from
+    // the future may name capabilities this operator does not know.
+    for headers in [&[][..], &[(push::CAPABILITIES_HEADER, "gzip, teleport")][..]] {
+        let (mut pushes, replies) = driven_stream(&op, headers).await;
+        let mut serving = Snapshot::default();
+        for weight in 1..=3 {
+            let p = pushes.next().await;
+            assert_eq!((p.base, p.delta.is_some()), (None, false), "{headers:?}");
+            serving = p.clone().resolve(&serving).unwrap();
+            replies
+                .send(
+                    push::encode(&Reply::Ack {
+                        nonce: p.nonce,
+                        version: p.version,
+                    })
+                    .into(),
+                )
+                .await
+                .unwrap();
+            eventually("the ACK", || {
+                op.hub
+                    .sidecars()
+                    .iter()
+                    .any(|s| s.acked == Some(p.version))
+            })
+            .await;
+            let mut route = split_route();
+            route.spec.rules[0].backend_refs[0].weight = weight;
+            op.hub.update(|ix| ix.apply_route(&route));
+        }
+        assert!(has_route_in(&serving, "route:shop/split/0"));
+        drop(replies);
+        drop(pushes);
+        eventually("the stream to close", || op.hub.sidecars().is_empty()).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_stream_gets_the_full_snapshot_past_its_version_then_deltas() {
+    let op = start_operator().await;
+    // What a handoff's new process reports: the inherited version.
+    let (mut pushes, replies) =
+        driven_stream(&op, &[WITH_DELTAS, (push::VERSION_HEADER, "41")]).await;
+    let first = pushes.next().await;
+    assert_eq!(
+        (first.version, first.base, first.snapshot.is_some()),
+        (42, None, true)
+    );
+    let serving = first.clone().resolve(&Snapshot::default()).unwrap();
+    let ack = |p: &Push| {
+        push::encode(&Reply::Ack {
+            nonce: p.nonce.clone(),
+            version: p.version,
+        })
+    };
+    replies.send(ack(&first).into()).await.unwrap();
+    eventually("the ACK", || {
+        op.hub.sidecars().iter().any(|s| s.acked == Some(42))
+    })
+    .await;
+    op.hub.update(|ix| ix.apply_route(&split_route()));
+    let delta = pushes.next().await;
+    assert_eq!((delta.version, delta.base), (43, Some(42)));
+    let applied = delta.resolve(&serving).unwrap();
+    assert!(has_route_in(&applied, "route:shop/split/0"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

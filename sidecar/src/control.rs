@@ -185,6 +185,10 @@ async fn stream_once(
         )
         .header(push::POD_HEADER, &cfg.pod)
         .header(push::VERSION_HEADER, store.version().to_string())
+        .header(
+            push::CAPABILITIES_HEADER,
+            push::Capabilities::ALL.header_value(),
+        )
         .body(body)
         .expect("request parts are valid");
     let resp = sender.send_request(req).await?;

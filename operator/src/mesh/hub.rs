@@ -12,8 +12,9 @@
 //! channel): a slow sidecar gets the newest config, never a backlog.
 //!
 //! A push is a delta ([`baton_config::push::Delta`]: the sections that
-//! changed) when the sidecar has ACKed the last push and nothing is
-//! pending; otherwise — first push of a stream, a push still unanswered, a
+//! changed) when the stream declared the `delta` capability
+//! ([`Capabilities`]), the sidecar has ACKed the last push and nothing is
+//! pending; otherwise — a sidecar from before deltas, — first push of a stream, a push still unanswered, a
 //! NACK — it is the full snapshot. A NACKed delta is followed at once by the
 //! full snapshot (the sidecar's base may not be what the hub thinks).
 
@@ -22,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use baton_config::Snapshot;
-use baton_config::push::{ConfigKind, Delta, Reply, SharedPush};
+use baton_config::push::{Capabilities, ConfigKind, Delta, Reply, SharedPush};
 use bytes::Bytes;
 use tokio::sync::{Notify, watch};
 
@@ -67,6 +68,9 @@ struct Compiled {
 #[derive(Debug)]
 struct Stream {
     pod: ObjKey,
+    /// What the client declared it understands: without `delta`, every
+    /// push is a full snapshot.
+    caps: Capabilities,
     tx: watch::Sender<Option<Arc<SharedPush>>>,
     /// The last snapshot sent, to tell whether a change affects this
     /// sidecar.
@@ -147,13 +151,18 @@ impl Hub {
         *self.synced.borrow()
     }
 
-    /// A sidecar connected for `pod`, serving `version`. Its first push
-    /// (the full snapshot) comes with the next recompile, which this
-    /// schedules.
+    /// A sidecar connected for `pod`, serving `version` (a process that
+    /// took over through a handoff resumes at the inherited one), its client
+    /// understanding `caps`. Its first push comes with the next recompile,
+    /// which this schedules, and is the full snapshot at `version + 1`
+    /// whatever it serves: the hub does not know which config that version
+    /// stood for (another replica, or this one before a restart, sent it),
+    /// so there is no base a delta could safely name.
     pub fn connect(
         &self,
         pod: ObjKey,
         version: u64,
+        caps: Capabilities,
     ) -> (StreamId, watch::Receiver<Option<Arc<SharedPush>>>) {
         let (tx, rx) = watch::channel(None);
         let id = {
@@ -164,6 +173,7 @@ impl Hub {
                 id,
                 Stream {
                     pod,
+                    caps,
                     tx,
                     sent: None,
                     sent_sources: BTreeSet::new(),
@@ -368,12 +378,15 @@ impl Hub {
                 s.sent = Some(new);
                 continue;
             }
-            // A delta only onto what the sidecar is known to serve: the last
-            // push, ACKed, with nothing in flight.
-            let base = s
-                .sent
-                .as_ref()
-                .filter(|_| s.pending.is_none() && s.nack.is_none() && s.acked == Some(s.version));
+            // A delta only to a client that applies them, and only onto what
+            // the sidecar is known to serve: the last push, ACKed, with
+            // nothing in flight.
+            let base = s.sent.as_ref().filter(|_| {
+                s.caps.delta
+                    && s.pending.is_none()
+                    && s.nack.is_none()
+                    && s.acked == Some(s.version)
+            });
             let (kind, json) = match base {
                 Some(old) => (
                     ConfigKind::Delta { base: s.version },

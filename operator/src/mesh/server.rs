@@ -13,7 +13,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use baton_config::push::{self, Decoder, Reply};
+use baton_config::push::{self, Capabilities, Decoder, Reply};
 use bytes::Bytes;
 use futures::StreamExt;
 use http::{Request, Response, StatusCode, header};
@@ -158,8 +158,15 @@ impl<C: Cluster> PushServer<C> {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
-        tracing::info!(%pod, version, "config stream opened");
-        let (id, pushes) = self.hub.connect(pod, version);
+        // Absent (a sidecar from before deltas): full snapshots only.
+        let caps = req
+            .headers()
+            .get(push::CAPABILITIES_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(Capabilities::parse)
+            .unwrap_or_default();
+        tracing::info!(%pod, version, delta = caps.delta, "config stream opened");
+        let (id, pushes) = self.hub.connect(pod, version, caps);
         let guard = Arc::new(Disconnect {
             hub: self.hub.clone(),
             id,

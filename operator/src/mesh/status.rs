@@ -582,7 +582,7 @@ mod tests {
     async fn a_nack_lands_in_programmed_and_in_one_warning_event_on_the_route() {
         use crate::mesh::compile::MeshParams;
         use crate::mesh::metrics::PushMetrics;
-        use baton_config::push::Reply;
+        use baton_config::push::{Capabilities, Reply};
         use http::{Request, Response};
         use kube::client::Body;
 
@@ -611,7 +611,11 @@ mod tests {
             ix.apply_route(&route(2));
         });
         hub.mark_synced();
-        let (id, rx) = hub.connect(ObjKey::new("shop", "client"), 0);
+        let (id, rx) = hub.connect(
+            ObjKey::new("shop", "client"),
+            0,
+            Capabilities::ALL,
+        );
         hub.recompile();
         let nonce = rx.borrow().as_ref().expect("a push").nonce.clone();
         hub.reply(

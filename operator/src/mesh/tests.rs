@@ -956,3 +956,165 @@ fn pods_with_one_key_compile_alike() {
         CompileKey::Unknown(ObjKey::new(NS, "gone"))
     );
 }
+
+/// The hub's choice between a full snapshot and a delta, per stream: what
+/// the stream's client declared, whether its last push is ACKed, and what it
+/// resumed at.
+mod push_kind {
+    use std::sync::Arc;
+
+    use baton_config::push::{Capabilities, ConfigKind, Reply, SharedPush};
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::mesh::hub::{Hub, StreamId};
+    use crate::mesh::metrics::PushMetrics;
+
+    fn hub() -> Hub {
+        let hub = Hub::new(params(), PushMetrics::default());
+        hub.update(|ix| *ix = shop());
+        hub.mark_synced();
+        hub
+    }
+
+    /// The push waiting on `rx`, if a new one was sent since the last call.
+    fn take(rx: &mut watch::Receiver<Option<Arc<SharedPush>>>) -> Option<Arc<SharedPush>> {
+        if !rx.has_changed().unwrap() {
+            return None;
+        }
+        rx.borrow_and_update().clone()
+    }
+
+    fn ack(hub: &Hub, id: StreamId, push: &SharedPush) {
+        hub.reply(
+            id,
+            Reply::Ack {
+                nonce: push.nonce.clone(),
+                version: push.version,
+            },
+        );
+    }
+
+    /// Edits the split Route `n` times (a new weight each), recompiling and
+    /// ACKing after each, and returns the kind of every push.
+    fn edits(
+        hub: &Hub,
+        id: StreamId,
+        rx: &mut watch::Receiver<Option<Arc<SharedPush>>>,
+        n: i32,
+    ) -> Vec<ConfigKind> {
+        (1..=n)
+            .map(|i| {
+                hub.update(|ix| ix.apply_route(&split_route("split", "2026-01-01T00:00:00Z", i, 1)));
+                assert_eq!(hub.recompile(), 1, "edit {i} reaches the sidecar");
+                let push = take(rx).expect("a push per edit");
+                ack(hub, id, &push);
+                push.kind
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_stream_without_the_delta_capability_gets_only_full_snapshots() {
+        let hub = hub();
+        let (id, mut rx) = hub.connect(client(), 0, Capabilities::default());
+        assert_eq!(hub.recompile(), 1);
+        let first = take(&mut rx).unwrap();
+        assert_eq!((first.version, first.kind), (1, ConfigKind::Snapshot));
+        ack(&hub, id, &first);
+        assert_eq!(edits(&hub, id, &mut rx, 3), vec![ConfigKind::Snapshot; 3]);
+        assert_eq!(hub.sidecars()[0].acked, Some(4));
+    }
+
+    #[test]
+    fn a_stream_with_the_delta_capability_gets_deltas_after_its_first_ack() {
+        let hub = hub();
+        let (id, mut rx) = hub.connect(client(), 0, Capabilities::ALL);
+        assert_eq!(hub.recompile(), 1);
+        let first = take(&mut rx).unwrap();
+        assert_eq!((first.version, first.kind), (1, ConfigKind::Snapshot));
+
+        // Not yet ACKed: the sidecar's base is unknown, so the whole config.
+        hub.update(|ix| ix.apply_route(&split_route("split", "2026-01-01T00:00:00Z", 9, 1)));
+        assert_eq!(hub.recompile(), 1);
+        let second = take(&mut rx).unwrap();
+        assert_eq!((second.version, second.kind), (2, ConfigKind::Snapshot));
+        // The stale reply to the first push is not an ACK of the second.
+        ack(&hub, id, &first);
+        ack(&hub, id, &second);
+
+        let kinds = edits(&hub, id, &mut rx, 3);
+        assert_eq!(
+            kinds,
+            vec![
+                ConfigKind::Delta { base: 2 },
+                ConfigKind::Delta { base: 3 },
+                ConfigKind::Delta { base: 4 },
+            ]
+        );
+    }
+
+    #[test]
+    fn two_streams_of_one_group_share_the_bytes_but_each_gets_its_own_kind() {
+        let hub = hub();
+        let (old_id, mut old_rx) = hub.connect(client(), 0, Capabilities::default());
+        let (new_id, mut new_rx) = hub.connect(client(), 0, Capabilities::ALL);
+        hub.recompile();
+        let (a, b) = (take(&mut old_rx).unwrap(), take(&mut new_rx).unwrap());
+        assert_eq!(a.json, b.json, "one serialization per group");
+        ack(&hub, old_id, &a);
+        ack(&hub, new_id, &b);
+        hub.update(|ix| ix.apply_route(&split_route("split", "2026-01-01T00:00:00Z", 9, 1)));
+        assert_eq!(hub.recompile(), 2);
+        let (a, b) = (take(&mut old_rx).unwrap(), take(&mut new_rx).unwrap());
+        assert_eq!(a.kind, ConfigKind::Snapshot);
+        assert_eq!(b.kind, ConfigKind::Delta { base: 1 });
+        assert!(
+            b.json.len() < a.json.len(),
+            "the delta ({} bytes) is smaller than the snapshot ({} bytes)",
+            b.json.len(),
+            a.json.len()
+        );
+    }
+
+    #[test]
+    fn a_resumed_stream_starts_with_a_full_snapshot_past_its_inherited_version() {
+        // A process that took over through a handoff serves version 7 (sent
+        // by another replica or before a restart: this hub never saw it).
+        let hub = hub();
+        let (id, mut rx) = hub.connect(client(), 7, Capabilities::ALL);
+        assert_eq!(hub.sidecars()[0].acked, Some(7));
+        assert_eq!(hub.recompile(), 1);
+        let first = take(&mut rx).unwrap();
+        assert_eq!((first.version, first.kind), (8, ConfigKind::Snapshot));
+        ack(&hub, id, &first);
+        // Then deltas onto what this hub sent.
+        assert_eq!(edits(&hub, id, &mut rx, 1), vec![ConfigKind::Delta { base: 8 }]);
+    }
+
+    #[test]
+    fn a_nacked_delta_is_followed_by_the_full_snapshot_and_then_deltas_again() {
+        let hub = hub();
+        let (id, mut rx) = hub.connect(client(), 0, Capabilities::ALL);
+        hub.recompile();
+        ack(&hub, id, &take(&mut rx).unwrap());
+        hub.update(|ix| ix.apply_route(&split_route("split", "2026-01-01T00:00:00Z", 9, 1)));
+        hub.recompile();
+        let delta = take(&mut rx).unwrap();
+        assert_eq!(delta.kind, ConfigKind::Delta { base: 1 });
+        hub.reply(
+            id,
+            Reply::Nack {
+                nonce: delta.nonce.clone(),
+                error: "delta applies onto version 1, the sidecar serves 0".into(),
+            },
+        );
+        // No index change: the NACK alone brings the whole config.
+        assert_eq!(hub.recompile(), 1);
+        let full = take(&mut rx).unwrap();
+        assert_eq!((full.version, full.kind), (3, ConfigKind::Snapshot));
+        ack(&hub, id, &full);
+        assert_eq!(hub.sidecars()[0].nack, None);
+        assert_eq!(edits(&hub, id, &mut rx, 1), vec![ConfigKind::Delta { base: 3 }]);
+    }
+}
