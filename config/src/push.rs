@@ -427,7 +427,10 @@ mod tests {
         ] {
             assert_eq!(Capabilities::parse(value), want, "{value:?}");
         }
-        assert_eq!(Capabilities::parse(&Capabilities::ALL.header_value()), Capabilities::ALL);
+        assert_eq!(
+            Capabilities::parse(&Capabilities::ALL.header_value()),
+            Capabilities::ALL
+        );
         assert_eq!(Capabilities::default().header_value(), "");
     }
 

@@ -437,7 +437,10 @@ async fn open_stream(
 
 async fn raw_stream(op: &Operator, token: &str, pod: &str, garbage: &'static [u8]) -> u16 {
     let body = Full::new(bytes::Bytes::from_static(garbage)).boxed();
-    open_stream(op, token, pod, &[], body).await.status().as_u16()
+    open_stream(op, token, pod, &[], body)
+        .await
+        .status()
+        .as_u16()
 }
 
 /// The pushes of a hand-driven stream, decoded.
@@ -558,7 +561,10 @@ async fn a_stream_that_declares_no_delta_capability_gets_only_full_snapshots() {
     let op = start_operator().await;
     // A sidecar from before deltas sends no capabilities header; one from
     // the future may name capabilities this operator does not know.
-    for headers in [&[][..], &[(push::CAPABILITIES_HEADER, "gzip, teleport")][..]] {
+    for headers in [
+        &[][..],
+        &[(push::CAPABILITIES_HEADER, "gzip, teleport")][..],
+    ] {
         let (mut pushes, replies) = driven_stream(&op, headers).await;
         let mut serving = Snapshot::default();
         for weight in 1..=3 {
@@ -576,10 +582,7 @@ async fn a_stream_that_declares_no_delta_capability_gets_only_full_snapshots() {
                 .await
                 .unwrap();
             eventually("the ACK", || {
-                op.hub
-                    .sidecars()
-                    .iter()
-                    .any(|s| s.acked == Some(p.version))
+                op.hub.sidecars().iter().any(|s| s.acked == Some(p.version))
             })
             .await;
             let mut route = split_route();

@@ -611,11 +611,7 @@ mod tests {
             ix.apply_route(&route(2));
         });
         hub.mark_synced();
-        let (id, rx) = hub.connect(
-            ObjKey::new("shop", "client"),
-            0,
-            Capabilities::ALL,
-        );
+        let (id, rx) = hub.connect(ObjKey::new("shop", "client"), 0, Capabilities::ALL);
         hub.recompile();
         let nonce = rx.borrow().as_ref().expect("a push").nonce.clone();
         hub.reply(

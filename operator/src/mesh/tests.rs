@@ -1005,7 +1005,9 @@ mod push_kind {
     ) -> Vec<ConfigKind> {
         (1..=n)
             .map(|i| {
-                hub.update(|ix| ix.apply_route(&split_route("split", "2026-01-01T00:00:00Z", i, 1)));
+                hub.update(|ix| {
+                    ix.apply_route(&split_route("split", "2026-01-01T00:00:00Z", i, 1))
+                });
                 assert_eq!(hub.recompile(), 1, "edit {i} reaches the sidecar");
                 let push = take(rx).expect("a push per edit");
                 ack(hub, id, &push);
@@ -1089,7 +1091,10 @@ mod push_kind {
         assert_eq!((first.version, first.kind), (8, ConfigKind::Snapshot));
         ack(&hub, id, &first);
         // Then deltas onto what this hub sent.
-        assert_eq!(edits(&hub, id, &mut rx, 1), vec![ConfigKind::Delta { base: 8 }]);
+        assert_eq!(
+            edits(&hub, id, &mut rx, 1),
+            vec![ConfigKind::Delta { base: 8 }]
+        );
     }
 
     #[test]
@@ -1115,6 +1120,9 @@ mod push_kind {
         assert_eq!((full.version, full.kind), (3, ConfigKind::Snapshot));
         ack(&hub, id, &full);
         assert_eq!(hub.sidecars()[0].nack, None);
-        assert_eq!(edits(&hub, id, &mut rx, 1), vec![ConfigKind::Delta { base: 3 }]);
+        assert_eq!(
+            edits(&hub, id, &mut rx, 1),
+            vec![ConfigKind::Delta { base: 3 }]
+        );
     }
 }
