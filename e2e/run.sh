@@ -53,11 +53,5 @@ export BATON_E2E_SKIPPED
 
 log "e2e tests"
 export BATON_E2E_KUBECONFIG="$KUBECONFIG_ADMIN"
-# Kept out of the gate until they have passed on the local cluster (issue
-# #22): the AcceleratorPool tests. The "preferred-0 not found" failure was
-# the test's (dry-run creates); the fixed tests have not run on a cluster
-# yet. Run them alone with `e2e/run.sh accelerator_`, then drop this skip.
-skip=(--skip accelerator_)
-case "${1:-}" in accelerator_*) skip=() ;; esac
-cargo test --locked --no-fail-fast -p baton-e2e --tests -- --ignored --test-threads "${BATON_E2E_TEST_THREADS:-2}" "${skip[@]}" "$@"
+cargo test --locked --no-fail-fast -p baton-e2e --tests -- --ignored --test-threads "${BATON_E2E_TEST_THREADS:-2}" "$@"
 log "e2e tests passed after $(stamp)"

@@ -16,6 +16,7 @@
 //! plain serde data with no behaviour, so it is serializable both ways.
 
 pub mod push;
+pub mod report;
 pub mod yaml;
 
 use std::collections::BTreeMap;

@@ -118,9 +118,7 @@ pub struct AcceleratorPoolStatus {
     /// `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// When the operator computed these books (set on each write). The
-    /// webhook counts a grant it made itself as not yet booked until it
-    /// sees books computed after it.
+    /// When the operator computed these books (set on each write).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub computed_at: Option<MicroTime>,
     /// Nodes of the pool that advertise at least one device.
@@ -140,6 +138,13 @@ pub struct AcceleratorPoolStatus {
     /// them before it grants more.
     #[serde(default)]
     pub pending: i64,
+    /// Grant ids (`baton.dev/offload-grant`) of the pods created in the
+    /// last minute that these books have seen, sorted, at most 256. A
+    /// webhook replica counts a grant it made on top of the books until its
+    /// id appears here; absent (an older operator), until books computed
+    /// after the grant arrive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recent_grants: Option<Vec<String>>,
     /// Sidecars whose policy asked for offload (Preferred) but that run in
     /// software because the pool had no free device at admission.
     #[serde(default)]

@@ -58,6 +58,11 @@ pub mod annotations {
     pub const OFFLOAD_FALLBACK_REASON: &str = "baton.dev/offload-fallback-reason";
     /// AcceleratorPool that granted the device, if any.
     pub const ACCELERATOR_POOL: &str = "baton.dev/accelerator-pool";
+    /// Identifies a device grant (the admission request's uid): the pool's
+    /// status lists the grants its books already count
+    /// (`status.recentGrants`), so the webhook that granted stops counting
+    /// it on top of them, exactly once.
+    pub const OFFLOAD_GRANT: &str = "baton.dev/offload-grant";
     /// A hot upgrade in progress on the pod, written by the operator in the
     /// same patch that swaps the standby slot's image (JSON: `version`,
     /// `image`, `slot`, `fromVersion`, `startedAt`). It is what a new

@@ -45,6 +45,15 @@ stop_recorded() {
 }
 
 if [ -d "$RUN" ]; then
+  # Baton's own Pods' logs first, while the API server still answers: a
+  # failed test's post-mortem needs the webhook's and the operator's side.
+  if [ -d "$LOGS" ] && [ -s "$KUBECONFIG_ADMIN" ]; then
+    for pod in $(timeout 10 kubectl --kubeconfig "$KUBECONFIG_ADMIN" -n baton-system get pods \
+        -o jsonpath='{.items[*].metadata.name}' 2>/dev/null); do
+      timeout 10 kubectl --kubeconfig "$KUBECONFIG_ADMIN" -n baton-system logs "$pod" \
+        --all-containers --tail=2000 >"$LOGS/baton-$pod.log" 2>&1 || true
+    done
+  fi
   log "stopping cluster in $RUN"
   for f in "$PIDS"/host-*.pid; do
     [ -e "$f" ] || continue

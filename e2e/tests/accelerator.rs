@@ -19,7 +19,8 @@ use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
-use baton_crds::contract::{annotations, containers};
+use baton_config::report::OffloadReport;
+use baton_crds::contract::{annotations, containers, ports};
 use baton_crds::{AcceleratorPool, AcceleratorPoolStatus, TlsPolicy};
 use baton_e2e::install as baton;
 use baton_e2e::rollout::{
@@ -139,9 +140,61 @@ async fn bound(client: &Client, ns: &str, name: &str) -> Pod {
     .unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// Pod `name`'s sidecar's `GET /offload` (admin port, from the node) once
+/// it serves TLS: the document the operator's books read.
+async fn offload_of(api: &Api<Pod>, name: &str) -> OffloadReport {
+    wait_for(
+        &format!("{name}'s sidecar reports its offload engine"),
+        Duration::from_secs(60),
+        || {
+            let api = api.clone();
+            async move {
+                let ip = match api.get(name).await {
+                    Ok(p) => p.status.and_then(|s| s.pod_ip),
+                    Err(e) => return Check::NotYet(e.to_string()),
+                };
+                let Some(ip) = ip.and_then(|ip| ip.parse().ok()) else {
+                    return Check::NotYet("no pod IP yet".into());
+                };
+                let addr = std::net::SocketAddr::new(ip, ports::ADMIN);
+                match admin_get(addr, "/offload").await {
+                    Ok(body) => match serde_json::from_str::<OffloadReport>(&body) {
+                        Ok(r) if r.configured => Check::Done(r),
+                        Ok(r) => Check::NotYet(format!("{r:?}")),
+                        Err(e) => Check::NotYet(format!("{e}: {body}")),
+                    },
+                    Err(e) => Check::NotYet(e),
+                }
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The body of `GET path` on a sidecar's admin port.
+async fn admin_get(addr: std::net::SocketAddr, path: &str) -> Result<String, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut out))
+        .await
+        .map_err(|_| "timed out".to_string())?
+        .map_err(|e| e.to_string())?;
+    match out.split_once("\r\n\r\n") {
+        Some((head, body)) if head.starts_with("HTTP/1.1 200") => Ok(body.to_owned()),
+        _ => Err(out),
+    }
+}
+
 /// The Event with `reason` about the object named `about`, in namespace
-/// `ns` (Events about cluster-scoped objects, such as the Namespace a
-/// refusal is reported on, live in `default`).
+/// `ns` (the webhook records a refusal about a Namespace in that namespace).
 async fn event_with(client: &Client, ns: &str, reason: &str, about: &str) -> Event {
     let api: Api<Event> = Api::namespaced(client.clone(), ns);
     wait_for(
@@ -318,10 +371,33 @@ async fn accelerator_pool_books_grants_fallbacks_refusals_and_frees_a_deleted_po
                 annotation(&created, annotations::ACCELERATOR_POOL),
                 Some(t.pool.as_str())
             );
-            granted.push(bound(client, ns, name).await);
+            let grant = annotation(&created, annotations::OFFLOAD_GRANT)
+                .unwrap_or_else(|| panic!("{name}: no grant id"))
+                .to_owned();
+            bound(client, ns, name).await;
+            granted.push(grant);
+        }
+        // Each holder's sidecar signs with the device's engine (OpenSSL's
+        // default provider stands in for QAT's here): what the operator
+        // reads from `/offload`, so neither is a fallback in the books.
+        for name in ["preferred-0", "required-0"] {
+            let r = offload_of(&api, name).await;
+            assert_eq!(
+                (r.requested.as_str(), r.active.as_str()),
+                ("openssl", "openssl"),
+                "{name}: {r:?}"
+            );
+            assert_eq!(r.falling_back_since(None), None, "{name}: {r:?}");
         }
         let s = books(client, &t.pool, "2 allocated", |s| s.allocated == 2).await;
         assert_eq!((s.free, s.pending), (0, 0), "{s:?}");
+        // The books name the grants they hold, so the webhook stops
+        // counting them on top (the second grant above came right after the
+        // first: counted twice, it would have been refused).
+        let listed = s.recent_grants.clone().unwrap_or_default();
+        for grant in &granted {
+            assert!(listed.contains(grant), "{grant} not in {listed:?}");
+        }
         let row = &s.nodes[0];
         assert_eq!(row.node, t.node);
         assert_eq!(
@@ -369,7 +445,7 @@ async fn accelerator_pool_books_grants_fallbacks_refusals_and_frees_a_deleted_po
             refused.message
         );
         // No owner: the webhook reports the refusal on the Namespace.
-        let e = event_with(client, "default", "OffloadUnavailable", ns).await;
+        let e = event_with(client, ns, "OffloadUnavailable", ns).await;
         assert!(
             e.message
                 .as_deref()

@@ -15,3 +15,28 @@ pub fn recorder(client: Client, instance: Option<String>) -> Recorder {
         },
     )
 }
+
+/// Publishes `event` about `reference`. An Event about a cluster-scoped
+/// object (a SidecarRelease) goes to `default` with an empty reference
+/// namespace, which API servers before 1.22 refuse for events.k8s.io/v1
+/// ("involvedObject.namespace ... does not match event.namespace"): then it
+/// is published once more with the reference in `default`, so the Event
+/// exists (`kubectl get events -n default`) on every supported server.
+pub async fn publish(
+    recorder: &Recorder,
+    event: &kube::runtime::events::Event,
+    reference: &k8s_openapi::api::core::v1::ObjectReference,
+) -> Result<(), kube::Error> {
+    match recorder.publish(event, reference).await {
+        Err(kube::Error::Api(status))
+            if status.code == 422
+                && reference.namespace.is_none()
+                && status.message.contains("does not match event.namespace") =>
+        {
+            let mut in_default = reference.clone();
+            in_default.namespace = Some("default".into());
+            recorder.publish(event, &in_default).await
+        }
+        other => other,
+    }
+}

@@ -37,6 +37,7 @@ pub mod metrics;
 mod mock_api;
 pub mod release;
 pub mod rollout;
+pub mod sidecar_admin;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

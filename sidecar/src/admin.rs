@@ -1,5 +1,6 @@
 //! The admin listener: `/metrics`, `/ready`, `/live`, `/config` (secrets
-//! redacted), `/log-level`, `/connections`, `/handoff` and `/shutdown`.
+//! redacted), `/log-level`, `/connections`, `/handoff`, `/offload` and
+//! `/shutdown`.
 //!
 //! Kept deliberately separate from the data-plane listeners: it never goes
 //! through routing or filters, and it keeps answering while draining (so
@@ -8,7 +9,9 @@
 //! **Who may call what.** In a Pod the port is reachable from anywhere that
 //! reaches the Pod's IP (the kubelet probes it from the node, Prometheus
 //! scrapes it), so the service decides by caller ([`access`]): `/live`,
-//! `/ready`, `/metrics` and `/handoff` (read-only upgrade status) answer
+//! `/ready`, `/metrics`, `/handoff` (read-only upgrade status) and
+//! `/offload` (which engine signs: what the operator's AcceleratorPool books
+//! read) answer
 //! anyone; `/config`, `/connections`, `/log-level` and `/shutdown`, which
 //! change state or reveal configuration, connections and identities, answer
 //! only callers on the Pod's loopback ([`from_pod`]) and refuse anyone else
@@ -17,7 +20,7 @@
 //! the handler, so it holds on an admin socket the handoff passed in from the
 //! previous process as much as on one bound here.
 use std::convert::Infallible;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -27,6 +30,9 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
 use crate::config::yaml::redacted_json;
+// Also used by the config compiler (an endpoint on the admin port), so it
+// lives below both.
+pub use crate::filters::from_pod;
 use crate::http_proxy::Shared;
 use crate::lifecycle::Phase;
 
@@ -36,6 +42,9 @@ pub type LogLevelHook = Arc<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
 /// Extra readiness condition (the TLS layer: "offload Required but no
 /// engine"): `Err(reason)` keeps `/ready` at 503 with that reason.
 pub type ReadinessHook = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+/// The private-key offload engine's state as JSON (the TLS layer installs
+/// it with its first context), for `GET /offload`.
+pub type OffloadHook = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
 
 #[derive(Clone)]
 pub struct Admin {
@@ -45,6 +54,8 @@ pub struct Admin {
     /// The handoff that made this process the serving one (the status-file
     /// document), for `GET /handoff`; `None` after a fresh start.
     pub handoff: Arc<std::sync::Mutex<Option<serde_json::Value>>>,
+    /// `None` until TLS is attached: `/offload` then says `configured: false`.
+    pub offload: Arc<std::sync::Mutex<Option<OffloadHook>>>,
 }
 
 impl std::fmt::Debug for Admin {
@@ -97,25 +108,15 @@ pub fn access(path: &str) -> Option<(Access, &'static str)> {
         // operator's rollout controller reads from the Pod IP, no addresses,
         // identities or configuration.
         "/handoff" => (Access::Anyone, "/handoff"),
+        // Mode, requested and active engine, fallback counts: no keys,
+        // identities or configuration.
+        "/offload" => (Access::Anyone, "/offload"),
         "/config" => (Access::PodOnly, "/config"),
         "/connections" => (Access::PodOnly, "/connections"),
         "/log-level" => (Access::PodOnly, "/log-level"),
         "/shutdown" => (Access::PodOnly, "/shutdown"),
         _ => return None,
     })
-}
-
-/// Pure: whether a caller at `peer` is inside the Pod: on its loopback
-/// (127.0.0.0/8, ::1, or 127.x mapped into IPv6 by a dual-stack socket).
-/// Containers of a Pod share its network namespace, so its loopback is
-/// reachable only from them (and through `kubectl port-forward`, which the
-/// API server authorizes per Pod); the kubelet and other Pods arrive from
-/// the Pod's or the node's addresses.
-pub fn from_pod(peer: IpAddr) -> bool {
-    match peer {
-        IpAddr::V4(a) => a.is_loopback(),
-        IpAddr::V6(a) => a.is_loopback() || a.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
-    }
 }
 
 impl Admin {
@@ -229,6 +230,14 @@ impl Admin {
                     "retired": retirement.retired_slots(),
                 }))
             }
+            (&Method::GET, "/offload") => {
+                let hook = self
+                    .offload
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                json(&hook.map_or_else(|| serde_json::json!({ "configured": false }), |h| h()))
+            }
             (&Method::GET, "/connections") => {
                 let mut out = String::new();
                 for c in self.shared.registry.list() {
@@ -280,7 +289,7 @@ impl Admin {
             (
                 _,
                 "/metrics" | "/live" | "/ready" | "/config" | "/connections" | "/log-level"
-                | "/handoff" | "/shutdown",
+                | "/handoff" | "/offload" | "/shutdown",
             ) => text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"),
             _ => text(StatusCode::NOT_FOUND, "not found\n"),
         }

@@ -10,6 +10,8 @@
 //! * [`ParkedIo`], [`SessionDetach`]: what a parked end is, and how the TLS
 //!   layer takes its sessions apart for a move, so the handoff never needs
 //!   the TLS layer's concrete stream types.
+//! * [`IdentityPem`], [`IdentityCarrier`]: the mesh identity as the handoff
+//!   carries it, exported and imported by the TLS layer.
 //!
 //! Safe points, per kind (see `docs/performance.md` and the handoff docs):
 //! raw TCP parks between two reads/writes (anything read but not written is
@@ -720,18 +722,30 @@ impl H1Framing {
                 return None;
             }
             // Common case: the whole head is in this read; nothing is copied.
-            if let Some(end) = head_end(&data[at..]) {
-                return Some((at + end, end, self.judge(&data[at..at + end])));
+            match head_end(&data[at..]) {
+                HeadEnd::Complete(end) => {
+                    return Some((at + end, end, self.judge(&data[at..at + end])));
+                }
+                HeadEnd::BareCr(end) => return Some((at + end, end, self.bare_cr(end))),
+                HeadEnd::Partial => {}
             }
         }
         let already = self.partial.len();
         // The end marker (at most 3 bytes) may straddle the previous read.
         let from = already.saturating_sub(2);
         self.partial.extend_from_slice(&data[at..]);
-        match head_end(&self.partial[from..]) {
-            Some(end) => {
-                let end = from + end;
-                let scan = self.judge(&self.partial[..end]);
+        let found = match head_end(&self.partial[from..]) {
+            HeadEnd::Complete(end) => Some((from + end, false)),
+            HeadEnd::BareCr(end) => Some((from + end, true)),
+            HeadEnd::Partial => None,
+        };
+        match found {
+            Some((end, bare_cr)) => {
+                let scan = if bare_cr {
+                    self.bare_cr(end)
+                } else {
+                    self.judge(&self.partial[..end])
+                };
                 self.partial = Vec::new();
                 Some((at + end - already, end, scan))
             }
@@ -748,6 +762,18 @@ impl H1Framing {
 }
 
 impl H1Framing {
+    /// A head cut short by a bare CR at `end`: refused, unless it is already
+    /// longer than hyper accepts (then hyper answers 431, as [`Self::judge`]
+    /// decides for a complete head), so the verdict does not depend on how
+    /// the bytes were split into reads.
+    fn bare_cr(&self, end: usize) -> HeadScan {
+        if end > self.max_head {
+            HeadScan::Next(Frame::Off)
+        } else {
+            HeadScan::Refuse(Refusal::BareCr)
+        }
+    }
+
     /// A head longer than hyper accepts gets 431 from hyper: stop following
     /// (the same whether it arrived in one read or several). Any other head
     /// is validated, then its framing read.
@@ -762,19 +788,34 @@ impl H1Framing {
     }
 }
 
-/// Length of the head at the start of `buf` (request line, header lines and
-/// the empty line; LF or CRLF line ends, as httparse accepts), if complete.
-fn head_end(buf: &[u8]) -> Option<usize> {
+/// Where the head at the start of a buffer ends, as far as its bytes say.
+#[derive(Debug, PartialEq, Eq)]
+enum HeadEnd {
+    /// The head's length (request line, header lines and the empty line).
+    Complete(usize),
+    /// A line starts with a CR that no LF follows: the head can never be
+    /// valid (httparse, hence hyper, fails on it at once), and without this
+    /// the client would wait for a head end that never comes. Refused up to
+    /// and including the byte after that CR.
+    BareCr(usize),
+    /// More bytes are needed.
+    Partial,
+}
+
+/// Find the end of the head at the start of `buf` (LF or CRLF line ends, as
+/// httparse accepts).
+fn head_end(buf: &[u8]) -> HeadEnd {
     let mut from = 0;
     while let Some(i) = buf[from..].iter().position(|b| *b == b'\n') {
         let i = from + i;
         match buf.get(i + 1..) {
-            Some([b'\n', ..]) => return Some(i + 2),
-            Some([b'\r', b'\n', ..]) => return Some(i + 3),
+            Some([b'\n', ..]) => return HeadEnd::Complete(i + 2),
+            Some([b'\r', b'\n', ..]) => return HeadEnd::Complete(i + 3),
+            Some([b'\r', _, ..]) => return HeadEnd::BareCr(i + 3),
             _ => from = i + 1,
         }
     }
-    None
+    HeadEnd::Partial
 }
 
 /// Read the framing of one complete, validated head (so: no obs-fold, no
@@ -1018,6 +1059,45 @@ impl<T: AsyncRead + Unpin> AsyncRead for FramingGuard<T> {
 
 write_through_to_inner!(FramingGuard);
 
+/// The mesh identity as the handoff carries it (PEM text). The new process
+/// can then serve new handshakes before its own certificate arrives (the
+/// identity service may be slow or down during an upgrade).
+#[derive(Clone, PartialEq, Eq)]
+pub struct IdentityPem {
+    pub cert_chain: String,
+    pub key: String,
+    pub trust_bundle: String,
+}
+
+impl std::fmt::Debug for IdentityPem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdentityPem").finish_non_exhaustive()
+    }
+}
+
+/// What owns the mesh identity (the TLS layer): exports it on the old side,
+/// imports it on the new one.
+pub trait IdentityCarrier: Send + Sync {
+    fn export(&self) -> Option<IdentityPem>;
+    /// `Ok(true)` if the carried identity is now in use, `Ok(false)` if this
+    /// process already has its own (it keeps that).
+    fn import(&self, pem: &IdentityPem) -> Result<bool, IdentityImportError>;
+}
+
+/// Why a carried identity was not taken into use (the new process then
+/// waits for its own, as on a fresh start).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityImportError {
+    /// The PEM text does not hold a certificate chain, key and bundle.
+    #[error("the carried identity cannot be read: {0}")]
+    Unreadable(String),
+    #[error("the carried certificate has expired")]
+    Expired,
+    /// Read, but no TLS context could be built from it.
+    #[error("cannot serve with the carried identity: {0}")]
+    Unusable(String),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1104,6 +1184,51 @@ mod tests {
             shadow_any_split(stream.as_bytes()),
             (Some((2, stream.len())), 2)
         );
+    }
+
+    #[test]
+    fn framing_shadow_refuses_a_line_that_starts_with_a_bare_cr_without_waiting() {
+        // No LF ever follows the CR, so the head has no end: without the
+        // refusal the client would wait out the head timeout.
+        for stream in [
+            &b"GET / HTTP/1.1\r\nHost: a\r\n\r\r\n"[..],
+            b"GET / HTTP/1.1\r\nHost: a\r\n\rX-A: 1\r\n\r\n",
+            b"GET / HTTP/1.1\nHost: a\n\r\r",
+        ] {
+            let (refused, heads) = shadow_any_split(stream);
+            let (index, end) = refused.unwrap_or_else(|| panic!("{stream:?} not refused"));
+            assert_eq!((index, heads), (0, 0), "{stream:?}");
+            assert!(end <= stream.len(), "{stream:?}");
+            let mut f = H1Framing::new(8192);
+            assert!(matches!(
+                f.feed(stream),
+                FramingVerdict::Refuse {
+                    why: Refusal::BareCr,
+                    ..
+                }
+            ));
+        }
+        // Past the largest head hyper accepts, hyper's 431 stands, however
+        // the bytes are split (the fuzzer found a split that differed).
+        let mut long = b"GET / HTTP/1.1\r\nX-Long: ".to_vec();
+        long.resize(80, b'a');
+        long.extend_from_slice(b"\r\n\rX");
+        for step in 1..long.len() {
+            let mut f = H1Framing::new(64);
+            for piece in long.chunks(step) {
+                assert!(
+                    !matches!(f.feed(piece), FramingVerdict::Refuse { .. }),
+                    "split every {step}"
+                );
+            }
+        }
+        // A CR that an LF follows is a line end, and a CR at the end of a
+        // read may still be one: no refusal yet.
+        assert_eq!(
+            head_end(b"GET / HTTP/1.1\r\nHost: a\r\n\r"),
+            HeadEnd::Partial
+        );
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\n\r\n"), HeadEnd::Complete(18));
     }
 
     #[test]

@@ -17,9 +17,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+// The config model's types, from the crate that holds them (not through
+// `crate::config`, which compiles snapshots into these filters).
+use baton_config::{FaultConfig, RbacAction, RbacPolicy};
 use http::{Method, StatusCode};
-
-use crate::config::{FaultConfig, RbacAction, RbacPolicy};
 
 /// Per-connection facts every filter may look at. The TLS layer fills
 /// `peer_identity` (verified SPIFFE URI of the client certificate) and
@@ -320,6 +321,19 @@ pub fn fast_rand() -> u32 {
         s.set(x);
         (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 32) as u32
     })
+}
+
+/// Pure: whether a caller at `peer` is inside the Pod: on its loopback
+/// (127.0.0.0/8, ::1, or 127.x mapped into IPv6 by a dual-stack socket).
+/// Containers of a Pod share its network namespace, so its loopback is
+/// reachable only from them (and through `kubectl port-forward`, which the
+/// API server authorizes per Pod); the kubelet and other Pods arrive from
+/// the Pod's or the node's addresses.
+pub fn from_pod(peer: IpAddr) -> bool {
+    match peer {
+        IpAddr::V4(a) => a.is_loopback(),
+        IpAddr::V6(a) => a.is_loopback() || a.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
+    }
 }
 
 #[cfg(test)]

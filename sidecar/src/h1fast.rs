@@ -211,7 +211,7 @@ async fn fall_back<I: ParkableIo>(
     why: Fallback,
 ) {
     tracing::trace!(conn = meta.id, ?why, "h1 fast path: hyper takes over");
-    shared.metrics.h1_fast_path_fallback(why);
+    shared.metrics.h1_fast_path_fallback(why.label());
     let io = PrefixedIo::new(buf.freeze(), down);
     Box::pin(crate::listener::serve_http1(io, meta, shared, park)).await
 }

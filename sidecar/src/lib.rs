@@ -7,7 +7,9 @@
 //! that is validated and swapped atomically. It never depends on kube: only
 //! on the kube-free `baton_crds::contract` names.
 //!
-//! Layout (each module's docs say why it is shaped that way):
+//! Layout (each module's docs say why it is shaped that way; a module is
+//! public only where another crate uses it: the binaries, the operator's
+//! tests, the fuzz targets, the integration tests):
 //! * [`config`] — the snapshot type, YAML, validation/compilation, the store;
 //! * [`routing`] — compiled route tables and the pure matcher;
 //! * [`filters`] — network and stream filter chains, RBAC, faults;
@@ -18,38 +20,44 @@
 //! * [`h1valid`] — the HTTP/1.1 request-head validation both HTTP/1 paths run;
 //! * [`admin`], [`metrics`], [`loop_lag`], [`lifecycle`] — operating it;
 //! * [`init`], [`orig_dst`] — transparent capture;
-//! * [`handoff`] — the hot upgrade; [`tls_record`] — the userspace TLS
-//!   record layer it and [`tls`] share (a leaf: it imports no other module);
+//! * [`handoff`] — the hot upgrade, driving the data plane through the
+//!   traits [`dataplane`] implements, its wire format in the
+//!   `baton-handoff` crate; [`tls_record`] — the userspace TLS record layer
+//!   it and [`tls`] share (the leaf crate `baton-tls-record`);
 //! * [`server`], [`process`], [`cli`] — assembling a process: the data
 //!   plane, the main loop with the handoff, the command line.
 
 pub mod admin;
-pub mod body;
+mod body;
 pub mod cli;
 pub mod client_hello;
-pub mod coarse_timer;
+mod coarse_timer;
 pub mod config;
 pub mod conn;
 pub mod control;
+mod dataplane;
 pub mod detect;
-pub mod filters;
-pub mod h1fast;
+mod filters;
+mod h1fast;
 pub mod h1valid;
 pub mod handoff;
-pub mod http_proxy;
-pub mod init;
+mod http_proxy;
+mod init;
 pub mod lifecycle;
-pub mod linger;
-pub mod listener;
-pub mod loop_lag;
+mod linger;
+mod listener;
+mod loop_lag;
 pub mod metrics;
-pub mod orig_dst;
-pub mod process;
-pub mod routing;
-pub mod sched;
+mod orig_dst;
+mod process;
+mod routing;
+mod sched;
 pub mod server;
-pub mod tcp_proxy;
+mod tcp_proxy;
 pub mod tls;
-pub mod tls_record;
-pub mod tls_settings;
-pub mod upstream;
+mod tls_settings;
+mod upstream;
+
+/// The userspace TLS record layer, a leaf crate the TLS layer and the
+/// handoff both use (named here as the module it was).
+pub use baton_tls_record as tls_record;

@@ -15,7 +15,7 @@ use crate::config::Snapshot;
 use crate::handoff::session::{
     ADMIN_LINGER, HandoffError, adopt, bind_restricted, connect, hand_off,
 };
-use crate::handoff::{HandoffConfig, HandoffMetrics};
+use crate::handoff::{DataPlane, HandoffConfig, HandoffMetrics, Inherited};
 use crate::lifecycle::{Ending, Phase};
 use crate::metrics::Metrics;
 use crate::server::{Running, StartError, StartOptions, start};
@@ -58,7 +58,14 @@ pub async fn run(
             return Err(RunError::AdoptionRefused(reason));
         }
         Some(stream) => {
-            let running = adopt(stream, snapshot, opts, &cfg, &hm, &metrics).await?;
+            // Serve what the old process served, on its sockets.
+            let start_on = move |inherited: Inherited| {
+                opts.inherited = inherited.listeners;
+                opts.inherited_admin = inherited.admin;
+                opts.adopting = true;
+                start(inherited.config.unwrap_or(snapshot), opts)
+            };
+            let running = adopt(stream, start_on, &cfg, &hm, &metrics).await?;
             // The path is ours now: the next sidecar asks us.
             (running, bind_restricted(&cfg.socket, &cfg.peer_uids))
         }
@@ -78,6 +85,7 @@ pub async fn run(
     }
     // Shared with the handoff's thread while one runs.
     let running = Arc::new(running);
+    let plane: Arc<dyn DataPlane> = running.clone();
     let lifecycle = running.shared.lifecycle.clone();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let mut handed_off = false;
@@ -90,7 +98,7 @@ pub async fn run(
         };
         tokio::select! {
             r = accept => match r {
-                Ok(stream) => match hand_off(stream, &running, &cfg, &hm).await {
+                Ok(stream) => match hand_off(stream, &plane, &cfg, &hm).await {
                     Ok(true) => { handed_off = true; break; }
                     Ok(false) => {}
                     Err(e) => tracing::warn!(error = %e, label = e.metric_label(), "handoff failed; still serving"),
@@ -109,6 +117,7 @@ pub async fn run(
         }
     }
     drop(listener);
+    drop(plane);
     if handed_off {
         // Probes on the shared admin socket go to the new process only; the
         // few admin requests this process accepted just before finish first

@@ -12,10 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use baton_config::{FaultConfig, RetryConfig};
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use regex::Regex;
-
-use crate::config::{FaultConfig, RetryConfig};
 
 /// How a route matches the host.
 #[derive(Debug, Clone)]

@@ -207,6 +207,7 @@ pub async fn start(snapshot: Snapshot, mut opts: StartOptions) -> Result<Running
         log_level: opts.log_level.clone(),
         readiness: Default::default(),
         handoff: Default::default(),
+        offload: Default::default(),
     };
     let admin_listener =
         tokio::net::TcpListener::from_std(admin_std).map_err(|source| StartError::Bind {

@@ -18,6 +18,7 @@ use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use baton_config::{ClusterConfig, LbPolicy, UpstreamProtocol};
 use http::Uri;
 use http::uri::Authority;
 use hyper_util::client::legacy::Client;
@@ -26,7 +27,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 
 use crate::body::ProxyBody;
-use crate::config::{ClusterConfig, LbPolicy, UpstreamProtocol};
 use crate::conn::BoxIo;
 use crate::filters::fast_rand;
 use crate::metrics::Metrics;

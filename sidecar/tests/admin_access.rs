@@ -60,11 +60,12 @@ async fn call(admin: &Admin, peer: &str, method: Method, path: &str) -> (StatusC
 }
 
 /// Every endpoint, the method it takes, and whether only the Pod may call it.
-const ENDPOINTS: [(&str, &str, bool); 9] = [
+const ENDPOINTS: [(&str, &str, bool); 10] = [
     ("GET", "/live", false),
     ("GET", "/ready", false),
     ("GET", "/metrics", false),
     ("GET", "/handoff", false),
+    ("GET", "/offload", false),
     ("GET", "/config", true),
     ("GET", "/connections", true),
     ("POST", "/log-level", true),
@@ -206,6 +207,13 @@ async fn over_a_real_socket_a_non_loopback_caller_is_refused_and_wait_ready_stil
 
     let lo = IpAddr::from([127, 0, 0, 1]);
     assert_eq!(request_from(lo, loopback, "GET", "/config").await.0, 200);
+    // No TLS in this config: no engine was chosen.
+    let (status, response) = request_from(lo, loopback, "GET", "/offload").await;
+    assert_eq!(status, 200);
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let report: baton_config::report::OffloadReport =
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {response}"));
+    assert!(!report.configured, "{body}");
 
     let Some(ip) = non_loopback_local_ipv4() else {
         eprintln!("SKIPPED the non-loopback half: this machine has no non-loopback IPv4 address");
@@ -217,6 +225,7 @@ async fn over_a_real_socket_a_non_loopback_caller_is_refused_and_wait_ready_stil
         ("GET", "/ready", 200),
         ("GET", "/metrics", 200),
         ("GET", "/handoff", 200),
+        ("GET", "/offload", 200),
         ("GET", "/config", 403),
         ("GET", "/connections", 403),
         ("POST", "/log-level?level=trace", 403),

@@ -254,6 +254,8 @@ fn corpus() -> Vec<Vector> {
         refuse("empty name", b"GET / HTTP/1.1\r\nHost: a\r\n: v\r\n\r\n", 400, "header_line_invalid"),
         refuse("NUL in a value", b"GET / HTTP/1.1\r\nHost: a\r\nX-A: a\x00b\r\n\r\n", 400, "header_value_invalid"),
         refuse("bare CR in a value", b"GET / HTTP/1.1\r\nHost: a\r\nX-A: a\rb\r\n\r\n", 400, "bare_cr"),
+        refuse("a bare CR before the empty line", b"GET / HTTP/1.1\r\nHost: a\r\n\r\r\n", 400, "bare_cr"),
+        refuse("a header line that starts with a bare CR", b"GET / HTTP/1.1\r\nHost: a\r\n\rX-A: 1\r\n\r\n", 400, "bare_cr"),
         // Framing: the classic smuggling shapes (RFC 9112 §6).
         refuse("CL then TE", b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: a\r\n\r\n", 400, "request_smuggling"),
         refuse("TE then CL", b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 40\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: a\r\n\r\n", 400, "request_smuggling"),

@@ -451,6 +451,23 @@ async fn a_signature_failure_at_run_time_is_redone_in_software_when_preferred() 
         .get();
     assert!(errors >= 1);
     assert!(engine_count(&m, "software") >= 1);
+    // What `/offload` tells the operator's AcceleratorPool books.
+    let report = off.report();
+    assert!(report.configured && report.ready, "{report:?}");
+    assert_eq!(report.mode, "Preferred");
+    assert!(report.sign_errors_redone_in_software >= 1, "{report:?}");
+    assert!(
+        report
+            .last_sign_error
+            .as_deref()
+            .is_some_and(|e| e.contains("device lost")),
+        "{report:?}"
+    );
+    let fell_back = report.falling_back_since(None).unwrap_or_default();
+    assert!(
+        fell_back.starts_with("SignErrors: "),
+        "{fell_back} {report:?}"
+    );
 }
 
 #[tokio::test]

@@ -53,6 +53,8 @@ pub struct Snapshot {
     pub server_version: Option<ServerVersion>,
     /// Filled by the handler from its grant ledger, not by the caches.
     pub recent_grants: Vec<crate::inject::RecentGrant>,
+    /// Filled by the handler: the admission request's uid.
+    pub grant_id: String,
 }
 
 impl Snapshot {
@@ -67,6 +69,7 @@ impl Snapshot {
             pools: &self.pools,
             nodes: &self.nodes,
             recent_grants: &self.recent_grants,
+            grant_id: &self.grant_id,
             server_version: self.server_version.unwrap_or(ServerVersion::new(1, 0)),
         }
     }
@@ -296,6 +299,7 @@ impl ClusterState for Caches {
                 .state_filter(|r| r.metadata.namespace.as_deref() == Some(namespace)),
             server_version: self.version.load().as_deref().copied(),
             recent_grants: Vec::new(),
+            grant_id: String::new(),
         };
         (snapshot, known)
     }

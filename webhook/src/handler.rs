@@ -178,7 +178,7 @@ impl Admission {
             .or_else(|| pod.metadata.namespace.clone())
             .unwrap_or_else(|| "default".to_owned());
         drop(_guard);
-        let outcome = self.decide(&pod, &namespace).await;
+        let outcome = self.decide(&pod, &namespace, &request.uid).await;
         let _guard = span.enter();
         match outcome {
             Ok(Outcome::Skipped(skip)) => {
@@ -188,10 +188,16 @@ impl Admission {
             }
             Ok(Outcome::Injected(injection)) => {
                 self.count_decision("injected");
-                if let inject::Offload::Granted { pool, devices, .. } = &injection.offload
+                if let inject::Offload::Granted {
+                    pool,
+                    devices,
+                    grant,
+                    ..
+                } = &injection.offload
                     && !request.dry_run
                 {
                     let grant = RecentGrant {
+                        id: grant.clone(),
                         pool: pool.clone(),
                         devices: *devices,
                         at: k8s_openapi::jiff::Timestamp::now(),
@@ -231,9 +237,10 @@ impl Admission {
     /// namespace, or says it did not opt in (the API server only sends pods
     /// its selectors matched, so that suggests the cache lags a fresh
     /// label), the namespace is read live once before deciding.
-    async fn decide(&self, pod: &Pod, namespace: &str) -> Result<Outcome, Denial> {
+    async fn decide(&self, pod: &Pod, namespace: &str, uid: &str) -> Result<Outcome, Denial> {
         let (mut snapshot, known) = self.state.snapshot(namespace);
         snapshot.recent_grants = self.grants.recent(Instant::now());
+        snapshot.grant_id = uid.to_owned();
         let first = inject::mutate(pod, &snapshot.cluster_view(), &self.config);
         let lagging = !known || matches!(first, Ok(Outcome::Skipped(Skip::NotOptedIn)));
         let Some(client) = self.client.as_ref().filter(|_| lagging) else {
@@ -268,7 +275,7 @@ impl Admission {
 
     /// Records the refusal where `kubectl describe` shows it: on the pod's
     /// controller (a ReplicaSet, Job...) when there is one, else on the
-    /// namespace. Fire and forget: admission never waits for it.
+    /// namespace (the Event in that namespace). Fire and forget: admission never waits for it.
     fn publish_event(&self, pod: &Pod, namespace: &str, denial: &Denial) {
         let Some(recorder) = self.recorder.clone() else {
             return;
@@ -287,10 +294,16 @@ impl Admission {
                 uid: Some(o.uid.clone()),
                 ..ObjectReference::default()
             })
+            // The Event lives in the pod's own namespace, where its owner
+            // looks (`kubectl get events -n <ns>`). It cannot go to
+            // `default` with an empty reference namespace: API servers
+            // before 1.22 refuse an events.k8s.io/v1 Event whose namespace
+            // differs from its object's ("does not match event.namespace").
             .unwrap_or_else(|| ObjectReference {
                 api_version: Some("v1".to_owned()),
                 kind: Some("Namespace".to_owned()),
                 name: Some(namespace.to_owned()),
+                namespace: Some(namespace.to_owned()),
                 ..ObjectReference::default()
             });
         let reason = match denial.reason {
@@ -563,6 +576,7 @@ mod tests {
         let ledger = GrantLedger::default();
         let t0 = Instant::now();
         let grant = |pool: &str| RecentGrant {
+            id: format!("req-{pool}"),
             pool: pool.to_owned(),
             devices: 1,
             at: k8s_openapi::jiff::Timestamp::UNIX_EPOCH,

@@ -16,7 +16,11 @@
 //!   these before granting more).
 //! - a pod **fell back** when the webhook annotated it
 //!   `baton.dev/offload=software-fallback` with this pool in
-//!   `baton.dev/accelerator-pool`, and it has not ended.
+//!   `baton.dev/accelerator-pool`, and it has not ended; or when it was
+//!   granted a device but its sidecar reports (`GET /offload`, read by the
+//!   controller: [`super::probe`]) that software signs instead: the device
+//!   failed its self-test at start, or signatures fail now. Such a pod still
+//!   holds its device in the books (the kubelet gave it one).
 //!
 //! Ended pods hold nothing: the books release their devices on the first
 //! reconcile after the pod's phase or deletion timestamp changes.
@@ -40,6 +44,15 @@ use k8s_openapi::api::core::v1::{Container, Node, Pod};
 pub const MAX_PODS_PER_NODE: usize = 20;
 /// At most this many fallbacks are listed (the count is exact).
 pub const MAX_RECENT_FALLBACKS: usize = 10;
+/// Grants of pods created this long before the books are listed in
+/// `status.recentGrants`: well past the webhook's five-second memory of its
+/// own grants, with room for clock skew between the API server (which
+/// stamps `creationTimestamp`) and the operator.
+pub const RECENT_GRANT_WINDOW_SECONDS: i64 = 60;
+/// At most this many grant ids are listed; past that (a burst of more
+/// device pods within the window) the webhook counts its newest grants on
+/// top of the books for a few seconds more, which errs on the safe side.
+pub const MAX_RECENT_GRANTS: usize = 256;
 /// Value of `baton.dev/offload` for a software fallback.
 pub const OFFLOAD_FALLBACK: &str = "software-fallback";
 /// Value of `baton.dev/offload` for a granted device.
@@ -63,6 +76,11 @@ pub struct PodDevices {
     pub pool: Option<String>,
     /// `baton.dev/offload-fallback-reason`.
     pub fallback_reason: Option<String>,
+    /// `baton.dev/offload-grant`.
+    pub grant: Option<String>,
+    /// Granted a device, but its sidecar signs in software (why), as the
+    /// controller last read it from the sidecar; not from the Pod object.
+    pub runtime_fallback: Option<String>,
     /// Effective request per extended resource (only names with a `/`).
     pub requests: BTreeMap<String, i64>,
     /// `metadata.creationTimestamp` in seconds (newest fallbacks first).
@@ -106,6 +124,8 @@ impl PodDevices {
             offload: annotation(annotations::OFFLOAD),
             pool: annotation(annotations::ACCELERATOR_POOL),
             fallback_reason: annotation(annotations::OFFLOAD_FALLBACK_REASON),
+            grant: annotation(annotations::OFFLOAD_GRANT),
+            runtime_fallback: None,
             requests: pod
                 .spec
                 .as_ref()
@@ -224,6 +244,23 @@ pub fn compute(pool: &AcceleratorPool, nodes: &[Node], pods: &[PodDevices], now:
         .collect();
     let pending: i64 = pending_pods.iter().map(|p| p.request(resource)).sum();
 
+    // Grants these books have seen, whether the pod still holds its device
+    // or has already ended: either way the webhook must stop counting it.
+    let since = now.0.as_second() - RECENT_GRANT_WINDOW_SECONDS;
+    let mut recent: Vec<(i64, &str)> = pods
+        .iter()
+        .filter(|p| p.pool.as_deref() == Some(name.as_str()) && p.created >= since)
+        .filter_map(|p| p.grant.as_deref().map(|g| (p.created, g)))
+        .collect();
+    // Newest first, so a cap drops the grants the webhook forgot already.
+    recent.sort_by(|a, b| b.cmp(a));
+    let mut recent_grants: Vec<String> = recent
+        .into_iter()
+        .take(MAX_RECENT_GRANTS)
+        .map(|(_, g)| g.to_owned())
+        .collect();
+    recent_grants.sort();
+
     // The pool's nodes, as the grant decision sees them.
     let inventory: Vec<NodeInventory> = nodes
         .iter()
@@ -255,11 +292,16 @@ pub fn compute(pool: &AcceleratorPool, nodes: &[Node], pods: &[PodDevices], now:
         .collect();
     rows.sort_by(|a, b| a.node.cmp(&b.node));
 
-    // Fallbacks: meshed pods the webhook sent to software for this pool.
+    // Fallbacks: meshed pods the webhook sent to software for this pool,
+    // and granted pods whose sidecar signs in software anyway.
     let mut fallback_pods: Vec<&PodDevices> = pods
         .iter()
         .filter(|p| !p.ended && p.meshed)
-        .filter(|p| p.offload.as_deref() == Some(OFFLOAD_FALLBACK))
+        .filter(|p| match p.offload.as_deref() {
+            Some(OFFLOAD_FALLBACK) => true,
+            Some(OFFLOAD_QAT) => p.runtime_fallback.is_some(),
+            _ => false,
+        })
         .filter(|p| p.pool.as_deref() == Some(name.as_str()))
         .collect();
     fallback_pods.sort_by(|a, b| {
@@ -274,8 +316,9 @@ pub fn compute(pool: &AcceleratorPool, nodes: &[Node], pods: &[PodDevices], now:
             pod: p.name.clone(),
             uid: p.uid.clone(),
             reason: p
-                .fallback_reason
+                .runtime_fallback
                 .clone()
+                .or_else(|| p.fallback_reason.clone())
                 .unwrap_or_else(|| "no reason recorded".to_owned()),
         })
         .collect();
@@ -410,6 +453,7 @@ pub fn compute(pool: &AcceleratorPool, nodes: &[Node], pods: &[PodDevices], now:
         allocated,
         free,
         pending,
+        recent_grants: Some(recent_grants),
         fallbacks: count(fallbacks.iter()),
         nodes: rows,
         recent_fallbacks: fallbacks

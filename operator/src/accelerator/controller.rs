@@ -10,7 +10,9 @@
 //! changed, by server-side apply with the operator's one field manager. A
 //! pod that ends or is deleted is therefore out of the books within
 //! `DEBOUNCE` plus the watch latency (about a second), and a full resync
-//! runs every [`RESYNC`] regardless.
+//! runs every [`RESYNC`] regardless. Each resync also reads `/offload` from
+//! every running meshed Pod that holds a device ([`super::probe`]), so a
+//! sidecar whose device fails after admission counts as a fallback.
 //!
 //! Pods and Nodes are trimmed in the caches to the fields the books read
 //! (a pod keeps its containers' resources, not its env or volumes).
@@ -41,13 +43,14 @@ use serde_json::json;
 use tokio::sync::Notify;
 
 use super::accounting::{self, Fallback, PodDevices};
+use super::probe::{OffloadProbe, RuntimeFallbacks, Target};
 use crate::metrics::Metrics;
 
 const KIND: &str = "AcceleratorPool";
 /// Wait after the first change before recomputing: pods come in bursts.
 pub const DEBOUNCE: Duration = Duration::from_millis(500);
-/// Recompute at least this often, events or not.
-pub const RESYNC: Duration = Duration::from_secs(60);
+/// Recompute, and read the device holders' `/offload`, at least this often.
+pub const RESYNC: Duration = Duration::from_secs(15);
 /// Event reason on a pod whose sidecar fell back to software.
 pub const EVENT_REASON_FALLBACK: &str = "OffloadFallback";
 
@@ -74,6 +77,8 @@ pub struct Context {
     pub client: Client,
     pub metrics: Arc<Metrics>,
     pub recorder: Recorder,
+    /// Reads a sidecar's `/offload` ([`super::probe::http_probe`]).
+    pub probe: OffloadProbe,
 }
 
 impl Context {
@@ -83,6 +88,7 @@ impl Context {
             client,
             metrics,
             recorder,
+            probe: super::probe::http_probe(),
         }
     }
 }
@@ -190,6 +196,25 @@ async fn publish_fallback(ctx: &Context, pool: &str, f: &Fallback) {
     }
 }
 
+/// The running meshed Pods granted a device, with their IPs: whose
+/// `/offload` to read.
+fn probe_targets(pods: &[Arc<Pod>], books: &[PodDevices]) -> Vec<Target> {
+    pods.iter()
+        .zip(books)
+        .filter(|(_, b)| {
+            !b.ended && b.meshed && b.offload.as_deref() == Some(accounting::OFFLOAD_QAT)
+        })
+        .filter_map(|(p, b)| {
+            let status = p.status.as_ref()?;
+            if status.phase.as_deref() != Some("Running") {
+                return None;
+            }
+            let ip = status.pod_ip.as_deref()?.parse().ok()?;
+            Some(Target::new(b.uid.clone(), ip))
+        })
+        .collect()
+}
+
 /// Keeps only what [`PodDevices::from_pod`] reads.
 fn trim_pod(pod: &mut Pod) {
     let m = &mut pod.metadata;
@@ -201,6 +226,7 @@ fn trim_pod(pod: &mut Pod) {
                 annotations::OFFLOAD,
                 annotations::ACCELERATOR_POOL,
                 annotations::OFFLOAD_FALLBACK_REASON,
+                annotations::OFFLOAD_GRANT,
             ]
             .contains(&k.as_str())
         });
@@ -294,15 +320,23 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
     }
     tracing::info!("accelerator pool caches synced");
     let mut announced = Announced::default();
+    let mut runtime = RuntimeFallbacks::default();
+    let mut next_probe = tokio::time::Instant::now();
     loop {
         let pools_now = pools.state();
         if !pools_now.is_empty() {
             let nodes_now: Vec<Node> = nodes.state().iter().map(|n| (**n).clone()).collect();
-            let pods_now: Vec<PodDevices> = pods
-                .state()
-                .iter()
-                .map(|p| PodDevices::from_pod(p))
-                .collect();
+            let pods_state = pods.state();
+            let mut pods_now: Vec<PodDevices> =
+                pods_state.iter().map(|p| PodDevices::from_pod(p)).collect();
+            if tokio::time::Instant::now() >= next_probe {
+                let targets = probe_targets(&pods_state, &pods_now);
+                runtime.refresh(&ctx.probe, &targets).await;
+                next_probe = tokio::time::Instant::now() + RESYNC;
+            }
+            for p in &mut pods_now {
+                p.runtime_fallback = runtime.reason(&p.uid);
+            }
             if let Err(error) =
                 reconcile_all(&ctx, &pools_now, &nodes_now, &pods_now, &mut announced).await
             {

@@ -4,3 +4,4 @@
 
 pub mod accounting;
 pub mod controller;
+pub mod probe;

@@ -105,34 +105,10 @@ impl Context {
 pub fn http_probe() -> Probe {
     Arc::new(|addr| {
         Box::pin(async move {
-            tokio::time::timeout(PROBE_TIMEOUT, get_handoff(addr))
-                .await
-                .ok()
-                .flatten()
+            let body = crate::sidecar_admin::get(addr, "/handoff", PROBE_TIMEOUT).await?;
+            parse_observed(&body)
         })
     })
-}
-
-async fn get_handoff(addr: SocketAddr) -> Option<Observed> {
-    use http_body_util::{BodyExt, Empty};
-    let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .ok()?;
-    let conn = tokio::spawn(conn);
-    let request = http::Request::get("/handoff")
-        .header(http::header::HOST, addr.to_string())
-        .body(Empty::<hyper::body::Bytes>::new())
-        .ok()?;
-    let response = sender.send_request(request).await.ok()?;
-    let ok = response.status().is_success();
-    let body = response.into_body().collect().await.ok()?.to_bytes();
-    conn.abort();
-    if !ok {
-        return None;
-    }
-    parse_observed(&body)
 }
 
 /// Maps an injected pod to the release that injected it.
@@ -285,7 +261,7 @@ async fn publish(
         action: "Rollout".into(),
         secondary: None,
     };
-    if let Err(error) = ctx.recorder.publish(&event, reference).await {
+    if let Err(error) = crate::events::publish(&ctx.recorder, &event, reference).await {
         tracing::warn!(%error, reason, "cannot publish event");
     }
 }

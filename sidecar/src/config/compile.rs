@@ -150,7 +150,7 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
             }
             // The admin service trusts callers on the Pod's loopback; a
             // cluster there would relay anyone the routes admit to it.
-            if admin_port != 0 && e.port() == admin_port && crate::admin::from_pod(e.ip()) {
+            if admin_port != 0 && e.port() == admin_port && crate::filters::from_pod(e.ip()) {
                 p.push(
                     format!("{at}.endpoints"),
                     format!(

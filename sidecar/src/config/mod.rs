@@ -4,8 +4,11 @@
 //! ([`compile`]), and the [`store::ConfigStore`] that swaps a compiled
 //! snapshot in atomically.
 //!
-//! Everything in `baton_config` is re-exported here so the rest of the
-//! sidecar names config types as `crate::config::X` whatever crate holds them.
+//! Everything in `baton_config` is re-exported here. The modules this one
+//! compiles snapshots into (`filters`, `routing`, `upstream`) import the
+//! model from `baton_config` directly, never through this module, so the
+//! dependencies run one way: model → filters, routing, upstream → compile
+//! and store → protocol handlers (`scripts/module-cycles.sh` checks it).
 
 pub mod compile;
 pub mod store;

@@ -27,7 +27,7 @@
 //! ([`crate::sched::on_own_thread`]), so the event loop, still serving the
 //! connections not moved yet (old) or already adopted (new), preempts it.
 //! Connections always live on the event loop's runtime
-//! ([`Shared::runtime`]); the handoff thread only moves them.
+//! ([`Serving::runtime`]); the handoff thread only moves them.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -46,23 +46,18 @@ use serde::{Deserialize, Serialize};
 use tokio::net::{TcpStream, UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
+use super::plane::{DataPlane, Inherited, Resumed, Serving};
 use super::protocol::{
     Batch, Channel, ConnKind as WireKind, ConnectionHeader, Frame, ListenerInfo, Message,
     ProtocolError, Receiver, Sender, StateSnapshot, UPSTREAM_TLS_SINCE, VersionRange, negotiate,
 };
 use crate::config::Snapshot;
-use crate::conn::{
-    BoxIo, ConnKind, Detached, Parked, ParkedAt, ParkedIo, PrefixedIo, SessionDetach,
-};
-use crate::detect::Protocol;
+use crate::conn::{BoxIo, ConnKind, Detached, Parked, ParkedAt, ParkedIo, SessionDetach};
+pub use crate::conn::{IdentityCarrier, IdentityPem};
 use crate::filters::ConnMeta;
-use crate::http_proxy::Shared;
 use crate::lifecycle::Phase;
-use crate::listener::serve_plain;
+use crate::metrics::Metrics;
 use crate::metrics::carried as counters;
-use crate::metrics::{ConnLabels, Metrics};
-use crate::server::{Running, StartError, StartOptions};
-pub use crate::tls::material::{IdentityCarrier, IdentityPem};
 use crate::tls_record::{AeadKind, TLS12, TLS13, TlsRecordStream, TlsWireState};
 
 /// Connections parked at once by the old process (see `hand_off_inner`).
@@ -318,8 +313,9 @@ impl HandoffMetrics {
 pub enum HandoffError {
     #[error(transparent)]
     Protocol(#[from] ProtocolError),
-    #[error(transparent)]
-    Start(#[from] StartError),
+    /// The data plane did not start on the inherited sockets.
+    #[error("{0}")]
+    Start(Box<dyn std::error::Error + Send + Sync>),
     #[error("handoff I/O: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -429,20 +425,20 @@ impl End {
 
     /// The stream to serve this end with in this process: a socket with TLS
     /// state continues on our record layer.
-    fn into_io(self, conn: u64) -> Option<Either> {
+    fn into_io(self, conn: u64) -> Option<ParkedIo> {
         Some(match self {
-            End::Raw(tcp, None) => Either::Tcp(tcp),
+            End::Raw(tcp, None) => ParkedIo::Tcp(tcp),
             End::Raw(tcp, Some(sealed)) => {
                 let (state, ciphertext) = *sealed;
                 match TlsRecordStream::new(tcp, &state, ciphertext, Vec::new()) {
-                    Ok(s) => Either::Boxed(Box::new(s)),
+                    Ok(s) => ParkedIo::Boxed(Box::new(s)),
                     Err(e) => {
                         tracing::error!(conn, error = %e, "cannot resume the TLS record layer; connection closed");
                         return None;
                     }
                 }
             }
-            End::Boxed(b) => Either::Boxed(b),
+            End::Boxed(b) => ParkedIo::Boxed(b),
         })
     }
 }
@@ -644,100 +640,29 @@ fn append(to: &mut Bytes, more: &[u8]) {
     }
 }
 
-/// Serve a resumed connection in this process, registered (so it can move
-/// again at the next handoff) and counted like any other. A TLS session
-/// whose secrets were extracted continues on our record layer.
-fn spawn_resumed(shared: &Arc<Shared>, r: Resumable) {
+/// Serve a resumed connection in this process (the data plane registers
+/// and counts it). A TLS session whose secrets were extracted continues on
+/// our record layer.
+fn spawn_resumed(serving: &Arc<dyn Serving>, r: Resumable) {
     // Called on the handoff's thread: the connection belongs to the runtime
     // that serves (its sockets register there, its task runs there).
-    let _rt = shared.runtime.enter();
+    let _rt = serving.runtime().enter();
     let Some(down) = r.down.into_io(r.meta.id) else {
         return;
     };
     let up = match r.up.map(|u| u.into_io(r.meta.id)) {
         None => None,
         Some(None) => return,
-        Some(Some(Either::Tcp(t))) => Some(crate::upstream::TcpUpstream::Plain(t)),
-        Some(Some(Either::Boxed(b))) => Some(crate::upstream::TcpUpstream::Tls(b)),
+        Some(Some(io)) => Some(io),
     };
-    let shared = shared.clone();
-    let meta = ConnMeta {
-        id: shared.registry.next_id(),
-        ..r.meta
-    };
-    let (guard, park) = shared.registry.register(meta.clone());
-    if meta.tls {
-        guard.set_tls();
-    }
-    match (r.kind, up) {
-        (WireKind::Tcp, Some(up)) => {
-            guard.set_kind(ConnKind::Tcp);
-            let labels = ConnLabels {
-                listener: meta.listener.clone(),
-                protocol: ConnKind::Tcp.as_str(),
-            };
-            let active = shared
-                .metrics
-                .connections_active
-                .get_or_create(&labels)
-                .clone();
-            active.inc();
-            tokio::spawn(async move {
-                let (rx, tx) = (&shared.bytes_rx, &shared.bytes_tx);
-                let (a, b) = (&r.to_upstream[..], &r.to_downstream[..]);
-                let end = match down {
-                    Either::Tcp(d) => {
-                        crate::tcp_proxy::proxy_resumed(d, up, a, b, &meta, park, rx, tx).await
-                    }
-                    Either::Boxed(d) => {
-                        crate::tcp_proxy::proxy_resumed(d, up, a, b, &meta, park, rx, tx).await
-                    }
-                };
-                if let crate::tcp_proxy::TcpEnd::Error(e) = end {
-                    tracing::debug!(conn = meta.id, error = %e, "resumed tcp connection ended with an error");
-                }
-                active.dec();
-                drop(guard);
-            });
-        }
-        (WireKind::Http1, _) => {
-            tokio::spawn(async move {
-                match down {
-                    Either::Tcp(d) => {
-                        serve_plain(
-                            PrefixedIo::new(r.to_upstream, d),
-                            meta,
-                            Protocol::Http1,
-                            shared,
-                            guard,
-                            park,
-                        )
-                        .await
-                    }
-                    Either::Boxed(d) => {
-                        serve_plain(
-                            PrefixedIo::new(r.to_upstream, d),
-                            meta,
-                            Protocol::Http1,
-                            shared,
-                            guard,
-                            park,
-                        )
-                        .await
-                    }
-                }
-            });
-        }
-        (WireKind::Tcp, None) => tracing::error!(
-            conn = meta.id,
-            "tcp connection without an upstream socket; closed"
-        ),
-    }
-}
-
-enum Either {
-    Tcp(TcpStream),
-    Boxed(BoxIo),
+    serving.clone().resume(Resumed {
+        kind: r.kind,
+        meta: r.meta,
+        down,
+        up,
+        to_upstream: r.to_upstream,
+        to_downstream: r.to_downstream,
+    });
 }
 
 /// What the new process writes to the status file when it completes.
@@ -832,40 +757,58 @@ pub(crate) fn bind_restricted(path: &Path, peer_uids: &[u32]) -> Option<UnixList
 }
 
 /// New process: take over from the sidecar at the other end of `stream`.
-/// Returns the running data plane (phase `Serving`) once the old process
-/// has handed over everything.
+/// `start` starts the data plane on what the old process hands over (its
+/// sockets and config); returns that data plane (phase `Serving`) once the
+/// old process has handed over everything.
 ///
 /// The protocol runs on a thread of its own ([`HANDOFF_NICE`]); the data
 /// plane it starts, and every connection it adopts, run on the caller's
 /// runtime.
-pub async fn adopt(
+pub async fn adopt<P, F, Fut, E>(
     stream: UnixStream,
-    snapshot: Snapshot,
-    opts: StartOptions,
+    start: F,
     cfg: &HandoffConfig,
     hm: &HandoffMetrics,
     metrics: &Arc<Metrics>,
-) -> Result<Running, HandoffError> {
+) -> Result<P, HandoffError>
+where
+    P: DataPlane,
+    F: FnOnce(Inherited) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<P, E>> + Send + 'static,
+    E: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
+{
     let serving = tokio::runtime::Handle::current();
     let stream = stream.into_std()?;
     let (cfg, hm, metrics) = (cfg.clone(), hm.clone(), metrics.clone());
+    let start: StartFn<P> = Box::new(move |inherited| {
+        Box::pin(async move {
+            start(inherited)
+                .await
+                .map_err(|e| HandoffError::Start(e.into()))
+        })
+    });
     crate::sched::on_own_thread(HANDOFF_THREAD, HANDOFF_NICE, async move {
         // Registered with this thread's runtime: its reads wake this thread.
         let stream = UnixStream::from_std(stream)?;
-        adopt_here(stream, snapshot, opts, &cfg, &hm, &metrics, serving).await
+        adopt_here(stream, start, &cfg, &hm, &metrics, serving).await
     })
     .await?
 }
 
-async fn adopt_here(
+/// [`adopt`]'s `start`, boxed (run once, on the serving runtime).
+type StartFn<P> = Box<
+    dyn FnOnce(Inherited) -> std::pin::Pin<Box<dyn Future<Output = Result<P, HandoffError>> + Send>>
+        + Send,
+>;
+
+async fn adopt_here<P: DataPlane>(
     stream: UnixStream,
-    mut snapshot: Snapshot,
-    mut opts: StartOptions,
+    start: StartFn<P>,
     cfg: &HandoffConfig,
     hm: &HandoffMetrics,
     metrics: &Arc<Metrics>,
     serving: tokio::runtime::Handle,
-) -> Result<Running, HandoffError> {
+) -> Result<P, HandoffError> {
     let started = Instant::now();
     // The other way round too: whoever can replace the socket file on the
     // shared volume must not be able to feed us listeners and config.
@@ -914,13 +857,14 @@ async fn adopt_here(
         .into());
     }
     let n_listeners = listeners.len();
+    let mut inherited = Inherited::default();
     for (info, fd) in listeners.iter().zip(f.fds) {
         let l = std::net::TcpListener::from(fd);
         l.set_nonblocking(true)?;
         if info.name == ADMIN_LISTENER {
-            opts.inherited_admin = Some(l);
+            inherited.admin = Some(l);
         } else {
-            opts.inherited.insert(info.name.clone(), l);
+            inherited.listeners.insert(info.name.clone(), l);
         }
     }
 
@@ -930,7 +874,7 @@ async fn adopt_here(
     };
     // Serve exactly what the old process served until the next config push.
     match serde_json::from_value::<Snapshot>(state.config) {
-        Ok(s) => snapshot = s,
+        Ok(s) => inherited.config = Some(s),
         Err(e) => {
             tracing::warn!(error = %e, "handoff: old config snapshot unreadable; serving our own")
         }
@@ -959,13 +903,12 @@ async fn adopt_here(
     // once attached) continue too.
     counters::import(metrics, &state.counters);
 
-    opts.adopting = true;
     step_delay(cfg).await;
     let running = serving
-        .spawn(crate::server::start(snapshot, opts))
+        .spawn(start(inherited))
         .await
         .map_err(|e| std::io::Error::other(format!("starting the data plane: {e}")))??;
-    let shared = running.shared.clone();
+    let shared = running.serving();
     let mut moved = 0u64;
     // From here on we serve: a failure leaves us with what we acknowledged
     // (the old process keeps the rest), never exits.
@@ -994,7 +937,7 @@ async fn adopt_here(
                     next += 1;
                     // Its sockets register with the serving runtime.
                     let resumable = {
-                        let _rt = shared.runtime.enter();
+                        let _rt = shared.runtime().enter();
                         Resumable::from_frame(&h, f.blob, f.fds, next)
                     };
                     match resumable {
@@ -1032,11 +975,11 @@ async fn adopt_here(
     if let Err(e) = rest {
         tracing::error!(error = %e, moved, "handoff: old process stopped mid-handoff; serving what we adopted");
         hm.handoff("new", "failed");
-        running.shared.lifecycle.set(Phase::Serving);
+        running.set_phase(Phase::Serving);
         return Ok(running);
     }
     let elapsed = started.elapsed();
-    running.shared.lifecycle.set(Phase::Serving);
+    running.set_phase(Phase::Serving);
     hm.complete.set(1);
     hm.handoff("new", "complete");
     hm.last_duration_ms.set(elapsed.as_millis() as i64);
@@ -1054,11 +997,9 @@ async fn adopt_here(
             .unwrap_or(0),
         pid: std::process::id(),
     };
-    *running
-        .admin
-        .handoff
-        .lock()
-        .unwrap_or_else(|e| e.into_inner()) = serde_json::to_value(&status).ok();
+    if let Ok(v) = serde_json::to_value(&status) {
+        running.record_status(v);
+    }
     if let Err(e) = write_status(&cfg.status_file, &status) {
         tracing::warn!(path = %cfg.status_file.display(), error = %e, "cannot write the handoff status file");
     }
@@ -1078,7 +1019,7 @@ async fn acknowledge(
     tx: &Sender,
     acks: &mut Batch,
     adopted: &mut Vec<Resumable>,
-    shared: &Arc<Shared>,
+    shared: &Arc<dyn Serving>,
     hm: &HandoffMetrics,
 ) -> Result<u64, ProtocolError> {
     if acks.is_empty() {
@@ -1092,7 +1033,7 @@ async fn acknowledge(
     let batch = std::mem::take(adopted);
     let serving = shared.clone();
     let pause = hm.pause.clone();
-    shared.runtime.spawn(async move {
+    shared.runtime().spawn(async move {
         for r in batch {
             // The event loop has it now: its pause ends here.
             if let Some(t) = r.paused_since {
@@ -1118,7 +1059,7 @@ async fn acknowledge(
 /// the caller's runtime.
 pub async fn hand_off(
     stream: UnixStream,
-    running: &Arc<Running>,
+    running: &Arc<dyn DataPlane>,
     cfg: &HandoffConfig,
     hm: &HandoffMetrics,
 ) -> Result<bool, HandoffError> {
@@ -1128,7 +1069,7 @@ pub async fn hand_off(
         let running = running.clone();
         async move {
             let stream = UnixStream::from_std(stream)?;
-            hand_off_here(stream, &running, &cfg, &hm).await
+            hand_off_here(stream, &*running, &cfg, &hm).await
         }
     })
     .await;
@@ -1138,7 +1079,7 @@ pub async fn hand_off(
             // The thread did not start, or panicked: serve again with what
             // this process still holds.
             tracing::error!(error = %e, "handoff thread failed; resuming service");
-            resume_serving(&running);
+            resume_serving(&*running);
             Err(e.into())
         }
     }
@@ -1146,16 +1087,16 @@ pub async fn hand_off(
 
 /// Old process, after a failed handoff: accept again and say so. The
 /// connections not handed over never stopped being served.
-fn resume_serving(running: &Running) {
+fn resume_serving(running: &dyn DataPlane) {
     if let Err(e) = running.resume_accepting() {
         tracing::error!(error = %e, "cannot restart accept loops");
     }
-    running.shared.lifecycle.set(Phase::Serving);
+    running.set_phase(Phase::Serving);
 }
 
 async fn hand_off_here(
     stream: UnixStream,
-    running: &Running,
+    running: &dyn DataPlane,
     cfg: &HandoffConfig,
     hm: &HandoffMetrics,
 ) -> Result<bool, HandoffError> {
@@ -1208,7 +1149,7 @@ async fn hand_off_here(
         &[],
     )
     .await?;
-    running.shared.lifecycle.set(Phase::HandingOff);
+    running.set_phase(Phase::HandingOff);
     tracing::info!(peer = %sidecar_version, protocol_version = version, "handing off");
 
     match hand_off_inner(tx, rx, running, cfg, hm, version).await {
@@ -1235,12 +1176,12 @@ struct InFlight {
 async fn hand_off_inner(
     tx: Sender,
     rx: Receiver,
-    running: &Running,
+    running: &dyn DataPlane,
     cfg: &HandoffConfig,
     hm: &HandoffMetrics,
     version: u32,
 ) -> Result<(), HandoffError> {
-    let shared = running.shared.clone();
+    let shared = running.serving();
     // A version-1 peer cannot continue an originated TLS session: such
     // connections answer "draining" and finish here.
     let upstream_tls = version >= UPSTREAM_TLS_SINCE;
@@ -1275,11 +1216,11 @@ async fn hand_off_inner(
         // 2. State: the new process starts serving from it.
         let identity = cfg.identity.as_ref().and_then(|i| i.export());
         let state = StateSnapshot {
-            config: serde_json::to_value(&*shared.store.snapshot()).unwrap_or_default(),
+            config: shared.config(),
             cert_chain_pem: identity.as_ref().map(|i| i.cert_chain.clone()),
             private_key_pem: identity.as_ref().map(|i| i.key.clone()),
             trust_bundle_pem: identity.map(|i| i.trust_bundle),
-            counters: counters::export(&shared.metrics),
+            counters: counters::export(shared.metrics()),
         };
         let exported = state.counters.clone();
         tx.send(&Message::State(state), b"", &[]).await?;
@@ -1304,14 +1245,14 @@ async fn hand_off_inner(
                        sent_unacked: usize| {
             while parks.len() < PARK_WINDOW && parks.len() + sent_unacked < IN_FLIGHT {
                 let Some(id) = queue.pop_front() else { break };
-                if let Some(rx) = shared.registry.park(id, upstream_tls) {
+                if let Some(rx) = shared.registry().park(id, upstream_tls) {
                     parks.push(id, rx);
                 }
             }
         };
         // The registry is listed (O(n)) only here and when everything asked
         // so far is done, never per connection.
-        list_unasked(&shared.registry, &mut asked, &mut queue).await;
+        list_unasked(shared.registry(), &mut asked, &mut queue).await;
         ask_all(&mut parks, &mut queue, pending.len());
         let park_deadline = tokio::time::Instant::now() + cfg.park_timeout;
         // One buffer for every batch (see below).
@@ -1326,7 +1267,7 @@ async fn hand_off_inner(
                 // Connections accepted just before the pause register a
                 // moment later: look once more before declaring done.
                 tokio::task::yield_now().await;
-                list_unasked(&shared.registry, &mut asked, &mut queue).await;
+                list_unasked(shared.registry(), &mut asked, &mut queue).await;
                 ask_all(&mut parks, &mut queue, pending.len());
                 if parks.is_empty() && queue.is_empty() {
                     break;
@@ -1395,7 +1336,7 @@ async fn hand_off_inner(
             tokio::time::Instant::now() + cfg.park_timeout.min(cfg.step_timeout / 2);
         while tokio::time::Instant::now() < drain_deadline
             && shared
-                .registry
+                .registry()
                 .list()
                 .iter()
                 .any(|c| draining.contains(&c.id) && c.kind != ConnKind::Tcp)
@@ -1405,7 +1346,7 @@ async fn hand_off_inner(
                 ev = events.recv() => handle_ack(ev, &mut pending, &shared, hm, &mut completed)?,
             }
         }
-        let now = counters::export(&shared.metrics);
+        let now = counters::export(shared.metrics());
         let delta = now
             .into_iter()
             .filter_map(|(k, v)| {
@@ -1427,7 +1368,7 @@ async fn hand_off_inner(
         let shared = shared.clone();
         let hm = hm.clone();
         // Outlives this thread's runtime.
-        shared.clone().runtime.spawn(async move {
+        shared.clone().runtime().spawn(async move {
             while let Some(j) = parks.next().await {
                 if let (_, Some(p)) = j
                     && let Some(r) = Resumable::from_parked(p)
@@ -1575,7 +1516,7 @@ async fn next_event(events: &mut Events, t: Duration) -> Result<Frame, HandoffEr
 fn handle_ack(
     ev: Option<Result<Frame, ProtocolError>>,
     pending: &mut HashMap<u64, InFlight>,
-    shared: &Arc<Shared>,
+    shared: &Arc<dyn Serving>,
     hm: &HandoffMetrics,
     completed: &mut bool,
 ) -> Result<(), HandoffError> {

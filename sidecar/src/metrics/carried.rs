@@ -278,7 +278,7 @@ mod tests {
         old.local_response("connection_limit");
         old.config_applies.inc_by(3);
         old.h1_fast_path_requests.inc_by(11);
-        old.h1_fast_path_fallback(crate::h1fast::Fallback::Framing);
+        old.h1_fast_path_fallback("framing");
         // Gauges are state, not history: never exported.
         old.config_version.set(9);
         let exported = export(&old);
@@ -407,7 +407,7 @@ mod tests {
                 .inc();
             m.local_response("no_route");
             m.h1_fast_path_requests.inc();
-            m.h1_fast_path_fallback(crate::h1fast::Fallback::Head);
+            m.h1_fast_path_fallback("head");
             m.admin_refused("/shutdown");
             hm.handoffs
                 .get_or_create(&vec![("role", "old"), ("result", "complete")])

@@ -415,9 +415,11 @@ impl Metrics {
             .inc();
     }
 
-    pub fn h1_fast_path_fallback(&self, why: crate::h1fast::Fallback) {
+    /// `reason` is the fast path's `Fallback::label` (a label value, so
+    /// the metrics do not depend on the fast path's types).
+    pub fn h1_fast_path_fallback(&self, reason: &'static str) {
         self.h1_fast_path_fallbacks
-            .get_or_create(&vec![("reason", why.label())])
+            .get_or_create(&vec![("reason", reason)])
             .inc();
     }
 

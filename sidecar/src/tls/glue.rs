@@ -28,7 +28,7 @@ use tokio::net::TcpStream;
 use super::context::PeerInfo;
 use super::identity_client::{RetryPolicy, bootstrap};
 use super::material::{FileWatcher, Material};
-use super::material::{IdentityCarrier, IdentityPem};
+use super::material::{IdentityCarrier, IdentityImportError, IdentityPem};
 use super::metrics::TlsMetrics;
 use super::settings::{CertSource, TlsMode, TlsSettings};
 use super::spiffe::SpiffeId;
@@ -332,6 +332,20 @@ impl MeshTls {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(Arc::new(move || me.readiness()));
+        let me = self.clone();
+        *running
+            .admin
+            .offload
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(move || {
+            let report = me
+                .current
+                .load()
+                .as_ref()
+                .map(|ctx| ctx.offload().report())
+                .unwrap_or_default();
+            serde_json::to_value(report).unwrap_or_default()
+        }));
         let metrics = self.metrics.clone();
         running
             .shared
@@ -353,7 +367,7 @@ impl IdentityCarrier for MeshTls {
     /// Used only while this process waits for its identity service (a
     /// `files` source, or a certificate already issued, wins): the carried
     /// certificate serves new handshakes until the bootstrap replaces it.
-    fn import(&self, pem: &IdentityPem) -> Result<bool, String> {
+    fn import(&self, pem: &IdentityPem) -> Result<bool, IdentityImportError> {
         let applied = self.applied.lock().unwrap_or_else(|p| p.into_inner());
         let Some(settings) = applied.settings.as_ref() else {
             return Ok(false);
@@ -368,14 +382,14 @@ impl IdentityCarrier for MeshTls {
             pem.key.as_bytes(),
             pem.trust_bundle.as_bytes(),
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| IdentityImportError::Unreadable(e.to_string()))?;
         if let Ok((_, not_after)) = material.validity()
             && not_after <= std::time::SystemTime::now()
         {
-            return Err("the carried certificate has expired".into());
+            return Err(IdentityImportError::Expired);
         }
         let ctx = TlsContext::with_selected_offload(settings, material, self.metrics.clone())
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| IdentityImportError::Unusable(e.to_string()))?;
         self.install_key_log(&ctx);
         self.current.store(Some(ctx));
         *self.pending.lock().unwrap_or_else(|p| p.into_inner()) = None;

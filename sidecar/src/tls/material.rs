@@ -332,27 +332,6 @@ pub(crate) fn pem_encode(label: &str, der: &[u8]) -> String {
     out
 }
 
-/// The mesh identity as the handoff carries it (PEM text). The new process
-/// can then serve new handshakes before its own certificate arrives (the
-/// identity service may be slow or down during an upgrade).
-#[derive(Clone, PartialEq, Eq)]
-pub struct IdentityPem {
-    pub cert_chain: String,
-    pub key: String,
-    pub trust_bundle: String,
-}
-
-impl std::fmt::Debug for IdentityPem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IdentityPem").finish_non_exhaustive()
-    }
-}
-
-/// What owns the mesh identity (the TLS layer): exports it on the old side,
-/// imports it on the new one.
-pub trait IdentityCarrier: Send + Sync {
-    fn export(&self) -> Option<IdentityPem>;
-    /// `Ok(true)` if the carried identity is now in use, `Ok(false)` if this
-    /// process already has its own (it keeps that).
-    fn import(&self, pem: &IdentityPem) -> Result<bool, String>;
-}
+// The identity as the handoff carries it, and the trait the TLS layer
+// implements to carry it, live beside the other cross-layer traits.
+pub use crate::conn::{IdentityCarrier, IdentityImportError, IdentityPem};

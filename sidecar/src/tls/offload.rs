@@ -563,6 +563,9 @@ pub const RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
 struct RuntimeHealth {
     /// The failure and when the engine was last tested.
     failed: Mutex<Option<(String, Instant)>>,
+    /// `Preferred`: the last signature the engine failed (software redid
+    /// it), for `/offload`.
+    last_sign_error: Mutex<Option<String>>,
 }
 
 impl RuntimeHealth {
@@ -625,6 +628,10 @@ impl Signer for OffloadSigner {
                 };
                 tracing::warn!(engine = k.primary_name, error = %e, "private-key operation failed; signing in software");
                 k.metrics.fallback("sign_error");
+                *k.health
+                    .last_sign_error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
                 let start = Instant::now();
                 let sig = fallback.sign(self.scheme, message).map_err(|e| {
                     fm.errors.inc();
@@ -821,6 +828,28 @@ impl Offload {
             "offload Required: engine {} failed at run time: {reason}",
             self.engine.name()
         ))
+    }
+
+    /// What `GET /offload` reports: the selection, readiness, and the
+    /// signatures software redid since the process started.
+    pub fn report(&self) -> baton_config::report::OffloadReport {
+        let ready = self.readiness();
+        baton_config::report::OffloadReport {
+            configured: true,
+            mode: format!("{:?}", self.status.mode),
+            requested: self.status.requested.as_str().to_owned(),
+            active: self.status.active.as_str().to_owned(),
+            fallback_reason: self.status.fallback_reason.clone(),
+            ready: ready.is_ok(),
+            not_ready_reason: ready.err(),
+            sign_errors_redone_in_software: self.metrics.fallbacks("sign_error"),
+            last_sign_error: self
+                .health
+                .last_sign_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        }
     }
 
     /// The pool handshake steps run on; `None` = sign inline.

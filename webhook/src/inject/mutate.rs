@@ -44,6 +44,10 @@ pub struct ClusterView<'a> {
     /// Devices this webhook replica granted in the last
     /// [`crate::handler::GRANT_MEMORY`] (maybe not yet in the pools' status).
     pub recent_grants: &'a [offload::RecentGrant],
+    /// Names a device grant this admission makes: the admission request's
+    /// uid, unique per request (the pod has no name or uid yet when it is
+    /// created from `generateName`).
+    pub grant_id: &'a str,
     pub server_version: ServerVersion,
 }
 
@@ -194,6 +198,7 @@ pub fn mutate(pod: &Pod, view: &ClusterView<'_>, config: &InjectConfig) -> Resul
         view.nodes,
         pinned_node,
         view.recent_grants,
+        view.grant_id,
     )
     .map_err(|message| {
         deny(

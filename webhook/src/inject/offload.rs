@@ -17,30 +17,41 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 /// books (computed by the operator) include it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecentGrant {
+    /// The grant's id (`baton.dev/offload-grant` on the pod).
+    pub id: String,
     pub pool: String,
     pub devices: i64,
     /// Wall-clock time of the admission.
     pub at: Timestamp,
 }
 
-/// Books computed this long after a grant include the granted pod: its
-/// creation reaches the operator's pod watch within a few milliseconds on
-/// a healthy control plane, and the operator computes after a 0.5 s
-/// debounce. The margin also absorbs clock skew between the webhook's and
-/// the operator's nodes.
+/// Without `status.recentGrants` (an operator older than this webhook),
+/// books computed this long after a grant are taken to include the granted
+/// pod: its creation reaches the operator's pod watch within a few
+/// milliseconds on a healthy control plane. The margin also absorbs clock
+/// skew between the webhook's and the operator's nodes.
 pub const GRANT_SETTLE: SignedDuration = SignedDuration::from_millis(300);
 
-/// Devices of `recent` granted from `pool` that its status may not count
-/// yet: every one unless the books were computed at least
-/// [`GRANT_SETTLE`] after the grant.
+/// Devices of `recent` granted from `pool` that its status does not count
+/// yet: those whose id the books do not list in `status.recentGrants`.
+/// Exact, whatever the timing: books computed before the pod reached the
+/// operator do not list it, and books that count it (pending, held, or
+/// already ended) do. Books without the list fall back to time: a grant
+/// counts unless the books were computed at least [`GRANT_SETTLE`] after
+/// it.
 pub fn unbooked(pool: &AcceleratorPool, recent: &[RecentGrant]) -> i64 {
     let name = pool.metadata.name.as_deref().unwrap_or_default();
-    let computed = pool.status.as_ref().and_then(|s| s.computed_at.as_ref());
+    let status = pool.status.as_ref();
+    let listed = status.and_then(|s| s.recent_grants.as_ref());
+    let computed = status.and_then(|s| s.computed_at.as_ref());
     recent
         .iter()
         .filter(|g| g.pool == name)
-        .filter(|g| {
-            computed.is_none_or(|c| g.at.checked_add(GRANT_SETTLE).is_ok_and(|due| c.0 < due))
+        .filter(|g| match listed {
+            Some(ids) => !ids.contains(&g.id),
+            None => {
+                computed.is_none_or(|c| g.at.checked_add(GRANT_SETTLE).is_ok_and(|due| c.0 < due))
+            }
         })
         .map(|g| g.devices)
         .sum()
@@ -55,6 +66,8 @@ pub enum Offload {
     Granted {
         mode: OffloadMode,
         pool: String,
+        /// The grant's id, annotated on the pod (`baton.dev/offload-grant`).
+        grant: String,
         resource: String,
         devices: i64,
     },
@@ -81,9 +94,10 @@ impl Offload {
     pub fn annotations(&self) -> Vec<(&'static str, String)> {
         match self {
             Self::Disabled => vec![(annotations::OFFLOAD, "disabled".to_owned())],
-            Self::Granted { pool, .. } => vec![
+            Self::Granted { pool, grant, .. } => vec![
                 (annotations::OFFLOAD, "qat".to_owned()),
                 (annotations::ACCELERATOR_POOL, pool.clone()),
+                (annotations::OFFLOAD_GRANT, grant.clone()),
             ],
             Self::Fallback { reason, pool } => {
                 let mut a = vec![
@@ -138,9 +152,9 @@ pub fn policy_for<'a>(
 /// node counts as fully free. The status trails the cluster by the
 /// operator's debounce and two watch hops (well under a second); the grants
 /// this replica made itself (`recent_grants`) cover that gap for bursts of
-/// pods: each counts until the webhook sees books computed at least
-/// [`GRANT_SETTLE`] after it ([`unbooked`]), or for
-/// [`crate::handler::GRANT_MEMORY`] at most. Grants by other webhook
+/// pods: each counts until the books list its id ([`unbooked`]), or for
+/// [`crate::handler::GRANT_MEMORY`] at most. A grant made here is named
+/// `grant_id` (the admission request's uid). Grants by other webhook
 /// replicas within that gap are not seen; the scheduler remains the final
 /// arbiter: an over-granted pod waits Pending for a device, and the pool
 /// turns Degraded (`GrantedPodsUnschedulable`).
@@ -150,6 +164,7 @@ pub fn decide(
     nodes: &[Arc<Node>],
     pinned_node: Option<&str>,
     recent_grants: &[RecentGrant],
+    grant_id: &str,
 ) -> Result<Offload, String> {
     let Some(policy) = policy else {
         return Ok(Offload::Disabled);
@@ -200,6 +215,7 @@ pub fn decide(
         } => Ok(Offload::Granted {
             mode: o.mode,
             pool,
+            grant: grant_id.to_owned(),
             resource,
             devices: count,
         }),

@@ -121,6 +121,7 @@ impl Fixture {
             pools: &self.pools,
             nodes: &self.nodes,
             recent_grants: &self.recent_grants,
+            grant_id: "req-this",
             server_version: self.version,
         }
     }
@@ -896,6 +897,7 @@ fn qat_is_granted_from_node_allocatable_when_the_pool_has_no_status_yet() {
     assert_eq!(env_of(a, env::OFFLOAD_MODE), Some("Preferred"));
     assert_eq!(annotation(&p, annotations::OFFLOAD), Some("qat"));
     assert_eq!(annotation(&p, annotations::ACCELERATOR_POOL), Some("qat"));
+    assert_eq!(annotation(&p, annotations::OFFLOAD_GRANT), Some("req-this"));
     // The standby slot gets no device and no extra capability, but the
     // same engine and mode: a sidecar upgraded into it without the device
     // fails the engine's self-test and refuses (Required) or falls back
@@ -1071,6 +1073,7 @@ fn pending_grants_in_the_pool_status_take_free_devices() {
 
 fn grant_at(pool: &str, second: i64) -> RecentGrant {
     RecentGrant {
+        id: format!("req-{pool}-{second}"),
         pool: pool.to_owned(),
         devices: 1,
         at: k8s_openapi::jiff::Timestamp::from_second(second).unwrap(),
@@ -1078,7 +1081,7 @@ fn grant_at(pool: &str, second: i64) -> RecentGrant {
 }
 
 #[test]
-fn this_replicas_recent_grants_count_until_the_books_are_computed_after_them() {
+fn this_replicas_recent_grants_count_until_the_books_list_them() {
     let mut f = qat_fixture(
         "Required",
         vec![pool("qat", json!(null))],
@@ -1102,8 +1105,38 @@ fn this_replicas_recent_grants_count_until_the_books_are_computed_after_them() {
         f.inject(&app_pod()).0.offload,
         Offload::Granted { .. }
     ));
-    // Books computed after both grants hold them already (allocated 1 +
-    // pending 1 here): they are not counted twice.
+    // Books that hold a grant (here: one allocated, listed) do not count it
+    // twice, however soon after the grant they were computed: the case
+    // that refused a Required pod at exact capacity.
+    let books = |listed: &[&str]| {
+        json!({"computedAt": "1970-01-01T00:01:41.010000Z", "pending": 0,
+        "recentGrants": listed,
+        "nodes": [{"node": "n1", "capacity": 2, "allocated": 1}]})
+    };
+    f.pools = vec![pool("qat", books(&["req-qat-101"]))];
+    f.recent_grants = vec![grant_at("qat", 101)];
+    assert!(matches!(
+        f.inject(&app_pod()).0.offload,
+        Offload::Granted { .. }
+    ));
+    // Books that do not list it yet (computed before the pod reached the
+    // operator) do not hold it: it still counts, whatever their time.
+    let mut later = books(&[]);
+    later["computedAt"] = json!("1970-01-01T00:02:00.000000Z");
+    later["nodes"][0]["allocated"] = json!(1);
+    f.pools = vec![pool("qat", later)];
+    f.recent_grants = vec![grant_at("qat", 101)];
+    assert_eq!(f.deny(&app_pod()).reason, DenialReason::OffloadUnavailable);
+}
+
+#[test]
+fn without_a_grant_list_books_computed_after_the_grant_settled_hold_it() {
+    // An operator older than this webhook writes no `recentGrants`.
+    let mut f = qat_fixture(
+        "Required",
+        vec![pool("qat", json!(null))],
+        vec![node("n1", Some("2"))],
+    );
     let books = |computed: &str| {
         json!({"computedAt": computed, "pending": 1,
         "nodes": [{"node": "n1", "capacity": 2, "allocated": 0}]})

@@ -210,6 +210,56 @@ fn unscheduled_grants_are_pending_and_count_against_exhaustion() {
 }
 
 #[test]
+fn recent_grants_list_every_grant_seen_in_the_window_held_pending_or_ended() {
+    let t = now().0.as_second();
+    let with = |mut p: PodDevices, id: &str, created: i64| {
+        p.grant = Some(id.into());
+        p.created = created;
+        p
+    };
+    let mut ended = with(granted("c", Some("n1"), 1), "g-c", t - 1);
+    ended.ended = true;
+    let mut other_pool = with(granted("d", None, 1), "g-d", t);
+    other_pool.pool = Some("other".into());
+    let pods = [
+        with(granted("a", Some("n1"), 1), "g-a", t),
+        with(
+            granted("b", None, 1),
+            "g-b",
+            t - RECENT_GRANT_WINDOW_SECONDS,
+        ),
+        ended,
+        other_pool,
+        with(
+            granted("old", Some("n1"), 1),
+            "g-old",
+            t - RECENT_GRANT_WINDOW_SECONDS - 1,
+        ),
+        granted("no-id", Some("n1"), 1),
+    ];
+    let s = status(&pool(1, false), &[node("n1", false, Some("8"))], &pods);
+    assert_eq!(
+        s.recent_grants,
+        Some(vec!["g-a".to_owned(), "g-b".to_owned(), "g-c".to_owned()])
+    );
+    // The cap keeps the newest, the ones a webhook may still remember.
+    let burst: Vec<PodDevices> = (0..MAX_RECENT_GRANTS + 5)
+        .map(|i| {
+            with(
+                granted(&format!("p{i}"), None, 1),
+                &format!("g{i:04}"),
+                t - 30 + (i as i64 % 30),
+            )
+        })
+        .collect();
+    let s = status(&pool(1, false), &[node("n1", false, Some("8"))], &burst);
+    let listed = s.recent_grants.unwrap();
+    assert_eq!(listed.len(), MAX_RECENT_GRANTS);
+    let newest = burst.iter().max_by_key(|p| p.created).unwrap();
+    assert!(listed.contains(newest.grant.as_ref().unwrap()));
+}
+
+#[test]
 fn pending_grants_for_another_pool_are_not_ours() {
     let mut other = granted("web-1", None, 1);
     other.pool = Some("other-pool".into());
@@ -352,6 +402,38 @@ fn fallbacks_of_other_pools_ended_pods_or_unmeshed_pods_do_not_count() {
 }
 
 #[test]
+fn a_granted_pod_whose_sidecar_signs_in_software_is_a_fallback_that_still_holds_its_device() {
+    let mut failing = granted("failing", Some("n1"), 1);
+    failing.runtime_fallback = Some("SignErrors: 3 signature(s) redone in software".into());
+    let working = granted("working", Some("n1"), 1);
+    // A sidecar report on a pod the webhook sent to software already: the
+    // annotation's reason is the older news, the sidecar's wins.
+    let mut both = fallback("both", 1);
+    both.runtime_fallback = Some("EngineUnavailable: no provider".into());
+    let books = compute(
+        &pool(1, false),
+        &[node("n1", false, Some("4"))],
+        &[failing, working, both],
+        &now(),
+    );
+    let s = &books.status;
+    assert_eq!(s.fallbacks, 2, "{s:?}");
+    assert_eq!(s.allocated, 2, "the failing sidecar's pod keeps its device");
+    let reasons: BTreeMap<_, _> = books
+        .fallbacks
+        .iter()
+        .map(|f| (f.pod.as_str(), f.reason.as_str()))
+        .collect();
+    assert_eq!(
+        reasons,
+        BTreeMap::from([
+            ("both", "EngineUnavailable: no provider"),
+            ("failing", "SignErrors: 3 signature(s) redone in software"),
+        ])
+    );
+}
+
+#[test]
 fn unchanged_books_keep_their_condition_times_so_the_write_is_skipped() {
     let p0 = pool(1, false);
     let nodes = [node("n1", false, Some("2"))];
@@ -447,6 +529,7 @@ fn pod_devices_reads_node_phase_deletion_annotations_and_scheduling() {
             annotations: Some(BTreeMap::from([
                 (annotations::OFFLOAD.to_owned(), OFFLOAD_QAT.to_owned()),
                 (annotations::ACCELERATOR_POOL.to_owned(), "qat".to_owned()),
+                (annotations::OFFLOAD_GRANT.to_owned(), "req-1".to_owned()),
             ])),
             creation_timestamp: Some(MetaTime(Timestamp::from_second(77).unwrap())),
             ..Default::default()
@@ -474,6 +557,8 @@ fn pod_devices_reads_node_phase_deletion_annotations_and_scheduling() {
             offload: Some("qat".into()),
             pool: Some("qat".into()),
             fallback_reason: None,
+            grant: Some("req-1".into()),
+            runtime_fallback: None,
             requests: BTreeMap::from([(R.to_owned(), 1)]),
             created: 77,
             unschedulable: false,

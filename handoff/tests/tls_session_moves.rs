@@ -1,6 +1,7 @@
 //! Real rustls clients and servers over loopback; the server's connection is
 //! moved mid-stream (secrets extracted, socket passed by SCM_RIGHTS, state
-//! through the handoff codec) and continued by [`TlsRecordStream`].
+//! through the handoff codec) and continued by [`TlsRecordStream`], the
+//! record layer of the `baton-tls-record` crate.
 
 use std::collections::VecDeque;
 use std::io::Read;
@@ -14,9 +15,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, duplex};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
-use super::*;
-use crate::handoff::fd::FdStream;
-use crate::handoff::protocol::{ConnKind, ConnectionHeader, Decoder, Message, encode};
+use baton_handoff::fd::FdStream;
+use baton_handoff::protocol::{ConnKind, ConnectionHeader, Decoder, Message, encode};
+use baton_tls_record::*;
 
 struct Pki {
     cert: CertificateDer<'static>,

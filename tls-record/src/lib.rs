@@ -35,6 +35,12 @@
 //! The old process must stop at a record boundary, or rustls would hold part of
 //! a record that cannot be extracted: [`RecordAlignedIo`] wraps its socket and
 //! hands rustls only whole records, keeping the rest to pass along.
+//!
+//! A leaf crate: it depends on no other Baton crate, and both the sidecar's
+//! TLS layer and the handoff (`baton-handoff`, which carries
+//! [`TlsWireState`] on its wire) use it. Its tests move real rustls sessions
+//! through the handoff's wire format, so they live in `baton-handoff`
+//! (`handoff/tests/tls_session_moves.rs`).
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -1000,6 +1006,9 @@ impl<T: AsyncRead + Unpin> AsyncRead for RecordAlignedIo<T> {
 /// Length of the longest prefix of `data` made of whole records that fits
 /// in `room`; if not even one record fits, the first whole record (which the
 /// caller then splits, losing alignment until it completes).
+// Inlinable into the sidecar, where the generic reader using it is compiled
+// (it runs on every read of a mesh TLS socket).
+#[inline]
 fn whole_records(data: &[u8], room: usize) -> usize {
     let mut off = 0;
     while data.len() - off >= HEADER_LEN {
@@ -1018,6 +1027,9 @@ fn whole_records(data: &[u8], room: usize) -> usize {
 /// Bytes of a record still owed after handing out `pending[..n]`, when
 /// `owed` bytes of the record in progress were owed before. Only called with
 /// `n` inside whole records, so every header it needs is in `pending`.
+// Inlinable into the sidecar, where the generic reader using it is compiled
+// (it runs on every read of a mesh TLS socket).
+#[inline]
 fn owed_after(pending: &[u8], mut owed: usize, n: usize) -> usize {
     let mut off = 0;
     while off < n {
@@ -1046,6 +1058,3 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for RecordAlignedIo<T> {
         Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }
-
-#[cfg(test)]
-mod tests;

@@ -92,7 +92,7 @@ pub enum ConnKind {
     Http1,
 }
 
-pub use crate::tls_record::{DirectionSecrets, TlsWireState};
+pub use baton_tls_record::{DirectionSecrets, TlsWireState};
 
 /// One handoff message. Direction in the comments: old → new or new → old.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,0 +1,150 @@
+//! The data plane as the handoff drives it: [`crate::handoff::DataPlane`]
+//! for the running server, [`crate::handoff::Serving`] for the state its
+//! connection tasks share.
+//!
+//! This module sits above the server, the listeners, the protocol handlers
+//! and the handoff, and only [`crate::process`] imports it; that is what
+//! lets the handoff mechanism import none of them (and the server none of
+//! the handoff).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::conn::{
+    ConnGuard, ConnKind, ConnRegistry, ParkRequest, ParkableIo, ParkedIo, PrefixedIo,
+};
+use crate::detect::Protocol;
+use crate::filters::ConnMeta;
+use crate::handoff::protocol::ConnKind as WireKind;
+use crate::handoff::{DataPlane, Resumed, Serving};
+use crate::http_proxy::Shared;
+use crate::lifecycle::Phase;
+use crate::listener::serve_plain;
+use crate::metrics::{ConnLabels, Metrics};
+use crate::server::Running;
+use crate::tcp_proxy::{TcpEnd, proxy_resumed};
+use crate::upstream::TcpUpstream;
+
+impl DataPlane for Running {
+    fn listening_sockets(&self) -> std::io::Result<HashMap<String, std::net::TcpListener>> {
+        Running::listening_sockets(self)
+    }
+
+    fn admin_socket(&self) -> std::io::Result<std::net::TcpListener> {
+        Running::admin_socket(self)
+    }
+
+    fn pause_accepting(&self) {
+        Running::pause_accepting(self)
+    }
+
+    fn resume_accepting(&self) -> std::io::Result<()> {
+        Running::resume_accepting(self)
+    }
+
+    fn set_phase(&self, phase: Phase) {
+        self.shared.lifecycle.set(phase);
+    }
+
+    fn record_status(&self, status: serde_json::Value) {
+        *self.admin.handoff.lock().unwrap_or_else(|e| e.into_inner()) = Some(status);
+    }
+
+    fn serving(&self) -> Arc<dyn Serving> {
+        self.shared.clone()
+    }
+}
+
+impl Serving for Shared {
+    fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.runtime
+    }
+
+    fn registry(&self) -> &ConnRegistry {
+        &self.registry
+    }
+
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    fn config(&self) -> serde_json::Value {
+        serde_json::to_value(&*self.store.snapshot()).unwrap_or_default()
+    }
+
+    fn resume(self: Arc<Self>, r: Resumed) {
+        let _rt = self.runtime.enter();
+        let shared = self;
+        let meta = ConnMeta {
+            id: shared.registry.next_id(),
+            ..r.meta
+        };
+        let (guard, park) = shared.registry.register(meta.clone());
+        if meta.tls {
+            guard.set_tls();
+        }
+        let up = r.up.map(|u| match u {
+            ParkedIo::Tcp(t) => TcpUpstream::Plain(t),
+            ParkedIo::Boxed(b) => TcpUpstream::Tls(b),
+        });
+        match (r.kind, up) {
+            (WireKind::Tcp, Some(up)) => {
+                guard.set_kind(ConnKind::Tcp);
+                let labels = ConnLabels {
+                    listener: meta.listener.clone(),
+                    protocol: ConnKind::Tcp.as_str(),
+                };
+                let active = shared
+                    .metrics
+                    .connections_active
+                    .get_or_create(&labels)
+                    .clone();
+                active.inc();
+                tokio::spawn(async move {
+                    let (rx, tx) = (&shared.bytes_rx, &shared.bytes_tx);
+                    let (a, b) = (&r.to_upstream[..], &r.to_downstream[..]);
+                    let end = match r.down {
+                        ParkedIo::Tcp(d) => proxy_resumed(d, up, a, b, &meta, park, rx, tx).await,
+                        ParkedIo::Boxed(d) => proxy_resumed(d, up, a, b, &meta, park, rx, tx).await,
+                    };
+                    if let TcpEnd::Error(e) = end {
+                        tracing::debug!(conn = meta.id, error = %e, "resumed tcp connection ended with an error");
+                    }
+                    active.dec();
+                    drop(guard);
+                });
+            }
+            (WireKind::Http1, _) => {
+                let (to_upstream, down) = (r.to_upstream, r.down);
+                tokio::spawn(async move {
+                    match down {
+                        ParkedIo::Tcp(d) => {
+                            resume_http1(d, to_upstream, meta, shared, guard, park).await
+                        }
+                        ParkedIo::Boxed(d) => {
+                            resume_http1(d, to_upstream, meta, shared, guard, park).await
+                        }
+                    }
+                });
+            }
+            (WireKind::Tcp, None) => tracing::error!(
+                conn = meta.id,
+                "tcp connection without an upstream socket; closed"
+            ),
+        }
+    }
+}
+
+/// An HTTP/1.1 connection resumed between two requests: the bytes already
+/// read from it go in front, then the listener's HTTP/1.1 path serves it.
+async fn resume_http1<I: ParkableIo>(
+    down: I,
+    to_upstream: bytes::Bytes,
+    meta: ConnMeta,
+    shared: Arc<Shared>,
+    guard: ConnGuard,
+    park: tokio::sync::oneshot::Receiver<ParkRequest>,
+) {
+    let io = PrefixedIo::new(to_upstream, down);
+    serve_plain(io, meta, Protocol::Http1, shared, guard, park).await
+}
