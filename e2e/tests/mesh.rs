@@ -705,6 +705,11 @@ struct IdScene {
 }
 
 async fn id_scene(client: Client, ns: String, scope: &str) -> IdScene {
+    // A test before this one may have taken the operator away (and failed
+    // before it was whole again): sidecars need it to start.
+    baton::wait_whole(&client, "operator", READY)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let release = format!("mesh-{scope}-{}", &ns[ns.len().saturating_sub(8)..]);
     baton::create_release(&client, &release, scope).await;
     let guard = ReleaseGuard(release);
@@ -965,7 +970,16 @@ async fn identity_strict_mtls_carries_http1_http2_and_tcp_and_allowed_clients_de
             assert_eq!((tcp.echoed, tcp.errors), (200, 0), "{tcp:?}");
 
             // The intruder is meshed too (its mTLS handshake succeeds), but
-            // its identity is not on the list.
+            // its identity is not on the list. The client being served says
+            // nothing of whether the list reached the server's sidecar yet
+            // (an empty list allows every mesh identity): wait for that.
+            until_via(
+                s.intruder,
+                "the allow-list reaches the server's sidecar",
+                &s.spec(FetchProtocol::Http1, 5),
+                |r| r.status(403) == 5,
+            )
+            .await;
             for p in [FetchProtocol::Http1, FetchProtocol::Http2] {
                 let r = fetch_from(s.intruder, &s.spec(p, 20)).await;
                 assert_eq!(r.status(403), 20, "intruder over {p:?}: {r:?}");
@@ -1050,9 +1064,12 @@ async fn identity_sidecars_serve_strict_mtls_while_both_operator_pods_are_gone_a
             // Take the operator away shortly before the sidecars' renewal
             // point (2/3 of the lifetime ± 5 %, i.e. notAfter − 60 s ± 9 s)
             // so their renewal fails while it is gone and succeeds after.
+            // Its Pods are deleted without a grace period: a graceful stop
+            // (lease release, drain) took longer than the margin on a busy
+            // machine, and a sidecar renewed before the operator was gone.
             let held = s.cert_expiries().await;
             let renew_at = held[0].min(held[1]) - CERT_LIFETIME.as_secs() / 3;
-            let start = renew_at.saturating_sub(15);
+            let start = renew_at.saturating_sub(25);
             while unix_now() < start {
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
@@ -1065,6 +1082,17 @@ async fn identity_sidecars_serve_strict_mtls_while_both_operator_pods_are_gone_a
                 "scale",
                 "deployment/baton-operator",
                 "--replicas=0",
+            ]);
+            kubectl_ok(&[
+                "-n",
+                baton_crds::contract::SYSTEM_NAMESPACE,
+                "delete",
+                "pods",
+                "-l",
+                "app.kubernetes.io/name=baton-operator",
+                "--grace-period=0",
+                "--force",
+                "--wait=false",
             ]);
             wait_for("both operator pods gone", READY, || async {
                 let n = baton::component_pods(&s.client, "operator").await.len();

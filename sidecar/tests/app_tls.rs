@@ -213,7 +213,10 @@ async fn permissive_terminates_mesh_tls_and_passes_the_applications_own_tls_thro
     let refused = app_client(&app)
         .connect(ServerName::try_from("app.test").unwrap(), tcp)
         .await;
-    assert!(refused.is_err(), "the allow-list let unidentified TLS through");
+    assert!(
+        refused.is_err(),
+        "the allow-list let unidentified TLS through"
+    );
     drop(sc);
 
     // Without an allow-list, a client outside the mesh speaks TLS to the
