@@ -10,7 +10,10 @@
 //! The chains are enums rather than trait objects: the set is closed and
 //! known at compile time, dispatch is a jump table, and adding a filter is
 //! one variant plus one match arm in [`StreamFilter::on_request`] — the core
-//! proxy loop never changes.
+//! proxy loop never changes. Its configuration lands on a route or a
+//! listener, whose classification for the HTTP/1.1 fast path
+//! ([`crate::routing::GeneralPath`]) names every field: the crate does not
+//! compile until the new filter says whether the fast path may skip it.
 
 use std::net::IpAddr;
 use std::sync::Arc;

@@ -229,6 +229,42 @@ pub struct CompiledRoute {
     pub response_headers: HeaderRewriter,
     /// Metric handles, resolved on first use.
     pub metrics: std::sync::OnceLock<crate::metrics::RouteMetrics>,
+    /// Why this route's requests need the general (hyper) path; `None`
+    /// when the HTTP/1.1 fast path may serve them. Set once at compile
+    /// time from [`CompiledRoute::needs_general_path`].
+    pub general_path: Option<GeneralPath>,
+}
+
+/// Why requests take the general HTTP path instead of the HTTP/1.1 fast
+/// path. Decided once per route and per listener when a snapshot compiles
+/// (never per request), by functions that name every field of what they
+/// classify: a filter added to a route or a listener does not compile
+/// until it says whether the fast path may skip it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GeneralPath {
+    Retry,
+    Fault,
+    Mirror,
+    HeaderRewrite,
+    /// A route on the listener matches on request headers, which the fast
+    /// path does not collect.
+    HeaderMatch,
+    Rbac,
+    AccessLog,
+}
+
+impl GeneralPath {
+    pub fn label(self) -> &'static str {
+        match self {
+            GeneralPath::Retry => "retry",
+            GeneralPath::Fault => "fault",
+            GeneralPath::Mirror => "mirror",
+            GeneralPath::HeaderRewrite => "header_rewrite",
+            GeneralPath::HeaderMatch => "header_match",
+            GeneralPath::Rbac => "rbac",
+            GeneralPath::AccessLog => "access_log",
+        }
+    }
 }
 
 /// The parts of a request routing looks at, borrowed (no copies).
@@ -246,6 +282,45 @@ pub struct RequestView<'a> {
 }
 
 impl CompiledRoute {
+    /// What of this route needs the general path, if anything. Every field
+    /// is named: a new one must be classified here.
+    pub fn needs_general_path(&self) -> Option<GeneralPath> {
+        let CompiledRoute {
+            // Matching the fast path does itself (with an empty header map).
+            name: _,
+            hosts: _,
+            ports: _,
+            path: _,
+            methods: _,
+            query: _,
+            // Classified per listener (`GeneralPath::HeaderMatch`): a header
+            // condition on any route changes which route a request matches.
+            headers: _,
+            // Backend choice, timeout and metrics: the fast path does these.
+            backends: _,
+            total_weight: _,
+            timeout: _,
+            metrics: _,
+            general_path: _,
+            retry,
+            fault,
+            mirror,
+            request_headers,
+            response_headers,
+        } = self;
+        if retry.is_some() {
+            Some(GeneralPath::Retry)
+        } else if fault.is_some() {
+            Some(GeneralPath::Fault)
+        } else if mirror.is_some() {
+            Some(GeneralPath::Mirror)
+        } else if !request_headers.is_empty() || !response_headers.is_empty() {
+            Some(GeneralPath::HeaderRewrite)
+        } else {
+            None
+        }
+    }
+
     /// True when every condition of the route holds for `req`.
     pub fn matches(&self, req: &RequestView<'_>) -> bool {
         (self.hosts.is_empty() || self.hosts.iter().any(|h| h.matches(req.host)))
