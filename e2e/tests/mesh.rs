@@ -833,14 +833,26 @@ impl IdScene {
     /// The `notAfter` of the certificates the server's and the client's
     /// sidecars hold.
     async fn cert_expiries(&self) -> [u64; 2] {
-        let mut out = [0; 2];
-        for (i, ip) in [self.server_pod, self.client_pod].into_iter().enumerate() {
-            out[i] = sidecar_metric(ip, |l| {
-                l.starts_with("baton_sidecar_tls_cert_expiry_timestamp_seconds")
-            })
-            .await as u64;
-        }
-        out
+        wait_for(
+            "both sidecars report their certificate's notAfter",
+            PROPAGATION,
+            || async move {
+                let mut out = [0; 2];
+                for (i, ip) in [self.server_pod, self.client_pod].into_iter().enumerate() {
+                    out[i] = sidecar_metric(ip, |l| {
+                        l.starts_with("baton_sidecar_tls_cert_expiry_timestamp_seconds")
+                    })
+                    .await as u64;
+                }
+                if out.iter().all(|e| *e > 0) {
+                    Check::Done(out)
+                } else {
+                    Check::NotYet(format!("notAfter {out:?}"))
+                }
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Waits until both sidecars hold a certificate issued after `t`
