@@ -334,6 +334,19 @@ impl CompiledRoute {
             && self.query.iter().all(|c| query_condition(c, req.query))
     }
 
+    /// True when the route applies to a whole TCP connection to `dst`: its
+    /// hosts name the destination IP (a Service's ClusterIP), its ports
+    /// include the destination port, and it has no per-request condition.
+    pub fn matches_connection(&self, dst: std::net::SocketAddr) -> bool {
+        let ip = dst.ip().to_string();
+        self.hosts.iter().any(|h| h.matches(&ip))
+            && (self.ports.is_empty() || self.ports.contains(&dst.port()))
+            && self.path.is_none()
+            && self.methods.is_empty()
+            && self.headers.is_empty()
+            && self.query.is_empty()
+    }
+
     /// Pick a backend cluster index for a uniformly random `draw`.
     pub fn pick_backend(&self, draw: u32) -> usize {
         if self.backends.len() == 1 {
@@ -371,6 +384,20 @@ pub fn match_route<'t>(
     req: &RequestView<'_>,
 ) -> Option<&'t Arc<CompiledRoute>> {
     routes.iter().find(|r| r.matches(req))
+}
+
+/// The cluster a raw TCP connection to `dst` goes to: the backend of the
+/// first route that applies to the whole connection
+/// ([`CompiledRoute::matches_connection`]).
+pub fn connection_cluster(
+    routes: &[Arc<CompiledRoute>],
+    dst: std::net::SocketAddr,
+    draw: u32,
+) -> Option<usize> {
+    routes
+        .iter()
+        .find(|r| r.matches_connection(dst))
+        .map(|r| r.pick_backend(draw))
 }
 
 /// Split an authority into host and optional port (`[v6]:port` aware).
@@ -429,6 +456,22 @@ clusters: [{name: a, endpoints: ['127.0.0.1:1']}, {name: b, endpoints: ['127.0.0
 
     fn route_name(routes: &[Arc<CompiledRoute>], view: RequestView<'_>) -> Option<String> {
         match_route(routes, &view).map(|r| r.name.to_string())
+    }
+
+    #[test]
+    fn a_tcp_connection_takes_the_cluster_of_the_route_naming_its_destination() {
+        let t = table(&format!(
+            "{BASE}routes: [
+              {{name: canary, match: {{hosts: ['10.96.0.9'], ports: [80], headers: [{{name: x, exact: '1'}}]}}, backends: [{{cluster: b}}]}},
+              {{name: svc, match: {{hosts: ['svc', '10.96.0.9'], ports: [80]}}, backends: [{{cluster: a}}]}},
+              {{name: other, match: {{hosts: ['10.96.0.8']}}, backends: [{{cluster: b}}]}}]"
+        ));
+        let dst = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
+        // The header rule needs a request; the plain Service route applies.
+        assert_eq!(connection_cluster(&t, dst("10.96.0.9:80"), 0), Some(0));
+        assert_eq!(connection_cluster(&t, dst("10.96.0.9:81"), 0), None);
+        assert_eq!(connection_cluster(&t, dst("10.96.0.8:5432"), 0), Some(1));
+        assert_eq!(connection_cluster(&t, dst("10.1.0.1:80"), 0), None);
     }
 
     #[test]
