@@ -633,6 +633,9 @@ async fn sidecar_metric(ip: IpAddr, pick: impl Fn(&str) -> bool) -> f64 {
 /// (`BATON_IDENTITY_CERT_LIFETIME_SECONDS` in e2e/overlay): short enough that
 /// renewals happen within a test.
 const CERT_LIFETIME: Duration = Duration::from_secs(180);
+/// How far the operator backdates a certificate's `notBefore`
+/// (`operator::identity::issue` default).
+const CERT_BACKDATE: Duration = Duration::from_secs(60);
 /// The Service port that names HTTP/2 (its cluster speaks h2 over the mesh).
 const H2_PORT: u16 = 8081;
 /// The server's TCP echo port.
@@ -1074,14 +1077,19 @@ async fn identity_sidecars_serve_strict_mtls_while_both_operator_pods_are_gone_a
             let load = s.load();
 
             // Take the operator away shortly before the sidecars' renewal
-            // point (2/3 of the lifetime ± 5 %, i.e. notAfter − 60 s ± 9 s)
-            // so their renewal fails while it is gone and succeeds after.
-            // Its Pods are deleted without a grace period: a graceful stop
-            // (lease release, drain) took longer than the margin on a busy
-            // machine, and a sidecar renewed before the operator was gone.
+            // point so their renewal fails while it is gone and succeeds
+            // after. A sidecar renews at 2/3 of its certificate's validity
+            // ± 5 %, and the operator backdates `notBefore` by
+            // CERT_BACKDATE: the validity is lifetime + backdate (240 s), so
+            // renewal falls at notAfter − 80 s ± 12 s (the first version of
+            // this test assumed notAfter − 60 s ± 9 s and lost the race).
+            // The Pods are deleted without a grace period: a graceful stop
+            // (lease release, drain) outlasted the margin on a busy machine.
             let held = s.cert_expiries().await;
-            let renew_at = held[0].min(held[1]) - CERT_LIFETIME.as_secs() / 3;
-            let start = renew_at.saturating_sub(25);
+            let validity = (CERT_LIFETIME + CERT_BACKDATE).as_secs();
+            let earliest = held[0].min(held[1]) - validity / 3 - validity / 20;
+            let latest = held[0].max(held[1]) - validity / 3 + validity / 20;
+            let start = earliest.saturating_sub(15);
             while unix_now() < start {
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
@@ -1118,7 +1126,7 @@ async fn identity_sidecars_serve_strict_mtls_while_both_operator_pods_are_gone_a
             .unwrap_or_else(|e| panic!("{e}"));
             let gone = unix_now();
             // Past the renewal point, with nobody to renew from.
-            while unix_now() < renew_at + 10 {
+            while unix_now() < latest + 5 {
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
             assert_eq!(
