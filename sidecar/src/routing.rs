@@ -253,20 +253,6 @@ pub enum GeneralPath {
     AccessLog,
 }
 
-impl GeneralPath {
-    pub fn label(self) -> &'static str {
-        match self {
-            GeneralPath::Retry => "retry",
-            GeneralPath::Fault => "fault",
-            GeneralPath::Mirror => "mirror",
-            GeneralPath::HeaderRewrite => "header_rewrite",
-            GeneralPath::HeaderMatch => "header_match",
-            GeneralPath::Rbac => "rbac",
-            GeneralPath::AccessLog => "access_log",
-        }
-    }
-}
-
 /// The parts of a request routing looks at, borrowed (no copies).
 #[derive(Debug, Clone, Copy)]
 pub struct RequestView<'a> {
@@ -334,13 +320,13 @@ impl CompiledRoute {
             && self.query.iter().all(|c| query_condition(c, req.query))
     }
 
-    /// True when the route applies to a whole TCP connection to `dst`: its
-    /// hosts name the destination IP (a Service's ClusterIP), its ports
-    /// include the destination port, and it has no per-request condition.
-    pub fn matches_connection(&self, dst: std::net::SocketAddr) -> bool {
-        let ip = dst.ip().to_string();
-        self.hosts.iter().any(|h| h.matches(&ip))
-            && (self.ports.is_empty() || self.ports.contains(&dst.port()))
+    /// True when the route applies to a whole TCP connection to `ip`
+    /// (textual) and `port`: its hosts name the destination IP (a Service's
+    /// ClusterIP), its ports include the destination port, and it has no
+    /// per-request condition.
+    pub fn matches_connection(&self, ip: &str, port: u16) -> bool {
+        self.hosts.iter().any(|h| h.matches(ip))
+            && (self.ports.is_empty() || self.ports.contains(&port))
             && self.path.is_none()
             && self.methods.is_empty()
             && self.headers.is_empty()
@@ -394,9 +380,11 @@ pub fn connection_cluster(
     dst: std::net::SocketAddr,
     draw: u32,
 ) -> Option<usize> {
+    // Formatted once per connection, not once per route.
+    let ip = dst.ip().to_string();
     routes
         .iter()
-        .find(|r| r.matches_connection(dst))
+        .find(|r| r.matches_connection(&ip, dst.port()))
         .map(|r| r.pick_backend(draw))
 }
 
