@@ -60,6 +60,7 @@ use crate::validation::{Errors, FieldError, Validate};
 #[x_kube(validation = Rule::new("!has(self.cipherSuites) || self.minVersion != 'TLSv1.3' || self.cipherSuites.all(c, c.startsWith('TLS13_'))").message("minVersion TLSv1.3 never negotiates TLS 1.2 suites: remove the TLS_ECDHE_* entries from cipherSuites or lower minVersion"))]
 #[x_kube(validation = Rule::new("!has(self.cipherSuites) || size(self.cipherSuites) == 0 || self.cipherSuites.exists(c, c.startsWith('TLS13_'))").message("cipherSuites must include at least one TLS 1.3 suite (TLS13_*): TLS 1.3 is always enabled"))]
 #[x_kube(validation = Rule::new("self.mtls.mode != 'Disabled' || self.privateKeyOffload.mode == 'Disabled'").message("privateKeyOffload needs TLS: with mtls.mode Disabled set privateKeyOffload.mode to Disabled"))]
+#[x_kube(validation = Rule::new("self.mtls.mode != 'Disabled' || !has(self.mtls.allowedClients) || size(self.mtls.allowedClients) == 0").message("mtls.allowedClients needs client identities from mTLS: with mtls.mode Disabled remove allowedClients"))]
 #[serde(rename_all = "camelCase")]
 pub struct TlsPolicySpec {
     /// Pods (in this namespace) whose sidecars follow this policy. An empty
@@ -102,6 +103,74 @@ pub struct MtlsSettings {
     /// plaintext both accepted (for migrating). Disabled: plaintext only.
     #[serde(default)]
     pub mode: MtlsMode,
+    /// Clients allowed to reach the selected pods, by their mesh identity:
+    /// `namespace/serviceaccount`, or a SPIFFE ID
+    /// `spiffe://<trust domain>/ns/<namespace>/sa/<serviceaccount>`.
+    /// Empty: every client the mode accepts. Non-empty: an HTTP request
+    /// from any other client (another identity, or plaintext under
+    /// Permissive) is answered 403; any other TCP connection is closed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 3, max = 512)))]
+    pub allowed_clients: Vec<String>,
+}
+
+/// The SPIFFE ID an `allowedClients` entry names in `trust_domain`, or why
+/// the entry is not one.
+pub fn client_identity(entry: &str, trust_domain: &str) -> Result<String, String> {
+    let (namespace, account, id) = match entry.strip_prefix("spiffe://") {
+        Some(rest) => {
+            let mut parts = rest.split('/');
+            match (
+                parts.next(),
+                parts.next(),
+                parts.next(),
+                parts.next(),
+                parts.next(),
+                parts.next(),
+            ) {
+                (Some(td), Some("ns"), Some(ns), Some("sa"), Some(sa), None) if !td.is_empty() => {
+                    (ns, sa, entry.to_owned())
+                }
+                _ => {
+                    return Err(format!(
+                        "{entry:?} is not a workload SPIFFE ID: use spiffe://<trust domain>/ns/<namespace>/sa/<serviceaccount>"
+                    ));
+                }
+            }
+        }
+        None => match entry.split_once('/') {
+            Some((ns, sa)) => (ns, sa, format!("spiffe://{trust_domain}/ns/{ns}/sa/{sa}")),
+            None => {
+                return Err(format!(
+                    "{entry:?} names no ServiceAccount: use namespace/serviceaccount or a SPIFFE ID"
+                ));
+            }
+        },
+    };
+    if !is_dns_label(namespace) {
+        return Err(format!(
+            "{entry:?}: namespace {namespace:?} is not a valid namespace name"
+        ));
+    }
+    if !is_dns_subdomain(account) {
+        return Err(format!(
+            "{entry:?}: {account:?} is not a valid ServiceAccount name"
+        ));
+    }
+    Ok(id)
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 
 /// mTLS mode.
@@ -278,17 +347,9 @@ pub fn is_extended_resource_name(name: &str) -> bool {
     let Some((domain, res)) = name.split_once('/') else {
         return false;
     };
-    let dns_label = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && l.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
     let domain_ok = domain.len() <= 253
         && domain.contains('.')
-        && domain.split('.').all(dns_label)
+        && domain.split('.').all(is_dns_label)
         && !domain.ends_with("kubernetes.io");
     let res_ok = !res.is_empty()
         && res.len() <= 63
@@ -341,6 +402,24 @@ impl Validate for TlsPolicy {
             e.push(
                 "spec.cipherSuites",
                 "must include at least one TLS 1.3 suite (TLS13_AES_256_GCM_SHA384, TLS13_AES_128_GCM_SHA256 or TLS13_CHACHA20_POLY1305_SHA256): TLS 1.3 is always enabled",
+            );
+        }
+
+        let allowed = &s.mtls.allowed_clients;
+        for (i, entry) in allowed.iter().enumerate() {
+            let p = format!("spec.mtls.allowedClients[{i}]");
+            // The trust domain does not change the verdict, only the ID.
+            if let Err(why) = client_identity(entry, "check") {
+                e.push(&p, why);
+            }
+            if allowed[..i].contains(entry) {
+                e.push(p, format!("{entry} is listed twice: remove the duplicate"));
+            }
+        }
+        if s.mtls.mode == MtlsMode::Disabled && !allowed.is_empty() {
+            e.push(
+                "spec.mtls.allowedClients",
+                "needs client identities from mTLS: with mtls.mode Disabled remove allowedClients",
             );
         }
 

@@ -499,6 +499,64 @@ fn rejects_an_unknown_mtls_mode() {
 }
 
 #[test]
+fn accepts_allowed_clients_by_service_account_and_by_spiffe_id() {
+    let t = set(
+        tls(),
+        "spec.mtls.allowedClients",
+        json!([
+            "shop/frontend",
+            "spiffe://cluster.local/ns/ops/sa/prober.v2"
+        ]),
+    );
+    check("TlsPolicy", &t, &[], &[]);
+}
+
+#[test]
+fn rejects_allowed_clients_that_name_no_service_account_or_repeat() {
+    let t = set(
+        tls(),
+        "spec.mtls.allowedClients",
+        json!([
+            "frontend",
+            "Shop/frontend",
+            "spiffe://cluster.local/frontend",
+            "shop/frontend",
+            "shop/frontend"
+        ]),
+    );
+    check(
+        "TlsPolicy",
+        &t,
+        &[
+            "spec.mtls.allowedClients[0]: names no ServiceAccount",
+            "spec.mtls.allowedClients[1]: is not a valid namespace name",
+            "spec.mtls.allowedClients[2]: is not a workload SPIFFE ID",
+            "spec.mtls.allowedClients[4]: is listed twice",
+        ],
+        &[],
+    );
+}
+
+#[test]
+fn rejects_allowed_clients_without_mtls() {
+    let t = set(
+        set(
+            tls(),
+            "spec.mtls",
+            json!({"mode": "Disabled", "allowedClients": ["shop/frontend"]}),
+        ),
+        "spec.privateKeyOffload.mode",
+        json!("Disabled"),
+    );
+    check(
+        "TlsPolicy",
+        &t,
+        &["spec.mtls.allowedClients: needs client identities from mTLS"],
+        &["mtls.allowedClients needs client identities"],
+    );
+}
+
+#[test]
 fn rejects_secret_source_without_a_secret_ref() {
     let t = set(tls(), "spec.certificate", json!({ "source": "Secret" }));
     check(

@@ -1,6 +1,7 @@
 //! A request driver that runs *inside* a meshed Pod: the e2e test asks it
 //! (`POST /fetch`, JSON [`FetchSpec`]) to send a bounded number of HTTP/1.1
-//! requests to a target — a Service's ClusterIP:port, so the Pod's own
+//! or HTTP/2 (h2c, prior knowledge) requests, or TCP echo exchanges, to a
+//! target — a Service's ClusterIP:port, so the Pod's own
 //! sidecar captures them and applies the Routes compiled for it — and gets
 //! back what happened ([`FetchReport`]): status codes and which server
 //! (the echo's `x-echo-server-name`) answered, counted.
@@ -44,7 +45,28 @@ pub struct FetchSpec {
     /// Extra request headers.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub protocol: FetchProtocol,
 }
+
+/// What one worker speaks on its connection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FetchProtocol {
+    #[default]
+    Http1,
+    /// h2c with prior knowledge: one connection per worker, one stream per
+    /// request.
+    Http2,
+    /// Raw TCP to an echo server: each exchange writes [`TCP_MESSAGE`]
+    /// bytes and reads them back ([`FetchReport::echoed`]).
+    Tcp,
+}
+
+/// Bytes of one TCP exchange. The first is a control byte, so a sidecar's
+/// protocol detection decides "raw TCP" at once (no text protocol starts
+/// with one).
+pub const TCP_MESSAGE: usize = 64;
 
 fn root() -> String {
     "/".to_owned()
@@ -62,7 +84,11 @@ pub struct FetchReport {
     /// Responses by the server that answered (`-` when the response had no
     /// `x-echo-server-name`: the sidecar answered itself).
     pub servers: BTreeMap<String, usize>,
-    /// Requests that got no response (connect, I/O, timeout).
+    /// TCP exchanges whose bytes came back unchanged.
+    #[serde(default)]
+    pub echoed: usize,
+    /// Requests that got no response (connect, I/O, timeout), or TCP
+    /// exchanges that did not echo.
     pub errors: usize,
     /// The first few errors, for the failure message.
     pub error_samples: Vec<String>,
@@ -87,13 +113,15 @@ impl FetchReport {
             .sum()
     }
 
-    fn merge(&mut self, other: FetchReport) {
+    /// Adds `other`'s counts to these.
+    pub fn merge(&mut self, other: FetchReport) {
         for (k, v) in other.statuses {
             *self.statuses.entry(k).or_default() += v;
         }
         for (k, v) in other.servers {
             *self.servers.entry(k).or_default() += v;
         }
+        self.echoed += other.echoed;
         self.errors += other.errors;
         for e in other.error_samples {
             if self.error_samples.len() < 5 {
@@ -118,12 +146,17 @@ pub async fn run(spec: FetchSpec) -> Result<FetchReport, String> {
         let (spec, next) = (spec.clone(), next.clone());
         workers.spawn(async move {
             let mut report = FetchReport::default();
-            let mut conn: Option<hyper::client::conn::http1::SendRequest<Full<Bytes>>> = None;
+            let mut conn: Option<Conn> = None;
+            let mut seq = 0u64;
             while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < spec.count
                 && Instant::now() < deadline
             {
-                match tokio::time::timeout(Duration::from_secs(5), once(&spec, &mut conn)).await {
-                    Ok(Ok(resp)) => {
+                seq += 1;
+                match tokio::time::timeout(Duration::from_secs(5), once(&spec, &mut conn, seq))
+                    .await
+                {
+                    Ok(Ok(None)) => report.echoed += 1,
+                    Ok(Ok(Some(resp))) => {
                         let server = resp
                             .headers()
                             .get(HEADER_SERVER_NAME)
@@ -159,41 +192,111 @@ pub async fn run(spec: FetchSpec) -> Result<FetchReport, String> {
     Ok(total)
 }
 
-/// One request on the worker's connection (opened if needed); the body is
-/// read to the end so the connection can be reused.
-async fn once(
-    spec: &FetchSpec,
-    conn: &mut Option<hyper::client::conn::http1::SendRequest<Full<Bytes>>>,
-) -> Result<Response<()>, String> {
-    if conn.as_ref().is_none_or(|c| c.is_closed()) {
+/// A worker's open connection.
+enum Conn {
+    Http1(hyper::client::conn::http1::SendRequest<Full<Bytes>>),
+    Http2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
+    Tcp(TcpStream),
+}
+
+impl Conn {
+    fn is_closed(&self) -> bool {
+        match self {
+            Conn::Http1(s) => s.is_closed(),
+            Conn::Http2(s) => s.is_closed(),
+            Conn::Tcp(_) => false,
+        }
+    }
+
+    async fn open(spec: &FetchSpec) -> Result<Conn, String> {
         let tcp = TcpStream::connect(spec.target)
             .await
             .map_err(|e| format!("connect {}: {e}", spec.target))?;
         let _ = tcp.set_nodelay(true);
-        let (send, driver) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-            .await
-            .map_err(|e| format!("handshake: {e}"))?;
-        tokio::spawn(driver);
-        *conn = Some(send);
+        Ok(match spec.protocol {
+            FetchProtocol::Tcp => Conn::Tcp(tcp),
+            FetchProtocol::Http1 => {
+                let (send, driver) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+                    .await
+                    .map_err(|e| format!("handshake: {e}"))?;
+                tokio::spawn(driver);
+                Conn::Http1(send)
+            }
+            FetchProtocol::Http2 => {
+                let (send, driver) = hyper::client::conn::http2::handshake(
+                    hyper_util::rt::TokioExecutor::new(),
+                    TokioIo::new(tcp),
+                )
+                .await
+                .map_err(|e| format!("h2 handshake: {e}"))?;
+                tokio::spawn(driver);
+                Conn::Http2(send)
+            }
+        })
     }
-    let send = conn.as_mut().expect("opened above");
-    send.ready().await.map_err(|e| format!("connection: {e}"))?;
-    let mut req = Request::get(&spec.path).header(http::header::HOST, spec.target.to_string());
+}
+
+/// One request (or TCP exchange, `None`) on the worker's connection
+/// (opened if needed); the body is read to the end so the connection can
+/// be reused.
+async fn once(
+    spec: &FetchSpec,
+    conn: &mut Option<Conn>,
+    seq: u64,
+) -> Result<Option<Response<()>>, String> {
+    if conn.as_ref().is_none_or(Conn::is_closed) {
+        *conn = Some(Conn::open(spec).await?);
+    }
+    let mut req = match spec.protocol {
+        // h2 needs the scheme and authority in the URI (:scheme, :authority).
+        FetchProtocol::Http2 => Request::get(format!("http://{}{}", spec.target, spec.path)),
+        _ => Request::get(&spec.path).header(http::header::HOST, spec.target.to_string()),
+    };
     for (k, v) in &spec.headers {
         req = req.header(k.as_str(), v.as_str());
     }
     let req = req
         .body(Full::new(Bytes::new()))
         .map_err(|e| format!("request: {e}"))?;
-    let resp = send
-        .send_request(req)
-        .await
-        .map_err(|e| format!("request: {e}"))?;
+    let resp = match conn.as_mut().expect("opened above") {
+        Conn::Tcp(tcp) => return echo_exchange(tcp, seq).await.map(|()| None),
+        Conn::Http1(send) => {
+            send.ready().await.map_err(|e| format!("connection: {e}"))?;
+            send.send_request(req).await
+        }
+        Conn::Http2(send) => {
+            send.ready().await.map_err(|e| format!("connection: {e}"))?;
+            send.send_request(req).await
+        }
+    }
+    .map_err(|e| format!("request: {e}"))?;
     let (parts, body) = resp.into_parts();
     body.collect()
         .await
         .map_err(|e| format!("response body: {e}"))?;
-    Ok(Response::from_parts(parts, ()))
+    Ok(Some(Response::from_parts(parts, ())))
+}
+
+/// Writes one numbered message and reads it back byte for byte.
+async fn echo_exchange(tcp: &mut TcpStream, seq: u64) -> Result<(), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut msg = format!("\x01baton-fetch {seq} ").into_bytes();
+    msg.resize(TCP_MESSAGE, b'.');
+    tcp.write_all(&msg)
+        .await
+        .map_err(|e| format!("tcp write: {e}"))?;
+    let mut back = vec![0u8; TCP_MESSAGE];
+    tcp.read_exact(&mut back)
+        .await
+        .map_err(|e| format!("tcp read: {e}"))?;
+    if back != msg {
+        return Err(format!(
+            "tcp echo differs: sent {:?}, got {:?}",
+            String::from_utf8_lossy(&msg),
+            String::from_utf8_lossy(&back)
+        ));
+    }
+    Ok(())
 }
 
 /// Serves `POST /fetch` on `listener` until the task is dropped.
@@ -298,6 +401,7 @@ mod tests {
             count: 50,
             concurrency: 4,
             headers: BTreeMap::from([("x-canary".into(), "1".into())]),
+            protocol: FetchProtocol::Http1,
         };
         let r = fetch_via(driver, &spec).await.unwrap();
         assert_eq!(r.status(200), 50);
@@ -314,6 +418,7 @@ mod tests {
             count: 20,
             concurrency: 1,
             headers: BTreeMap::new(),
+            protocol: FetchProtocol::Http1,
         };
         let r = run(spec).await.unwrap();
         // Only this test uses the path: requests 0 and 10 fail.
@@ -332,12 +437,35 @@ mod tests {
             count: 3,
             concurrency: 1,
             headers: BTreeMap::new(),
+            protocol: FetchProtocol::Http1,
         })
         .await
         .unwrap();
         assert_eq!(r.errors, 3);
         assert_eq!(r.responses(), 0);
         assert!(r.error_samples[0].contains("connect"), "{r:?}");
+    }
+
+    #[tokio::test]
+    async fn the_driver_speaks_http2_and_byte_checked_tcp() {
+        let (target, driver) = (echo().await, driver().await);
+        let mut spec = FetchSpec {
+            target,
+            path: "/".into(),
+            count: 30,
+            concurrency: 3,
+            headers: BTreeMap::new(),
+            protocol: FetchProtocol::Http2,
+        };
+        let r = fetch_via(driver, &spec).await.unwrap();
+        assert_eq!((r.status(200), r.errors), (30, 0), "{r:?}");
+
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        spec.target = l.local_addr().unwrap();
+        tokio::spawn(crate::demo::serve_tcp_echo(l));
+        spec.protocol = FetchProtocol::Tcp;
+        let r = fetch_via(driver, &spec).await.unwrap();
+        assert_eq!((r.echoed, r.errors, r.responses()), (30, 0, 0), "{r:?}");
     }
 
     #[tokio::test]
@@ -348,6 +476,7 @@ mod tests {
             count: MAX_COUNT + 1,
             concurrency: 1,
             headers: BTreeMap::new(),
+            protocol: FetchProtocol::Http1,
         };
         assert!(run(spec).await.is_err());
     }

@@ -295,7 +295,7 @@ async fn a_refused_snapshot_is_nacked_and_the_last_good_one_keeps_serving() {
     eventually("the first snapshot", || sc.store.version() == 1).await;
     // The sidecar's TLS layer refuses every change from now on.
     sc.store
-        .set_tls_hook(Arc::new(|_| Err("no certificates here".to_owned())));
+        .set_tls_hook(Arc::new(|_| Err("no certificates here".into())));
     op.hub.update(|ix| ix.apply_route(&split_route()));
     eventually("the NACK", || {
         op.hub.sidecars().iter().any(|s| {

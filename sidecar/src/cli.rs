@@ -275,9 +275,9 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             // layer's hook): parse and compile the settings, without I/O.
             if let Some(section) = &snap.tls {
                 serde_json::from_value::<crate::tls::TlsSettings>(section.clone())
-                    .map_err(|e| e.to_string())
-                    .and_then(|s| s.compile().map(drop).map_err(|e| e.to_string()))
-                    .map_err(crate::config::ConfigError::Tls)?;
+                    .map_err(crate::tls::TlsError::Section)
+                    .and_then(|s| s.compile().map(drop).map_err(crate::tls::TlsError::from))
+                    .map_err(|e| crate::config::ConfigError::Tls(Box::new(e)))?;
             }
             println!("{}: valid (version {})", config.display(), snap.version);
             Ok(())
@@ -336,7 +336,7 @@ fn run_proxy(args: RunArgs) -> Result<(), CliError> {
     // certificate file watcher is a task).
     let tls = runtime
         .block_on(async { crate::tls::MeshTls::from_section(snapshot.tls.as_ref()) })
-        .map_err(ConfigError::Tls)?;
+        .map_err(|e| ConfigError::Tls(Box::new(e)))?;
     // TLS 1.3 traffic secrets for the handoff (KeyUpdate after a move).
     tls.set_key_log(crate::tls_record::secret_capture());
     // In a pod, a slot this process already handed off from stays idle

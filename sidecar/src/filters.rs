@@ -10,7 +10,10 @@
 //! The chains are enums rather than trait objects: the set is closed and
 //! known at compile time, dispatch is a jump table, and adding a filter is
 //! one variant plus one match arm in [`StreamFilter::on_request`] — the core
-//! proxy loop never changes.
+//! proxy loop never changes. Its configuration lands on a route or a
+//! listener, whose classification for the HTTP/1.1 fast path
+//! ([`crate::routing::GeneralPath`]) names every field: the crate does not
+//! compile until the new filter says whether the fast path may skip it.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -191,6 +194,26 @@ impl Rbac {
             rules,
             default_action: p.default_action,
         })
+    }
+
+    /// Pure decision for a whole connection whose bytes are not HTTP (TCP
+    /// inside mesh TLS): rules with methods or path prefixes cannot be
+    /// decided without a request and never match; the rest as
+    /// [`Rbac::evaluate`].
+    pub fn evaluate_connection(&self, identity: Option<&str>, ip: IpAddr) -> RbacAction {
+        for r in &self.rules {
+            if !r.methods.is_empty() || !r.path_prefixes.is_empty() {
+                continue;
+            }
+            let id_ok = r.identities.is_empty()
+                || identity
+                    .is_some_and(|id| r.identities.iter().any(|want| want == "*" || want == id));
+            let ip_ok = r.cidrs.is_empty() || r.cidrs.iter().any(|c| c.contains(ip));
+            if id_ok && ip_ok {
+                return r.action;
+            }
+        }
+        self.default_action
     }
 
     /// Pure decision for one request.
@@ -398,6 +421,38 @@ mod tests {
                 &Method::GET,
                 "/x"
             ),
+            RbacAction::Deny
+        );
+    }
+
+    #[test]
+    fn rbac_for_a_whole_connection_skips_rules_that_need_a_request() {
+        let p = RbacPolicy {
+            name: "p".into(),
+            rules: vec![
+                RbacRule {
+                    methods: vec!["GET".into()],
+                    ..rule(RbacAction::Allow)
+                },
+                RbacRule {
+                    identities: vec!["spiffe://td/ns/a/sa/web".into()],
+                    ..rule(RbacAction::Allow)
+                },
+            ],
+            default_action: RbacAction::Deny,
+        };
+        let r = Rbac::compile(&p).unwrap();
+        assert_eq!(
+            r.evaluate_connection(Some("spiffe://td/ns/a/sa/web"), ip("10.0.0.1")),
+            RbacAction::Allow
+        );
+        assert_eq!(
+            r.evaluate_connection(Some("spiffe://td/ns/b/sa/x"), ip("10.0.0.1")),
+            RbacAction::Deny,
+            "the GET rule matches every request of any peer, but no connection"
+        );
+        assert_eq!(
+            r.evaluate_connection(None, ip("10.0.0.1")),
             RbacAction::Deny
         );
     }

@@ -19,8 +19,9 @@
 //! Every head is first checked by [`crate::h1valid::validate`] (the same
 //! check the hyper path runs on the raw bytes) and refused there if invalid.
 //! Anything else — a `Transfer-Encoding` request body, `Expect`, an
-//! upgrade, HTTP/1.0, an absolute-form target, a body larger than [`MAX_BODY`], a route with
-//! filters or rewrites, RBAC on the listener, a malformed head — is handed,
+//! upgrade, HTTP/1.0, an absolute-form target, a body larger than [`MAX_BODY`], a route or
+//! listener whose filters need the general path (decided once when the
+//! snapshot compiles: [`crate::routing::GeneralPath`]), a malformed head — is handed,
 //! with every byte read so far, to the hyper path for the rest of the
 //! connection, which applies all of its checks (including the smuggling
 //! guard). A handoff parks the connection between two requests, like the
@@ -298,10 +299,9 @@ fn plan(head: &[u8], meta: &ConnMeta, shared: &Shared) -> Result<Plan, Fallback>
         .config
         .listener(&meta.listener)
         .ok_or(Fallback::Route)?;
-    if listener.rbac.is_some()
-        || listener.config.access_log
-        || listener.routes.iter().any(|r| !r.headers.is_empty())
-    {
+    // Decided when the snapshot compiled (`GeneralPath`), never here: one
+    // list of what the fast path may skip, next to the types it classifies.
+    if listener.general_path.is_some() {
         return Err(Fallback::Route);
     }
     let (hostname, host_port) = split_host_port(host);
@@ -319,12 +319,7 @@ fn plan(head: &[u8], meta: &ConnMeta, shared: &Shared) -> Result<Plan, Fallback>
     };
     let (route, cluster) = match match_route(&listener.routes, &view) {
         Some(r) => {
-            if r.retry.is_some()
-                || r.fault.is_some()
-                || r.mirror.is_some()
-                || !r.request_headers.is_empty()
-                || !r.response_headers.is_empty()
-            {
+            if r.general_path.is_some() {
                 return Err(Fallback::Route);
             }
             (Some(r.clone()), r.pick_backend(crate::filters::fast_rand()))

@@ -432,13 +432,34 @@ async fn serve_tcp<I: ParkableIo>(
     let Some(l) = active.config.listener(&meta.listener) else {
         return;
     };
+    // An allow-list on this listener also governs connections that are
+    // not HTTP: decided once, by the peer's identity and address.
+    if let Some(rbac) = &l.rbac
+        && rbac.evaluate_connection(meta.peer_identity.as_deref(), meta.peer.ip())
+            == crate::config::RbacAction::Deny
+    {
+        shared.metrics.local_response("rbac_denied");
+        tracing::info!(conn = meta.id, listener = %meta.listener, peer = %meta.peer,
+            identity = meta.peer_identity.as_deref().unwrap_or("-"), "tcp connection denied by rbac policy");
+        return;
+    }
     let port = meta.dst_port();
+    // No fixed cluster: a connection to a Service (its ClusterIP and port,
+    // as a route names them) goes to that Service's cluster, so it gets the
+    // cluster's mTLS and endpoints; anything else passes through.
+    let by_route = meta.original_dst.and_then(|dst| {
+        crate::routing::connection_cluster(&l.routes, dst, crate::filters::fast_rand())
+    });
     let target = match (
-        l.port_map.get(&port).or(l.tcp_cluster.as_ref()),
+        l.port_map
+            .get(&port)
+            .or(l.tcp_cluster.as_ref())
+            .copied()
+            .or(by_route),
         meta.original_dst,
     ) {
         (Some(c), _) => {
-            let cluster = active.upstreams.clusters[*c].clone();
+            let cluster = active.upstreams.clusters[c].clone();
             cluster
                 .pick()
                 .map(|ep| (ep.endpoint().addr, Some((ep, cluster))))

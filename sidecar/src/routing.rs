@@ -229,6 +229,28 @@ pub struct CompiledRoute {
     pub response_headers: HeaderRewriter,
     /// Metric handles, resolved on first use.
     pub metrics: std::sync::OnceLock<crate::metrics::RouteMetrics>,
+    /// Why this route's requests need the general (hyper) path; `None`
+    /// when the HTTP/1.1 fast path may serve them. Set once at compile
+    /// time from [`CompiledRoute::needs_general_path`].
+    pub general_path: Option<GeneralPath>,
+}
+
+/// Why requests take the general HTTP path instead of the HTTP/1.1 fast
+/// path. Decided once per route and per listener when a snapshot compiles
+/// (never per request), by functions that name every field of what they
+/// classify: a filter added to a route or a listener does not compile
+/// until it says whether the fast path may skip it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GeneralPath {
+    Retry,
+    Fault,
+    Mirror,
+    HeaderRewrite,
+    /// A route on the listener matches on request headers, which the fast
+    /// path does not collect.
+    HeaderMatch,
+    Rbac,
+    AccessLog,
 }
 
 /// The parts of a request routing looks at, borrowed (no copies).
@@ -246,6 +268,45 @@ pub struct RequestView<'a> {
 }
 
 impl CompiledRoute {
+    /// What of this route needs the general path, if anything. Every field
+    /// is named: a new one must be classified here.
+    pub fn needs_general_path(&self) -> Option<GeneralPath> {
+        let CompiledRoute {
+            // Matching the fast path does itself (with an empty header map).
+            name: _,
+            hosts: _,
+            ports: _,
+            path: _,
+            methods: _,
+            query: _,
+            // Classified per listener (`GeneralPath::HeaderMatch`): a header
+            // condition on any route changes which route a request matches.
+            headers: _,
+            // Backend choice, timeout and metrics: the fast path does these.
+            backends: _,
+            total_weight: _,
+            timeout: _,
+            metrics: _,
+            general_path: _,
+            retry,
+            fault,
+            mirror,
+            request_headers,
+            response_headers,
+        } = self;
+        if retry.is_some() {
+            Some(GeneralPath::Retry)
+        } else if fault.is_some() {
+            Some(GeneralPath::Fault)
+        } else if mirror.is_some() {
+            Some(GeneralPath::Mirror)
+        } else if !request_headers.is_empty() || !response_headers.is_empty() {
+            Some(GeneralPath::HeaderRewrite)
+        } else {
+            None
+        }
+    }
+
     /// True when every condition of the route holds for `req`.
     pub fn matches(&self, req: &RequestView<'_>) -> bool {
         (self.hosts.is_empty() || self.hosts.iter().any(|h| h.matches(req.host)))
@@ -257,6 +318,19 @@ impl CompiledRoute {
                 .iter()
                 .all(|c| header_condition(c, req.headers))
             && self.query.iter().all(|c| query_condition(c, req.query))
+    }
+
+    /// True when the route applies to a whole TCP connection to `ip`
+    /// (textual) and `port`: its hosts name the destination IP (a Service's
+    /// ClusterIP), its ports include the destination port, and it has no
+    /// per-request condition.
+    pub fn matches_connection(&self, ip: &str, port: u16) -> bool {
+        self.hosts.iter().any(|h| h.matches(ip))
+            && (self.ports.is_empty() || self.ports.contains(&port))
+            && self.path.is_none()
+            && self.methods.is_empty()
+            && self.headers.is_empty()
+            && self.query.is_empty()
     }
 
     /// Pick a backend cluster index for a uniformly random `draw`.
@@ -296,6 +370,22 @@ pub fn match_route<'t>(
     req: &RequestView<'_>,
 ) -> Option<&'t Arc<CompiledRoute>> {
     routes.iter().find(|r| r.matches(req))
+}
+
+/// The cluster a raw TCP connection to `dst` goes to: the backend of the
+/// first route that applies to the whole connection
+/// ([`CompiledRoute::matches_connection`]).
+pub fn connection_cluster(
+    routes: &[Arc<CompiledRoute>],
+    dst: std::net::SocketAddr,
+    draw: u32,
+) -> Option<usize> {
+    // Formatted once per connection, not once per route.
+    let ip = dst.ip().to_string();
+    routes
+        .iter()
+        .find(|r| r.matches_connection(&ip, dst.port()))
+        .map(|r| r.pick_backend(draw))
 }
 
 /// Split an authority into host and optional port (`[v6]:port` aware).
@@ -354,6 +444,22 @@ clusters: [{name: a, endpoints: ['127.0.0.1:1']}, {name: b, endpoints: ['127.0.0
 
     fn route_name(routes: &[Arc<CompiledRoute>], view: RequestView<'_>) -> Option<String> {
         match_route(routes, &view).map(|r| r.name.to_string())
+    }
+
+    #[test]
+    fn a_tcp_connection_takes_the_cluster_of_the_route_naming_its_destination() {
+        let t = table(&format!(
+            "{BASE}routes: [
+              {{name: canary, match: {{hosts: ['10.96.0.9'], ports: [80], headers: [{{name: x, exact: '1'}}]}}, backends: [{{cluster: b}}]}},
+              {{name: svc, match: {{hosts: ['svc', '10.96.0.9'], ports: [80]}}, backends: [{{cluster: a}}]}},
+              {{name: other, match: {{hosts: ['10.96.0.8']}}, backends: [{{cluster: b}}]}}]"
+        ));
+        let dst = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
+        // The header rule needs a request; the plain Service route applies.
+        assert_eq!(connection_cluster(&t, dst("10.96.0.9:80"), 0), Some(0));
+        assert_eq!(connection_cluster(&t, dst("10.96.0.9:81"), 0), None);
+        assert_eq!(connection_cluster(&t, dst("10.96.0.8:5432"), 0), Some(1));
+        assert_eq!(connection_cluster(&t, dst("10.1.0.1:80"), 0), None);
     }
 
     #[test]

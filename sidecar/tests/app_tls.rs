@@ -110,11 +110,18 @@ impl Drop for Sidecar {
 /// identity (so a 200 proves the mesh client's identity was seen), raw TCP
 /// (and TLS passed through) to the TLS application.
 async fn sidecar(pki: &Pki, mode: &str, app: SocketAddr) -> Sidecar {
+    sidecar_with(pki, mode, app, true).await
+}
+
+/// [`sidecar`], with or without the identity allow-list (`rbac`), which
+/// applies to every connection, TLS passed through included.
+async fn sidecar_with(pki: &Pki, mode: &str, app: SocketAddr, rbac: bool) -> Sidecar {
+    let rbac = if rbac { " rbac: frontend-only," } else { "" };
     let dir = tempfile::tempdir().unwrap();
     let source = write_backend_pki(pki, dir.path());
     let (web, web_task) = web().await;
     let text = format!(
-        "listeners: [{{name: in, address: '127.0.0.1:0', direction: inbound, tcp_cluster: app, rbac: frontend-only, detect_timeout_ms: 300}}]
+        "listeners: [{{name: in, address: '127.0.0.1:0', direction: inbound, tcp_cluster: app,{rbac} detect_timeout_ms: 300}}]
 clusters: [{{name: app, endpoints: ['{app}']}}, {{name: web, endpoints: ['{web}']}}]
 routes: [{{name: r, backends: [{{cluster: web}}]}}]
 policies:
@@ -200,8 +207,24 @@ async fn permissive_terminates_mesh_tls_and_passes_the_applications_own_tls_thro
     let resp = get(&mut plain).await;
     assert!(resp.starts_with("HTTP/1.1 403"), "{resp}");
 
-    // A client outside the mesh speaks TLS to the application itself, with
-    // SNI and without (an IP address: rustls sends none).
+    // The allow-list admits only `frontend`, whatever the connection
+    // carries: the application's own TLS (no mesh identity) is closed too.
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let refused = app_client(&app)
+        .connect(ServerName::try_from("app.test").unwrap(), tcp)
+        .await;
+    assert!(
+        refused.is_err(),
+        "the allow-list let unidentified TLS through"
+    );
+    drop(sc);
+
+    // Without an allow-list, a client outside the mesh speaks TLS to the
+    // application itself, with SNI and without (an IP address: rustls sends
+    // none).
+    let sc = sidecar_with(&pki, "Permissive", app.addr, false).await;
+    let addr = sc.running.addr("in").unwrap();
+    assert_mesh_client_served(&pki, addr).await;
     for name in ["app.test", "127.0.0.1"] {
         let tcp = TcpStream::connect(addr).await.unwrap();
         let mut s = app_client(&app)

@@ -23,8 +23,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use baton_config::{
-    ClusterConfig, ClusterMtls, FaultAbort, FaultConfig, FaultDelay, HeaderRewrite, MatchConfig,
-    MirrorConfig, OUTBOUND_LISTENER, PathMatch, RetryConfig, RouteConfig, Snapshot, ValueMatch,
+    ClusterConfig, ClusterMtls, FaultAbort, FaultConfig, FaultDelay, HeaderRewrite,
+    INBOUND_LISTENER, MatchConfig, MirrorConfig, OUTBOUND_LISTENER, PathMatch, RbacAction,
+    RbacPolicy, RbacRule, RetryConfig, RouteConfig, Snapshot, UpstreamProtocol, ValueMatch,
     WeightedBackend,
 };
 use baton_crds::Validate;
@@ -33,7 +34,9 @@ use baton_crds::route::{
     HeaderModifier, HttpMethod, PathMatchType, RouteMatch, RouteProtocol, RouteRule,
     StringMatchType,
 };
-use baton_crds::tls_policy::{CertificateSourceKind, MtlsMode, OffloadMode, TlsVersion};
+use baton_crds::tls_policy::{
+    CertificateSourceKind, MtlsMode, OffloadMode, TlsVersion, client_identity,
+};
 use baton_crds::{Route, TlsPolicy};
 
 use super::index::{Index, ObjKey, ServiceInfo, creation};
@@ -313,11 +316,65 @@ pub fn compile(
             policy.map(|(_, p)| p),
         ))
     });
+    if let Some((key, p)) = policy {
+        allow_clients(&mut snapshot, params, key, p);
+    }
     Ok(WorkloadConfig {
         snapshot,
         routes: out.programmed,
         tls_policy: policy.map(|(k, _)| k.clone()),
     })
+}
+
+/// A policy's `mtls.allowedClients` as the inbound listener's RBAC: allow
+/// those identities, deny everything else. Compiled even without an
+/// identity source (no client then has an identity: all are refused), so an
+/// allow-list never fails open.
+fn allow_clients(snapshot: &mut Snapshot, params: &MeshParams, key: &ObjKey, policy: &TlsPolicy) {
+    let allowed = &policy.spec.mtls.allowed_clients;
+    if allowed.is_empty() {
+        return;
+    }
+    let name = format!("tlspolicy:{key}");
+    let identities = allowed
+        .iter()
+        // Entries were validated before the policy was selected.
+        .filter_map(|e| client_identity(e, &params.trust_domain).ok())
+        .collect();
+    snapshot.policies.rbac.push(RbacPolicy {
+        name: name.clone(),
+        rules: vec![RbacRule {
+            action: RbacAction::Allow,
+            identities,
+            cidrs: Vec::new(),
+            methods: Vec::new(),
+            path_prefixes: Vec::new(),
+        }],
+        default_action: RbacAction::Deny,
+    });
+    for l in snapshot
+        .listeners
+        .iter_mut()
+        .filter(|l| l.name == INBOUND_LISTENER)
+    {
+        l.rbac = Some(name.clone());
+    }
+}
+
+/// How a cluster speaks HTTP to its endpoints: HTTP/2 when the Service
+/// port's name says so (Istio's convention: `http2`, `grpc`, `h2c`, alone or
+/// as a `-` prefix), else HTTP/1.1.
+fn upstream_protocol(port_name: Option<&str>) -> UpstreamProtocol {
+    let h2 = port_name.is_some_and(|n| {
+        ["http2", "grpc", "h2c"]
+            .iter()
+            .any(|p| n == *p || n.strip_prefix(p).is_some_and(|rest| rest.starts_with('-')))
+    });
+    if h2 {
+        UpstreamProtocol::Http2
+    } else {
+        UpstreamProtocol::Http1
+    }
 }
 
 /// The sidecar's `tls` section (its TLS layer's `TlsSettings` shape).
@@ -441,6 +498,7 @@ impl Outbound<'_> {
             cluster.clone(),
             ClusterConfig {
                 mtls,
+                protocol: upstream_protocol(port_name.as_deref()),
                 ..ClusterConfig::new(cluster.clone(), endpoints)
             },
         );

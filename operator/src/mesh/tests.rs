@@ -1126,3 +1126,102 @@ mod push_kind {
         );
     }
 }
+
+// ------------------------------------------------------------ authorization
+
+#[test]
+fn allowed_clients_become_the_inbound_listeners_allow_list() {
+    let mut ix = shop();
+    let mut p = server_policy("Strict");
+    p.spec.mtls.allowed_clients = vec![
+        "shop/client".into(),
+        "spiffe://cluster.local/ns/ops/sa/prober".into(),
+    ];
+    ix.apply_tls_policy(&p);
+    let s = compiled(&ix, &server_v1()).snapshot;
+    let inbound = s
+        .listeners
+        .iter()
+        .find(|l| l.name == baton_config::INBOUND_LISTENER)
+        .expect("an inbound listener");
+    assert_eq!(inbound.rbac.as_deref(), Some("tlspolicy:shop/server"));
+    assert_eq!(
+        serde_json::to_value(&s.policies.rbac).unwrap(),
+        json!([{
+            "name": "tlspolicy:shop/server",
+            "rules": [{"action": "allow", "identities": [
+                "spiffe://cluster.local/ns/shop/sa/client",
+                "spiffe://cluster.local/ns/ops/sa/prober"]}],
+            "default_action": "deny"
+        }])
+    );
+    // The outbound side and other Pods are untouched.
+    let outbound = s
+        .listeners
+        .iter()
+        .find(|l| l.name == baton_config::OUTBOUND_LISTENER)
+        .unwrap();
+    assert_eq!(outbound.rbac, None);
+    let c = compiled(&ix, &client()).snapshot;
+    assert!(c.policies.rbac.is_empty());
+    assert!(c.listeners.iter().all(|l| l.rbac.is_none()));
+}
+
+#[test]
+fn without_allowed_clients_no_rbac_is_compiled() {
+    let mut ix = shop();
+    ix.apply_tls_policy(&server_policy("Strict"));
+    let s = compiled(&ix, &server_v1()).snapshot;
+    assert!(s.policies.rbac.is_empty());
+    assert!(s.listeners.iter().all(|l| l.rbac.is_none()));
+}
+
+#[test]
+fn allowed_clients_without_an_identity_source_refuse_everyone() {
+    let mut ix = shop();
+    let mut p = server_policy("Strict");
+    p.spec.mtls.allowed_clients = vec!["shop/client".into()];
+    ix.apply_tls_policy(&p);
+    let no_ca = MeshParams {
+        identity: None,
+        ..params()
+    };
+    let s = compiled_with(&ix, &no_ca, &server_v1()).snapshot;
+    assert_eq!(s.tls, None);
+    assert_eq!(s.policies.rbac.len(), 1, "an allow-list never fails open");
+}
+
+#[test]
+fn invalid_allowed_clients_refuse_the_policy() {
+    let mut p = server_policy("Strict");
+    p.spec.mtls.allowed_clients = vec!["client".into()];
+    let r = tls_policy_refusal(&p).expect("refused");
+    assert_eq!(r.reason, "Invalid");
+    assert!(r.message.contains("allowedClients[0]"), "{}", r.message);
+    let mut ix = shop();
+    ix.apply_tls_policy(&p);
+    let out = compiled(&ix, &server_v1());
+    assert_eq!(out.tls_policy, None);
+    assert!(out.snapshot.policies.rbac.is_empty());
+}
+
+#[test]
+fn service_ports_named_for_http2_get_http2_clusters() {
+    for (name, want) in [
+        ("http2", baton_config::UpstreamProtocol::Http2),
+        ("grpc-api", baton_config::UpstreamProtocol::Http2),
+        ("h2c", baton_config::UpstreamProtocol::Http2),
+        ("http", baton_config::UpstreamProtocol::Http1),
+        ("grpcweb", baton_config::UpstreamProtocol::Http1),
+        ("", baton_config::UpstreamProtocol::Http1),
+    ] {
+        let mut ix = shop();
+        ix.apply_service(&service("h2", "10.96.0.30", &[(name, 90)]));
+        let s = compiled(&ix, &client()).snapshot;
+        assert_eq!(
+            cluster(&s, "shop/h2:90").protocol,
+            want,
+            "port name {name:?}"
+        );
+    }
+}

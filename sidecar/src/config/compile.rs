@@ -15,9 +15,12 @@ use super::{
 };
 use crate::filters::{Cidr, Rbac};
 use crate::routing::{
-    CompiledRoute, HeaderCondition, HeaderRewriter, HostMatch, PathMatcher, QueryCondition,
-    RetryPolicy, ValueMatcher,
+    CompiledRoute, GeneralPath, HeaderCondition, HeaderRewriter, HostMatch, PathMatcher,
+    QueryCondition, RetryPolicy, ValueMatcher,
 };
+
+/// The TLS layer's reason for refusing a `tls` section.
+pub type TlsRefusal = Box<dyn std::error::Error + Send + Sync>;
 
 /// Why a snapshot was refused.
 #[derive(Debug, thiserror::Error)]
@@ -27,9 +30,11 @@ pub enum ConfigError {
     /// Every problem found, each prefixed with the field path.
     #[error("invalid config: {}", .0.join("; "))]
     Invalid(Vec<String>),
-    /// The TLS layer refused the `tls` section.
+    /// The TLS layer refused the `tls` section. Boxed because that error
+    /// type belongs to the TLS layer, above this module (`crate::tls::TlsError`
+    /// in the binary; callers may downcast).
     #[error("invalid tls section: {0}")]
-    Tls(String),
+    Tls(#[source] TlsRefusal),
     #[error("cannot read config file {path}: {source}")]
     Io {
         path: String,
@@ -58,9 +63,48 @@ pub struct CompiledListener {
     /// Destination port → cluster index.
     pub port_map: HashMap<u16, usize>,
     pub tcp_cluster: Option<usize>,
+    /// Why every HTTP request on this listener takes the general path;
+    /// `None` when the fast path may serve them (each route then decides
+    /// for its own requests: [`CompiledRoute::general_path`]).
+    pub general_path: Option<GeneralPath>,
 }
 
 impl CompiledListener {
+    /// What of the listener needs the general path for every request.
+    /// Every field of the listener's config is named: a new one must be
+    /// classified here.
+    fn needs_general_path(
+        config: &ListenerConfig,
+        rbac: Option<&Rbac>,
+        routes: &[Arc<CompiledRoute>],
+    ) -> Option<GeneralPath> {
+        let ListenerConfig {
+            // Connection-level: decided before any HTTP handling.
+            name: _,
+            address: _,
+            direction: _,
+            capture: _,
+            protocol: _,
+            opaque_ports: _,
+            detect_timeout_ms: _,
+            tcp_cluster: _,
+            port_map: _,
+            passthrough: _,
+            max_connections: _,
+            rbac: _,
+            access_log,
+        } = config;
+        if rbac.is_some() {
+            Some(GeneralPath::Rbac)
+        } else if *access_log {
+            Some(GeneralPath::AccessLog)
+        } else if routes.iter().any(|r| !r.headers.is_empty()) {
+            Some(GeneralPath::HeaderMatch)
+        } else {
+            None
+        }
+    }
+
     /// Whether connections to `dst_port` must skip protocol detection.
     pub fn is_opaque(&self, dst_port: u16) -> bool {
         self.config.protocol == ListenerProtocol::Tcp
@@ -390,27 +434,27 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
             &r.response_headers,
         );
 
-        routes.push((
-            r.listeners.clone(),
-            Arc::new(CompiledRoute {
-                name: Arc::from(r.name.as_str()),
-                hosts,
-                ports: m.ports.clone(),
-                path,
-                methods,
-                headers,
-                query,
-                backends,
-                total_weight: total.min(u64::from(u32::MAX)) as u32,
-                timeout: r.timeout_ms.map(Duration::from_millis),
-                retry: r.retry.as_ref().map(RetryPolicy::new),
-                fault: r.fault.clone(),
-                mirror,
-                request_headers,
-                response_headers,
-                metrics: Default::default(),
-            }),
-        ));
+        let mut route = CompiledRoute {
+            name: Arc::from(r.name.as_str()),
+            hosts,
+            ports: m.ports.clone(),
+            path,
+            methods,
+            headers,
+            query,
+            backends,
+            total_weight: total.min(u64::from(u32::MAX)) as u32,
+            timeout: r.timeout_ms.map(Duration::from_millis),
+            retry: r.retry.as_ref().map(RetryPolicy::new),
+            fault: r.fault.clone(),
+            mirror,
+            request_headers,
+            response_headers,
+            metrics: Default::default(),
+            general_path: None,
+        };
+        route.general_path = route.needs_general_path();
+        routes.push((r.listeners.clone(), Arc::new(route)));
     }
 
     // The TLS settings as far as listeners depend on them (the TLS layer
@@ -524,17 +568,19 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
             }
             r
         });
-        let routes = routes
+        let routes: Vec<Arc<CompiledRoute>> = routes
             .iter()
             .filter(|(only, _)| only.is_empty() || only.iter().any(|n| n == &l.name))
             .map(|(_, r)| r.clone())
             .collect();
+        let general_path = CompiledListener::needs_general_path(l, rbac.as_deref(), &routes);
         listeners.push(CompiledListener {
             config: l.clone(),
             routes,
             rbac,
             port_map,
             tcp_cluster,
+            general_path,
         });
     }
 
@@ -618,6 +664,53 @@ mod tests {
     fn the_example_config_is_valid() {
         let snap = parse(include_str!("../../../examples/standalone.yaml")).unwrap();
         compile(&snap).unwrap();
+    }
+
+    #[test]
+    fn the_general_path_is_decided_once_per_route_and_listener() {
+        let yaml = "clusters: [{name: a, endpoints: ['127.0.0.1:1']}, {name: b, endpoints: ['127.0.0.1:2']}]
+listeners:
+- {name: plain, address: '127.0.0.1:0'}
+- {name: logged, address: '127.0.0.1:0', access_log: true}
+- {name: guarded, address: '127.0.0.1:0', rbac: nobody}
+- {name: by-header, address: '127.0.0.1:0'}
+routes:
+- {name: simple, listeners: [plain, logged, guarded], match: {path: {prefix: /s}, methods: [GET]}, backends: [{cluster: a, weight: 9}, {cluster: b, weight: 1}], timeout_ms: 50}
+- {name: retried, listeners: [plain], backends: [{cluster: a}], retry: {attempts: 2}}
+- {name: faulty, listeners: [plain], backends: [{cluster: a}], fault: {abort: {percent: 1, status: 503}}}
+- {name: mirrored, listeners: [plain], backends: [{cluster: a}], mirror: {cluster: b}}
+- {name: rewritten, listeners: [plain], backends: [{cluster: a}], response_headers: {remove: [server]}}
+- {name: canary, listeners: [by-header], match: {headers: [{name: x-canary, exact: 'yes'}]}, backends: [{cluster: b}]}
+policies:
+  rbac:
+  - {name: nobody, rules: [], default_action: deny}
+";
+        let c = compile(&parse(yaml).unwrap()).unwrap();
+        let route = |l: &str, r: &str| {
+            c.listener(l)
+                .unwrap()
+                .routes
+                .iter()
+                .find(|x| &*x.name == r)
+                .unwrap()
+                .general_path
+        };
+        assert_eq!(route("plain", "simple"), None);
+        assert_eq!(route("plain", "retried"), Some(GeneralPath::Retry));
+        assert_eq!(route("plain", "faulty"), Some(GeneralPath::Fault));
+        assert_eq!(route("plain", "mirrored"), Some(GeneralPath::Mirror));
+        assert_eq!(
+            route("plain", "rewritten"),
+            Some(GeneralPath::HeaderRewrite)
+        );
+        let listener = |l: &str| c.listener(l).unwrap().general_path;
+        assert_eq!(listener("plain"), None);
+        assert_eq!(listener("logged"), Some(GeneralPath::AccessLog));
+        assert_eq!(listener("guarded"), Some(GeneralPath::Rbac));
+        // A header condition decides between routes, so the whole listener
+        // goes to the general path (the route itself needs nothing).
+        assert_eq!(listener("by-header"), Some(GeneralPath::HeaderMatch));
+        assert_eq!(route("by-header", "canary"), None);
     }
 
     #[test]

@@ -14,4 +14,4 @@ pub mod compile;
 pub mod store;
 
 pub use baton_config::*;
-pub use compile::{CompiledConfig, ConfigError, compile};
+pub use compile::{CompiledConfig, ConfigError, TlsRefusal, compile};

@@ -14,7 +14,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
-use super::{CompiledConfig, ConfigError, Snapshot, TlsSection, compile, yaml};
+use super::{CompiledConfig, ConfigError, Snapshot, TlsRefusal, TlsSection, compile, yaml};
 use crate::metrics::Metrics;
 use crate::upstream::{Originator, UpstreamDeps, Upstreams};
 
@@ -28,7 +28,7 @@ pub struct Active {
 /// Called with the `tls` section of a validated snapshot before it is
 /// swapped in; an `Err` refuses the whole snapshot. The TLS layer installs
 /// one with [`ConfigStore::set_tls_hook`] to validate and stage its state.
-pub type TlsHook = Arc<dyn Fn(Option<&TlsSection>) -> Result<(), String> + Send + Sync>;
+pub type TlsHook = Arc<dyn Fn(Option<&TlsSection>) -> Result<(), TlsRefusal> + Send + Sync>;
 
 pub struct ConfigStore {
     current: ArcSwap<Active>,

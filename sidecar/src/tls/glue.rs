@@ -90,7 +90,7 @@ impl MeshTls {
     }
 
     /// Builds from the initial snapshot's `tls` section (process metrics).
-    pub fn from_section(section: Option<&serde_json::Value>) -> Result<Arc<Self>, String> {
+    pub fn from_section(section: Option<&serde_json::Value>) -> Result<Arc<Self>, TlsError> {
         let tls = MeshTls::new(TlsMetrics::global());
         tls.apply(section)?;
         Ok(tls)
@@ -112,13 +112,13 @@ impl MeshTls {
 
     /// Validates `section` and, if the settings changed, builds and swaps a
     /// new context. On error nothing changes.
-    pub fn apply(self: &Arc<Self>, section: Option<&serde_json::Value>) -> Result<(), String> {
+    pub fn apply(self: &Arc<Self>, section: Option<&serde_json::Value>) -> Result<(), TlsError> {
         let settings: Option<TlsSettings> = match section {
             None => None,
-            Some(v) => Some(serde_json::from_value(v.clone()).map_err(|e| e.to_string())?),
+            Some(v) => Some(serde_json::from_value(v.clone()).map_err(TlsError::Section)?),
         };
         if let Some(s) = &settings {
-            s.compile().map_err(|e| e.to_string())?;
+            s.compile()?;
         }
         let mut applied = self.applied.lock().unwrap_or_else(|p| p.into_inner());
         // Failed applies never update `applied`, so equal settings mean the
@@ -146,8 +146,7 @@ impl MeshTls {
                 };
             }
             (Some(CertSource::Files { .. }), _) => {
-                let ctx =
-                    TlsContext::from_files(&s, self.metrics.clone()).map_err(|e| e.to_string())?;
+                let ctx = TlsContext::from_files(&s, self.metrics.clone())?;
                 let watcher = runtime.as_ref().and_then(|rt| {
                     let _guard = rt.enter();
                     ctx.watch_files()
@@ -162,7 +161,7 @@ impl MeshTls {
             }
             (Some(CertSource::IdentityService { .. }), _) => {
                 let Some(rt) = runtime else {
-                    return Err("the identity_service source needs a running tokio runtime".into());
+                    return Err(TlsError::NoRuntime);
                 };
                 let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
                 *self.pending.lock().unwrap_or_else(|p| p.into_inner()) =
@@ -218,7 +217,7 @@ impl MeshTls {
                     renewal_stop: Some(stop_tx),
                 };
             }
-            (None, mode) => return Err(format!("mode {mode:?} needs a certificate source")),
+            (None, mode) => return Err(TlsError::NoSource(mode)),
         }
         self.mode
             .store(mode_code(s.mode), std::sync::atomic::Ordering::Release);
@@ -324,7 +323,7 @@ impl MeshTls {
         running
             .shared
             .store
-            .set_tls_hook(Arc::new(move |section| me.apply(section)));
+            .set_tls_hook(Arc::new(move |section| Ok(me.apply(section)?)));
         let me = self.clone();
         running
             .admin

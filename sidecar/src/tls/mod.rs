@@ -64,8 +64,14 @@ pub use stream::TlsStream;
 /// data plane can log the chain; `metric_label` gives a bounded label.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
+    #[error("cannot read the tls section: {0}")]
+    Section(#[source] serde_json::Error),
     #[error("invalid TLS settings: {0}")]
     Settings(#[from] settings::SettingsError),
+    #[error("the identity_service source needs a running tokio runtime")]
+    NoRuntime,
+    #[error("mode {0:?} needs a certificate source")]
+    NoSource(settings::TlsMode),
     #[error("certificate material: {0}")]
     Material(#[from] material::MaterialError),
     #[error("private-key offload: {0}")]
@@ -92,7 +98,8 @@ impl TlsError {
     /// Bounded label for metrics (`error` label values).
     pub fn metric_label(&self) -> &'static str {
         match self {
-            TlsError::Settings(_) => "settings",
+            TlsError::Section(_) | TlsError::Settings(_) | TlsError::NoSource(_) => "settings",
+            TlsError::NoRuntime => "runtime",
             TlsError::Material(_) => "material",
             TlsError::Offload(_) => "offload",
             TlsError::Rustls(_) => "rustls",
