@@ -349,6 +349,7 @@ fn no_role_uses_wildcards_or_reads_secrets_cluster_wide() {
         ("Role", "baton-operator-leader-election"),
         ("Role", "baton-webhook-ca"),
         ("Role", "baton-operator-identity-ca"),
+        ("Role", "baton-operator-push-tally"),
     ] {
         for r in rules_of(kind, name) {
             let all = r
@@ -470,6 +471,30 @@ fn the_operator_reviews_tokens_and_reads_only_its_own_identity_ca_secret() {
     for verb in ["update", "patch", "list", "watch", "delete"] {
         assert!(grants(&role, "", "secrets", verb).is_empty(), "{verb}");
     }
+}
+
+#[test]
+fn the_leader_lists_push_tallies_in_its_own_namespace_only() {
+    let role = rules_of("Role", "baton-operator-push-tally");
+    assert_eq!(grants(&role, "", "configmaps", "list"), vec![None]);
+    for verb in ["get", "watch", "delete", "update"] {
+        assert!(grants(&role, "", "configmaps", verb).is_empty(), "{verb}");
+    }
+    let cr = rules_of("ClusterRole", "baton-operator");
+    assert!(grants(&cr, "", "configmaps", "list").is_empty());
+    let env: Vec<String> = deployment("baton-operator")
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .containers[0]
+        .env
+        .iter()
+        .flatten()
+        .map(|e| e.name.clone())
+        .collect();
+    assert!(env.iter().any(|e| e == "BATON_POD_UID"), "{env:?}");
 }
 
 fn deployment(name: &str) -> Deployment {

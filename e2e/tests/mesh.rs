@@ -22,7 +22,7 @@ use baton_e2e::install::{self as baton};
 use baton_e2e::rollout::ReleaseGuard;
 use baton_e2e::{Check, kubectl_ok, pods, wait, wait_for, with_temp_ns_labelled};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
@@ -175,6 +175,35 @@ async fn scene(client: Client, ns: String, scope: &str) -> Scene {
         ns,
         _release: guard,
     }
+}
+
+/// Programmed counts the sidecars on both operator replicas (each publishes
+/// its push tally, the leader adds them up), so the scene's three sidecars
+/// (client, server v1 and v2) are all in its "n/m" — whichever replica each
+/// stream reached — and both replicas' tallies exist.
+async fn programmed_on_every_replica(client: &Client, condition: &serde_json::Value) {
+    let message = condition["message"].as_str().unwrap_or_default();
+    let counts = message
+        .split_once(" sidecars")
+        .and_then(|(n, _)| n.split_once('/'))
+        .and_then(|(a, t)| Some((a.parse::<usize>().ok()?, t.parse::<usize>().ok()?)));
+    assert!(
+        counts.is_some_and(|(acked, total)| acked == total && total >= 3),
+        "Programmed counts every sidecar of the scene: {message}"
+    );
+    let tallies = Api::<ConfigMap>::namespaced(client.clone(), "baton-system")
+        .list(&kube::api::ListParams::default().labels("baton.dev/push-tally=true"))
+        .await
+        .expect("list push tallies");
+    assert!(
+        tallies.items.len() >= 2,
+        "each operator replica publishes its push tally: {:?}",
+        tallies
+            .items
+            .iter()
+            .map(|c| &c.metadata.name)
+            .collect::<Vec<_>>()
+    );
 }
 
 async fn wait_servers(client: &Client, ns: &str, selector: &str, n: usize) {
@@ -385,6 +414,7 @@ async fn route_split_match_fault_retry_and_deletion_reach_the_clients_sidecar_an
                 .route_condition("server", "Programmed", "True", None)
                 .await;
             eprintln!("Route server: {}", programmed["message"]);
+            programmed_on_every_replica(&s.client, &programmed).await;
 
             let mut canary = s.spec(s.server, "/", 20);
             canary.headers.insert("x-canary".into(), "1".into());

@@ -60,6 +60,10 @@ pub struct Args {
     /// This replica's identity in the Lease (the pod name in a cluster).
     #[arg(long, env = "BATON_POD_NAME")]
     pub identity: Option<String>,
+    /// This replica's Pod uid: owner of its push tally ConfigMap, which the
+    /// garbage collector then deletes with the Pod.
+    #[arg(long, env = "BATON_POD_UID")]
+    pub pod_uid: Option<String>,
     /// Seconds a leader holds the Lease without renewing it.
     #[arg(long, default_value_t = 15)]
     pub lease_seconds: u64,
@@ -354,9 +358,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // Only the leader writes Route and TlsPolicy status.
     let status_writer = {
         let client = ctx.client.clone();
+        let (namespace, identity) = (args.namespace.clone(), identity.clone());
         async move {
             match hub {
-                Some(hub) => mesh::status::run(client, hub, Duration::from_secs(1)).await,
+                Some(hub) => {
+                    let period = Duration::from_secs(1);
+                    mesh::status::run(client, hub, period, &namespace, &identity).await
+                }
                 None => std::future::pending().await,
             }
         }
@@ -414,6 +422,16 @@ async fn start_config_push(
     ));
     tokio::spawn(mesh::watch::run(client.clone(), hub.clone()));
     tokio::spawn(hub.clone().run());
+    // Every replica publishes how many of its sidecars ACKed what, so the
+    // leader's Programmed counts the sidecars on the other replicas too.
+    tokio::spawn(mesh::tally::publish(
+        client.clone(),
+        hub.clone(),
+        args.namespace.clone(),
+        instance.to_owned(),
+        args.pod_uid.clone(),
+        Duration::from_secs(1),
+    ));
     let listener = tokio::net::TcpListener::bind(args.config_push.listen)
         .await
         .with_context(|| format!("bind --config-push-addr {}", args.config_push.listen))?;

@@ -12,7 +12,8 @@
 //!
 //! [`index`] and [`compile`] are pure (tested with objects fed straight
 //! in); [`watch`] fills the index, [`hub`] turns index changes into pushes,
-//! [`server`] serves the sidecars' streams.
+//! [`server`] serves the sidecars' streams, [`tally`] counts them across
+//! replicas for [`status`].
 
 pub mod compile;
 pub mod hub;
@@ -20,6 +21,7 @@ pub mod index;
 pub mod metrics;
 pub mod server;
 pub mod status;
+pub mod tally;
 pub mod watch;
 
 #[cfg(test)]

@@ -5,9 +5,9 @@
 //! applying a status only when it changed (server-side apply, the
 //! operator's one field manager).
 //!
-//! Programmed counts the sidecars connected to *this* replica (the leader):
-//! with two replicas serving streams, sidecars on the standby are not in
-//! the count until they reconnect to the leader.
+//! Programmed counts the sidecars connected to every replica: the leader's
+//! own from its hub, the others' from the tallies they publish
+//! ([`super::tally`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +25,7 @@ pub const REFUSED: &str = "Refused";
 use super::compile::{RouteVerdict, tls_policy_refusal};
 use super::hub::{Hub, Programmed, Source};
 use super::index::ObjKey;
+use super::tally::{self, Tally};
 
 /// Programmed=True when every sidecar it is programmed into ACKed the
 /// current generation; a NACK names its error; "n/m" in the message.
@@ -176,7 +177,8 @@ pub fn tls_policy_status(policy: &TlsPolicy, p: &Programmed, now: &Time) -> TlsP
 }
 
 /// Writes changed statuses every `period` until dropped (leader only).
-pub async fn run(client: Client, hub: Arc<Hub>, period: Duration) {
+/// `namespace` holds the replicas' tallies; `replica` is this one's name.
+pub async fn run(client: Client, hub: Arc<Hub>, period: Duration, namespace: &str, replica: &str) {
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -188,8 +190,9 @@ pub async fn run(client: Client, hub: Arc<Hub>, period: Duration) {
     loop {
         tick.tick().await;
         if hub.is_synced() {
+            let peers = tally::read_peers(&client, namespace, replica).await;
             let now = Time(k8s_openapi::jiff::Timestamp::now());
-            write_once(&client, Some(&recorder), &hub, &now).await;
+            write_once(&client, Some(&recorder), &hub, &peers, &now).await;
         }
     }
 }
@@ -234,12 +237,14 @@ fn refused(
 }
 
 /// One pass: applies every Route and TlsPolicy status that differs from the
-/// one the object carries. Returns how many were written. A failed write is
-/// logged and retried on the next pass.
+/// one the object carries, counting `peers`' sidecars with the hub's.
+/// Returns how many were written. A failed write is logged and retried on
+/// the next pass.
 pub async fn write_once(
     client: &Client,
     recorder: Option<&Recorder>,
     hub: &Hub,
+    peers: &[Tally],
     now: &Time,
 ) -> usize {
     let attachments = hub.attachments();
@@ -249,7 +254,8 @@ pub async fn write_once(
         let key = ObjKey::of(route.as_ref());
         let source = Source::Route(key.clone(), route.metadata.generation.unwrap_or(0));
         let verdict = attachments.verdicts.get(&key);
-        let status = route_status(&route, verdict, &hub.programmed(&source), now);
+        let p = tally::merged(hub.programmed(&source), &source, peers);
+        let status = route_status(&route, verdict, &p, now);
         let before = route.status.as_ref().map(|s| s.conditions.as_slice());
         if route.status.as_ref() != Some(&status)
             && apply_status(
@@ -268,7 +274,8 @@ pub async fn write_once(
     for policy in policies {
         let key = ObjKey::of(policy.as_ref());
         let source = Source::TlsPolicy(key.clone(), policy.metadata.generation.unwrap_or(0));
-        let status = tls_policy_status(&policy, &hub.programmed(&source), now);
+        let p = tally::merged(hub.programmed(&source), &source, peers);
+        let status = tls_policy_status(&policy, &p, now);
         let before = policy.status.as_ref().map(|s| s.conditions.as_slice());
         if policy.status.as_ref() != Some(&status)
             && apply_status(
@@ -557,7 +564,7 @@ mod tests {
             );
             handle
         });
-        assert_eq!(write_once(&client, None, &hub, &now()).await, 1);
+        assert_eq!(write_once(&client, None, &hub, &[], &now()).await, 1);
         let mut handle = server.await.unwrap();
 
         // Once the Route carries that status, the next pass writes nothing.
@@ -569,7 +576,7 @@ mod tests {
             &now(),
         ));
         hub.update(|ix| ix.apply_route(&written));
-        assert_eq!(write_once(&client, None, &hub, &now()).await, 0);
+        assert_eq!(write_once(&client, None, &hub, &[], &now()).await, 0);
         assert!(
             tokio::time::timeout(Duration::from_millis(50), handle.next_request())
                 .await
@@ -680,7 +687,10 @@ mod tests {
                     .unwrap(),
             );
         });
-        assert_eq!(write_once(&client, Some(&recorder), &hub, &now()).await, 1);
+        assert_eq!(
+            write_once(&client, Some(&recorder), &hub, &[], &now()).await,
+            1
+        );
         server.await.unwrap();
     }
 }

@@ -1125,6 +1125,28 @@ mod push_kind {
             vec![ConfigKind::Delta { base: 3 }]
         );
     }
+
+    /// What a replica publishes for the leader's Programmed: per object, the
+    /// sidecars its pushes reached and how many ACKed them.
+    #[test]
+    fn a_replicas_tally_counts_its_sidecars_per_object_and_their_acks() {
+        use crate::mesh::tally::of_hub;
+        let hub = hub();
+        hub.update(|ix| ix.apply_route(&split_route("split", "2026-01-01T00:00:00Z", 9, 1)));
+        let (id, mut rx) = hub.connect(client(), 0, Capabilities::default());
+        assert_eq!(hub.recompile(), 1);
+        let first = take(&mut rx).unwrap();
+        let key = format!("Route/{NS}/split");
+        let sent = of_hub(&hub, "op-a", 7);
+        assert_eq!((sent.replica.as_str(), sent.at), ("op-a", 7));
+        let e = &sent.objects[&key];
+        assert_eq!((e.acked, e.total), (0, 1));
+        ack(&hub, id, &first);
+        let e = &of_hub(&hub, "op-a", 8).objects[&key];
+        assert_eq!((e.acked, e.total, e.generation), (1, 1, 0));
+        hub.disconnect(id);
+        assert!(of_hub(&hub, "op-a", 9).objects.is_empty());
+    }
 }
 
 // ------------------------------------------------------------ authorization
