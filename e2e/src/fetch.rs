@@ -92,6 +92,12 @@ pub struct FetchReport {
     pub errors: usize,
     /// The first few errors, for the failure message.
     pub error_samples: Vec<String>,
+    /// The first few 5xx responses a sidecar answered itself (no
+    /// `x-echo-server-name`): when (Unix ms), status and the start of the
+    /// body, which names the sidecar's reason — what a failure message
+    /// needs to place the failure in time.
+    #[serde(default)]
+    pub local_samples: Vec<String>,
 }
 
 impl FetchReport {
@@ -128,6 +134,11 @@ impl FetchReport {
                 self.error_samples.push(e);
             }
         }
+        for e in other.local_samples {
+            if self.local_samples.len() < 5 {
+                self.local_samples.push(e);
+            }
+        }
     }
 }
 
@@ -156,13 +167,21 @@ pub async fn run(spec: FetchSpec) -> Result<FetchReport, String> {
                     .await
                 {
                     Ok(Ok(None)) => report.echoed += 1,
-                    Ok(Ok(Some(resp))) => {
+                    Ok(Ok(Some((resp, body)))) => {
                         let server = resp
                             .headers()
                             .get(HEADER_SERVER_NAME)
                             .and_then(|v| v.to_str().ok())
                             .unwrap_or("-")
                             .to_owned();
+                        if server == "-"
+                            && resp.status().is_server_error()
+                            && report.local_samples.len() < 5
+                        {
+                            report
+                                .local_samples
+                                .push(local_sample(resp.status(), &body));
+                        }
                         *report.statuses.entry(resp.status().as_u16()).or_default() += 1;
                         *report.servers.entry(server).or_default() += 1;
                     }
@@ -190,6 +209,15 @@ pub async fn run(spec: FetchSpec) -> Result<FetchReport, String> {
         total.merge(r.map_err(|e| format!("worker: {e}"))?);
     }
     Ok(total)
+}
+
+/// "<unix ms> <status> <body start>" of a response the sidecar answered.
+fn local_sample(status: StatusCode, body: &[u8]) -> String {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let text = String::from_utf8_lossy(&body[..body.len().min(300)]);
+    format!("{ms} {} {}", status.as_u16(), text.trim_end())
 }
 
 /// A worker's open connection.
@@ -238,12 +266,12 @@ impl Conn {
 
 /// One request (or TCP exchange, `None`) on the worker's connection
 /// (opened if needed); the body is read to the end so the connection can
-/// be reused.
+/// be reused, and returned.
 async fn once(
     spec: &FetchSpec,
     conn: &mut Option<Conn>,
     seq: u64,
-) -> Result<Option<Response<()>>, String> {
+) -> Result<Option<(Response<()>, Bytes)>, String> {
     if conn.as_ref().is_none_or(Conn::is_closed) {
         *conn = Some(Conn::open(spec).await?);
     }
@@ -271,10 +299,12 @@ async fn once(
     }
     .map_err(|e| format!("request: {e}"))?;
     let (parts, body) = resp.into_parts();
-    body.collect()
+    let body = body
+        .collect()
         .await
-        .map_err(|e| format!("response body: {e}"))?;
-    Ok(Some(Response::from_parts(parts, ())))
+        .map_err(|e| format!("response body: {e}"))?
+        .to_bytes();
+    Ok(Some((Response::from_parts(parts, ()), body)))
 }
 
 /// Writes one numbered message and reads it back byte for byte.
