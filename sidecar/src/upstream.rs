@@ -46,6 +46,14 @@ pub trait Originator: Send + Sync + 'static {
         identity: Option<Arc<str>>,
         alpn: &'static [u8],
     ) -> Pin<Box<dyn Future<Output = std::io::Result<BoxIo>> + Send>>;
+
+    /// Resolves once [`Originator::originate`] can succeed as far as this
+    /// side knows (the TLS layer holds a certificate), or with the reason it
+    /// cannot. Awaited before the TCP connect, so no upstream socket sits
+    /// idle toward a peer whose protocol detection would time it out.
+    fn ready(&self) -> Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
 }
 
 /// Where the TLS layer installs its [`Originator`]; shared by every
@@ -95,6 +103,14 @@ struct MtlsTarget {
 }
 
 impl MtlsTarget {
+    /// See [`Originator::ready`].
+    async fn ready(&self) -> std::io::Result<()> {
+        match self.slot.get() {
+            Some(originator) => originator.ready().await,
+            None => Ok(()),
+        }
+    }
+
     /// Mesh mTLS over `tcp`, offering `alpn` (empty: none).
     async fn originate(&self, tcp: TcpStream, alpn: &'static [u8]) -> std::io::Result<TcpUpstream> {
         let Some(originator) = self.slot.get() else {
@@ -132,6 +148,9 @@ impl tower_service::Service<Uri> for ClusterConnector {
         let tcp = self.http.call(uri);
         let (mtls, alpn) = (self.mtls.clone(), self.alpn);
         Box::pin(async move {
+            if let Some(t) = &mtls {
+                t.ready().await?;
+            }
             let tcp = tcp.await?.into_inner();
             let io = match mtls {
                 None => TcpUpstream::Plain(tcp),
@@ -393,6 +412,9 @@ impl Cluster {
         addr: SocketAddr,
         alpn: &'static [u8],
     ) -> std::io::Result<TcpUpstream> {
+        if let Some(t) = &self.mtls {
+            t.ready().await?;
+        }
         let tcp = connect(addr, Duration::from_millis(self.config.connect_timeout_ms)).await?;
         match &self.mtls {
             None => Ok(TcpUpstream::Plain(tcp)),

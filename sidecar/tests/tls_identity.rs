@@ -246,3 +246,60 @@ async fn the_identity_service_can_be_reached_over_https_with_a_ca_bundle() {
     assert_eq!(ctx.local_identity(), Some(id("frontend")));
     assert_eq!(svc.requests.load(Ordering::SeqCst), 1);
 }
+
+/// A config can require mTLS toward a peer before the sidecar's first
+/// certificate arrived (the e2e outage test caught a client's first requests
+/// failing with 503 in that window): an outbound mTLS connection waits for
+/// the bootstrap instead of failing, and fails with the bootstrap's reason
+/// only when no certificate comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbound_mtls_waits_for_the_first_certificate_instead_of_failing() {
+    use baton_sidecar::tls::{MeshTls, TlsError};
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "projected-sa-token\n").unwrap();
+    // Three 503s first: the bootstrap's back-off keeps the certificate
+    // away for a while after the settings are applied.
+    let svc = IdentityService::start("projected-sa-token", 3, Duration::from_secs(60), None).await;
+    let s = client_settings(format!("http://{}/v1/sign", svc.addr), token.clone(), None);
+    let server = context(
+        &settings(TlsMode::Strict),
+        svc.pki.leaf("backend", Key::P256),
+    );
+    let srv = EchoServer::start(server).await;
+
+    let tls = MeshTls::new(TlsMetrics::default());
+    tls.apply(Some(&serde_json::to_value(&s).unwrap())).unwrap();
+    assert!(tls.context().is_none(), "no certificate yet");
+    // What a cluster does before its TCP connect.
+    tls.wait_for_certificate()
+        .await
+        .expect("the connection waits for the certificate");
+    let tcp = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+    let backend = id("backend").to_string();
+    let (_io, peer) = tls
+        .connect_to(tcp, "backend", Some(&backend), None)
+        .await
+        .expect("mTLS with the certificate");
+    assert_eq!(peer.identity, Some(id("backend")));
+    assert!(
+        svc.requests.load(Ordering::SeqCst) >= 4,
+        "issued after three 503s"
+    );
+
+    // A bootstrap that cannot succeed: the wait is bounded and the error
+    // names the bootstrap's state.
+    std::fs::write(&token, "stolen-token").unwrap();
+    let mut refused = s.clone();
+    refused.identity.local = Some(id("other").to_string());
+    let tls = MeshTls::new(TlsMetrics::default());
+    tls.apply(Some(&serde_json::to_value(&refused).unwrap()))
+        .unwrap();
+    let started = std::time::Instant::now();
+    match tls.wait_for_certificate().await {
+        Err(TlsError::NoCertificate(reason)) => assert!(!reason.is_empty()),
+        Err(e) => panic!("expected NoCertificate, got {e}"),
+        Ok(_) => panic!("connected without a certificate"),
+    }
+    assert!(started.elapsed() < baton_sidecar::tls::glue::FIRST_CERTIFICATE_WAIT * 2);
+}

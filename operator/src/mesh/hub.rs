@@ -51,6 +51,10 @@ pub struct Programmed {
     pub total: usize,
     /// A NACK of a snapshot holding this generation, if any.
     pub nack: Option<String>,
+    /// Other operator replicas whose tally does not show this generation
+    /// yet ([`super::tally`]): their sidecars are not counted, so the
+    /// object is not Programmed until they report.
+    pub waiting: Vec<String>,
 }
 
 /// One compiled snapshot, shared by every stream it was compiled for:

@@ -48,6 +48,17 @@ fn programmed(
                 p.acked, p.total
             ),
         )
+    } else if !p.waiting.is_empty() {
+        (
+            false,
+            rc::reasons::PENDING,
+            format!(
+                "{}/{} sidecars ACKed; waiting for operator replica {} to report",
+                p.acked,
+                p.total,
+                p.waiting.join(", ")
+            ),
+        )
     } else if p.acked < p.total {
         (
             false,
@@ -373,6 +384,7 @@ mod tests {
             acked: 37,
             total: 37,
             nack: None,
+            ..Default::default()
         };
         let s = route_status(&route(3), Some(&v), &p, &now());
         assert_eq!(s.observed_generation, Some(3));
@@ -396,6 +408,7 @@ mod tests {
                 acked: 2,
                 total: 5,
                 nack: None,
+                ..Default::default()
             },
             &now(),
         );
@@ -414,6 +427,7 @@ mod tests {
             acked: 4,
             total: 5,
             nack: Some("invalid config: x".into()),
+            ..Default::default()
         };
         let refused = route_status(&route(1), Some(&v), &nack, &now());
         assert_eq!(cond(&refused, rc::PROGRAMMED).status, conditions::FALSE);
@@ -421,6 +435,27 @@ mod tests {
             cond(&refused, rc::PROGRAMMED)
                 .message
                 .contains("invalid config: x")
+        );
+    }
+
+    #[test]
+    fn a_route_is_not_programmed_while_another_replica_has_not_reported_it() {
+        let v = RouteVerdict {
+            accepted: Ok(()),
+            unresolved: vec![],
+        };
+        let p = Programmed {
+            acked: 2,
+            total: 2,
+            nack: None,
+            waiting: vec!["baton-operator-b".into()],
+        };
+        let s = route_status(&route(1), Some(&v), &p, &now());
+        let c = cond(&s, "Programmed");
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "Pending"));
+        assert_eq!(
+            c.message,
+            "2/2 sidecars ACKed; waiting for operator replica baton-operator-b to report"
         );
     }
 
@@ -449,6 +484,7 @@ mod tests {
             acked: 1,
             total: 1,
             nack: None,
+            ..Default::default()
         };
         let mut r = route(1);
         r.status = Some(route_status(&r, Some(&v), &p, &now()));
@@ -473,6 +509,7 @@ mod tests {
                 acked: 3,
                 total: 3,
                 nack: None,
+                ..Default::default()
             },
             &now(),
         );

@@ -13,9 +13,11 @@
 //! Why the API server and not replica-to-replica calls: the replicas share
 //! nothing else, the leader already talks to the API server every second,
 //! and a tally is a few bytes per object, written when ACKs change (not per
-//! ACK). A peer's entry for an older or newer generation than the leader's
-//! counts its sidecars in the total but not as ACKed: Programmed turns True
-//! only once every replica's sidecars ACKed the generation the leader sees.
+//! ACK). A tally lists every object the replica's index holds, so a peer
+//! that has not yet seen (or not yet reported) the generation the leader
+//! sees keeps the object Pending ("waiting for operator replica …"):
+//! Programmed turns True only once every live replica reported that
+//! generation and all their sidecars ACKed it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -86,14 +88,16 @@ fn sources(hub: &Hub) -> Vec<Source> {
         .collect()
 }
 
-/// This replica's tally: the objects at least one of its sidecars serves.
+/// This replica's tally: every object in its index, at the generation it
+/// holds, with its sidecars' counts (zero when none serves it) — so the
+/// leader can tell "no sidecar here" from "not seen here yet".
 pub fn of_hub(hub: &Hub, replica: &str, at: i64) -> Tally {
     let objects = sources(hub)
         .into_iter()
-        .filter_map(|source| {
+        .map(|source| {
             let p = hub.programmed(&source);
             let (key, generation) = key(&source);
-            (p.total > 0).then_some((
+            (
                 key,
                 Entry {
                     generation,
@@ -101,7 +105,7 @@ pub fn of_hub(hub: &Hub, replica: &str, at: i64) -> Tally {
                     total: p.total,
                     nack: p.nack,
                 },
-            ))
+            )
         })
         .collect();
     Tally {
@@ -111,16 +115,21 @@ pub fn of_hub(hub: &Hub, replica: &str, at: i64) -> Tally {
     }
 }
 
-/// This replica's count of `source` plus every peer's.
+/// This replica's count of `source` plus every peer's. A peer whose tally
+/// does not hold `source`'s generation (it has not seen it, or not
+/// published since) is `waiting`: its sidecars cannot be counted yet.
 pub fn merged(mut own: Programmed, source: &Source, peers: &[Tally]) -> Programmed {
     let (key, generation) = key(source);
-    for entry in peers.iter().filter_map(|t| t.objects.get(&key)) {
-        own.total += entry.total;
-        if entry.generation == generation {
-            own.acked += entry.acked;
-            if own.nack.is_none() {
-                own.nack.clone_from(&entry.nack);
+    for peer in peers {
+        match peer.objects.get(&key) {
+            Some(entry) if entry.generation == generation => {
+                own.total += entry.total;
+                own.acked += entry.acked;
+                if own.nack.is_none() {
+                    own.nack.clone_from(&entry.nack);
+                }
             }
+            _ => own.waiting.push(peer.replica.clone()),
         }
     }
     own
@@ -266,7 +275,7 @@ mod tests {
         Programmed {
             acked,
             total,
-            nack: None,
+            ..Default::default()
         }
     }
 
@@ -277,15 +286,24 @@ mod tests {
     }
 
     #[test]
-    fn a_peer_at_another_generation_counts_its_sidecars_but_not_their_acks() {
+    fn a_peer_that_has_not_reported_the_generation_keeps_the_object_waiting() {
         for peer_generation in [3, 5] {
             let p = merged(
                 own(3, 3),
                 &source(4),
                 &[tally("b", 0, peer_generation, 5, 5)],
             );
-            assert_eq!((p.acked, p.total), (3, 8), "peer at {peer_generation}");
+            assert_eq!(
+                (p.acked, p.total, p.waiting),
+                (3, 3, vec!["b".to_owned()]),
+                "peer at {peer_generation}"
+            );
         }
+        // A peer that has not published since the object appeared.
+        let mut silent = tally("c", 0, 4, 0, 0);
+        silent.objects.clear();
+        let p = merged(own(1, 1), &source(4), &[silent, tally("b", 0, 4, 0, 0)]);
+        assert_eq!((p.acked, p.total, p.waiting), (1, 1, vec!["c".to_owned()]));
     }
 
     #[test]
@@ -307,7 +325,8 @@ mod tests {
             Programmed {
                 acked: 1,
                 total: 2,
-                nack: Some("bad".into())
+                nack: Some("bad".into()),
+                waiting: vec![],
             }
         );
         let mut mine = own(0, 1);

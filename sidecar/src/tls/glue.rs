@@ -56,7 +56,18 @@ pub struct MeshTls {
     metrics: TlsMetrics,
     /// Set while an identity-service bootstrap is in flight (not ready).
     pending: Mutex<Option<String>>,
+    /// Woken when a context is installed: outbound connections wait on it
+    /// for the first certificate.
+    installed: tokio::sync::Notify,
 }
+
+/// How long an outbound mTLS connection waits for the first certificate
+/// while the identity bootstrap is in flight. A config that first requires
+/// mTLS toward a peer can arrive just before the sidecar's first (or
+/// re-bootstrapped) certificate: waiting turns that race into a few
+/// milliseconds of connect latency instead of a 503 (Envoy's cluster
+/// warming on its SDS secret plays the same role).
+pub const FIRST_CERTIFICATE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl std::fmt::Debug for MeshTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -86,6 +97,7 @@ impl MeshTls {
             applied: Mutex::new(Applied::default()),
             metrics,
             pending: Mutex::new(None),
+            installed: tokio::sync::Notify::new(),
         })
     }
 
@@ -151,8 +163,7 @@ impl MeshTls {
                     let _guard = rt.enter();
                     ctx.watch_files()
                 });
-                self.install_key_log(&ctx);
-                self.current.store(Some(ctx));
+                self.install(ctx);
                 *applied = Applied {
                     settings: Some(s.clone()),
                     _watcher: watcher,
@@ -186,9 +197,8 @@ impl MeshTls {
                         let Some(this) = this.upgrade() else { return };
                         match r {
                             Ok(ctx) => {
-                                this.install_key_log(&ctx);
-                                this.current.store(Some(ctx));
                                 *this.pending.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                                this.install(ctx);
                                 return;
                             }
                             Err(e) => {
@@ -230,6 +240,48 @@ impl MeshTls {
         *self.key_log.lock().unwrap_or_else(|p| p.into_inner()) = Some(key_log);
         if let Some(ctx) = self.current.load_full() {
             self.install_key_log(&ctx);
+        }
+    }
+
+    /// Makes `ctx` the serving context and wakes connections waiting for
+    /// a certificate.
+    fn install(&self, ctx: Arc<TlsContext>) {
+        self.install_key_log(&ctx);
+        self.current.store(Some(ctx));
+        self.installed.notify_waiters();
+    }
+
+    /// Resolves once a certificate is held; while none is and an identity
+    /// bootstrap is in flight, waits for it up to [`FIRST_CERTIFICATE_WAIT`]
+    /// (clusters await this before opening the upstream socket).
+    pub async fn wait_for_certificate(&self) -> Result<(), TlsError> {
+        self.context_or_wait().await.map(|_| ())
+    }
+
+    /// The serving context; while none exists and an identity bootstrap is
+    /// in flight, waits for it up to [`FIRST_CERTIFICATE_WAIT`].
+    async fn context_or_wait(&self) -> Result<Arc<TlsContext>, TlsError> {
+        let deadline = tokio::time::Instant::now() + FIRST_CERTIFICATE_WAIT;
+        loop {
+            let notified = self.installed.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so an install between the check
+            // and the wait still wakes this connection.
+            notified.as_mut().enable();
+            if let Some(ctx) = self.current.load_full() {
+                return Ok(ctx);
+            }
+            let Some(reason) = self
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+            else {
+                return Err(TlsError::Disabled);
+            };
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Err(TlsError::NoCertificate(reason));
+            }
         }
     }
 
@@ -290,9 +342,7 @@ impl MeshTls {
         identity: Option<&str>,
         alpn: Option<Vec<Vec<u8>>>,
     ) -> Result<(BoxIo, PeerInfo), TlsError> {
-        let Some(ctx) = self.current.load_full() else {
-            return Err(TlsError::Disabled);
-        };
+        let ctx = self.context_or_wait().await?;
         let expected: SpiffeId = identity
             .or_else(|| ctx.settings().expected_identity(destination))
             .ok_or_else(|| {
@@ -389,9 +439,8 @@ impl IdentityCarrier for MeshTls {
         }
         let ctx = TlsContext::with_selected_offload(settings, material, self.metrics.clone())
             .map_err(|e| IdentityImportError::Unusable(e.to_string()))?;
-        self.install_key_log(&ctx);
-        self.current.store(Some(ctx));
         *self.pending.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.install(ctx);
         Ok(true)
     }
 }
@@ -421,6 +470,14 @@ impl Originator for Outbound {
                 .await
                 .map(|(io, _peer)| io)
                 .map_err(|e| std::io::Error::other(format!("mesh mTLS to {destination}: {e}")))
+        })
+    }
+    fn ready(&self) -> Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> {
+        let tls = self.0.clone();
+        Box::pin(async move {
+            tls.wait_for_certificate()
+                .await
+                .map_err(|e| std::io::Error::other(format!("mesh mTLS: {e}")))
         })
     }
 }

@@ -86,6 +86,10 @@ pub enum TlsError {
     AppTlsRefused(&'static str),
     #[error("TLS is disabled by policy")]
     Disabled,
+    /// Outbound mTLS before the first certificate arrived (after waiting
+    /// [`glue::FIRST_CERTIFICATE_WAIT`]); the reason is the bootstrap's.
+    #[error("no mesh certificate yet: {0}")]
+    NoCertificate(String),
     #[error("handshake timed out")]
     HandshakeTimeout,
     #[error("handshake: {0}")]
@@ -107,6 +111,7 @@ impl TlsError {
             TlsError::PlaintextRefused => "plaintext_refused",
             TlsError::AppTlsRefused(_) => "app_tls_refused",
             TlsError::Disabled => "disabled",
+            TlsError::NoCertificate(_) => "no_certificate",
             TlsError::HandshakeTimeout => "handshake_timeout",
             TlsError::Handshake(_) => "handshake",
             TlsError::Io(_) => "io",
