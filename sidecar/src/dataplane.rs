@@ -15,12 +15,13 @@ use crate::conn::{
 };
 use crate::detect::Protocol;
 use crate::filters::ConnMeta;
+use crate::handoff::plane::{CarriedCounters, Phase as HandoffPhase};
 use crate::handoff::protocol::ConnKind as WireKind;
 use crate::handoff::{DataPlane, Resumed, Serving};
 use crate::http_proxy::Shared;
 use crate::lifecycle::Phase;
 use crate::listener::serve_plain;
-use crate::metrics::{ConnLabels, Metrics};
+use crate::metrics::ConnLabels;
 use crate::server::Running;
 use crate::tcp_proxy::{TcpEnd, proxy_resumed};
 use crate::upstream::TcpUpstream;
@@ -42,8 +43,11 @@ impl DataPlane for Running {
         Running::resume_accepting(self)
     }
 
-    fn set_phase(&self, phase: Phase) {
-        self.shared.lifecycle.set(phase);
+    fn set_phase(&self, phase: HandoffPhase) {
+        self.shared.lifecycle.set(match phase {
+            HandoffPhase::Serving => Phase::Serving,
+            HandoffPhase::HandingOff => Phase::HandingOff,
+        });
     }
 
     fn record_status(&self, status: serde_json::Value) {
@@ -64,8 +68,8 @@ impl Serving for Shared {
         &self.registry
     }
 
-    fn metrics(&self) -> &Metrics {
-        &self.metrics
+    fn counters(&self) -> &dyn CarriedCounters {
+        &*self.metrics
     }
 
     fn config(&self) -> serde_json::Value {

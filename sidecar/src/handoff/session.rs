@@ -24,7 +24,7 @@
 //! served by exactly one process.
 //!
 //! Threads: each side runs the protocol on a thread of its own at nice 10
-//! ([`crate::sched::on_own_thread`]), so the event loop, still serving the
+//! ([`on_own_thread`]), so the event loop, still serving the
 //! connections not moved yet (old) or already adopted (new), preempts it.
 //! Connections always live on the event loop's runtime
 //! ([`Serving::runtime`]); the handoff thread only moves them.
@@ -42,23 +42,22 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Metric, Registry};
 use serde::{Deserialize, Serialize};
 use tokio::net::{TcpStream, UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
-use super::plane::{DataPlane, Inherited, Resumed, Serving};
-use super::protocol::{
+use baton_handoff::conn::{
+    BoxIo, ConnKind, ConnMeta, ConnRegistry, Detached, Parked, ParkedAt, ParkedIo, SessionDetach,
+};
+use baton_handoff::plane::{CarriedCounters, DataPlane, Inherited, Phase, Resumed, Serving};
+pub use baton_handoff::plane::{IdentityCarrier, IdentityPem};
+use baton_handoff::protocol::{
     Batch, Channel, ConnKind as WireKind, ConnectionHeader, Frame, ListenerInfo, Message,
     ProtocolError, Receiver, Sender, StateSnapshot, UPSTREAM_TLS_SINCE, VersionRange, negotiate,
 };
-use crate::config::Snapshot;
-use crate::conn::{BoxIo, ConnKind, Detached, Parked, ParkedAt, ParkedIo, SessionDetach};
-pub use crate::conn::{IdentityCarrier, IdentityPem};
-use crate::filters::ConnMeta;
-use crate::lifecycle::Phase;
-use crate::metrics::Metrics;
-use crate::metrics::carried as counters;
-use crate::tls_record::{AeadKind, TLS12, TLS13, TlsRecordStream, TlsWireState};
+use baton_handoff::sched::{on_own_thread, yield_cpu};
+use baton_tls_record::{AeadKind, TLS12, TLS13, TlsRecordStream, TlsWireState};
 
 /// Connections parked at once by the old process (see `hand_off_inner`).
 /// A parked connection is frozen until the new process adopts it, so the
@@ -87,15 +86,11 @@ const LIST_SLICE: usize = 1024;
 /// and a failed write never leaves it believing in an ack we gave up on.
 const ACK_BATCH: usize = 32;
 
-/// How long a handed-off process keeps serving admin requests it already
-/// accepted before it exits.
-pub(crate) const ADMIN_LINGER: Duration = Duration::from_millis(250);
-
 /// Listener name under which the admin socket travels (not a valid config
 /// listener name, so it never collides).
 pub const ADMIN_LISTENER: &str = "@admin";
 
-/// The thread each side of a handoff runs on ([`crate::sched::on_own_thread`]).
+/// The thread each side of a handoff runs on ([`on_own_thread`]).
 const HANDOFF_THREAD: &str = "baton-handoff";
 
 /// Its nice value: the event loop (nice 0, or what the sidecar was started
@@ -147,8 +142,9 @@ impl std::fmt::Debug for HandoffConfig {
 
 impl HandoffConfig {
     /// Paths and timeouts from the environment (see `contract::env`),
-    /// defaulting to the shared volume's paths.
-    pub fn from_env() -> Self {
+    /// defaulting to the shared volume's paths; `sidecar_version` is the
+    /// release this process runs (what the peer logs and the status shows).
+    pub fn from_env(sidecar_version: &str) -> Self {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         let ms = |k: &str, d: u64| {
             Duration::from_millis(var(k).and_then(|v| v.parse().ok()).unwrap_or(d))
@@ -172,7 +168,7 @@ impl HandoffConfig {
             step_timeout: ms(contract::env::HANDOFF_TIMEOUT_MS, 10_000),
             park_timeout: ms(contract::env::HANDOFF_PARK_TIMEOUT_MS, 30_000),
             versions,
-            sidecar_version: env!("CARGO_PKG_VERSION").to_string(),
+            sidecar_version: sidecar_version.to_string(),
             test_step_delay: ms(contract::env::HANDOFF_TEST_STEP_DELAY_MS, 0),
             identity: None,
             sessions: None,
@@ -257,43 +253,60 @@ const PAUSE_BUCKETS: [f64; 16] = [
     10.0,
 ];
 
-impl HandoffMetrics {
-    pub fn register(metrics: &Metrics) -> Self {
-        let m = Self {
+/// Where [`HandoffMetrics::register`] adds its families: the process
+/// registry (the data plane's may note counter families on the way, as the
+/// sidecar's does for carried counters).
+pub trait MetricRegistry {
+    fn register(&mut self, name: &str, help: &str, metric: impl Metric);
+}
+
+impl MetricRegistry for Registry {
+    fn register(&mut self, name: &str, help: &str, metric: impl Metric) {
+        Registry::register(self, name, help, metric);
+    }
+}
+
+impl Default for HandoffMetrics {
+    fn default() -> Self {
+        Self {
             complete: Gauge::default(),
             handoffs: Family::default(),
             connections: Family::default(),
             last_duration_ms: Gauge::default(),
             pause: Histogram::new(PAUSE_BUCKETS),
-        };
-        metrics.register(|r| {
-            r.register(
-                "handoff_complete",
-                "1 once this process completed a handoff as the new process",
-                m.complete.clone(),
-            );
-            r.register(
-                "handoffs",
-                "Handoffs by role and result",
-                m.handoffs.clone(),
-            );
-            r.register(
-                "handoff_connections",
-                "Connections at a handoff, by outcome",
-                m.connections.clone(),
-            );
-            r.register(
-                "handoff_last_duration_milliseconds",
-                "Duration of the last handoff this process took part in",
-                m.last_duration_ms.clone(),
-            );
-            r.register(
-                "handoff_connection_pause_seconds",
-                "Adopted connections: time unread between the old process's safe point and this process's event loop",
-                m.pause.clone(),
-            );
-        });
-        m
+        }
+    }
+}
+
+impl HandoffMetrics {
+    /// Adds the families to `r` (unprefixed names; the registry's prefix
+    /// applies).
+    pub fn register(&self, r: &mut impl MetricRegistry) {
+        r.register(
+            "handoff_complete",
+            "1 once this process completed a handoff as the new process",
+            self.complete.clone(),
+        );
+        r.register(
+            "handoffs",
+            "Handoffs by role and result",
+            self.handoffs.clone(),
+        );
+        r.register(
+            "handoff_connections",
+            "Connections at a handoff, by outcome",
+            self.connections.clone(),
+        );
+        r.register(
+            "handoff_last_duration_milliseconds",
+            "Duration of the last handoff this process took part in",
+            self.last_duration_ms.clone(),
+        );
+        r.register(
+            "handoff_connection_pause_seconds",
+            "Adopted connections: time unread between the old process's safe point and this process's event loop",
+            self.pause.clone(),
+        );
     }
 
     fn handoff(&self, role: &'static str, result: &'static str) {
@@ -746,7 +759,7 @@ pub fn bind(path: &Path) -> Option<UnixListener> {
 /// other UIDs are allowed): processes of other users in the Pod cannot even
 /// connect. Root bypasses file modes, hence the SO_PEERCRED check on every
 /// connection as well (see `hand_off_here`).
-pub(crate) fn bind_restricted(path: &Path, peer_uids: &[u32]) -> Option<UnixListener> {
+pub fn bind_restricted(path: &Path, peer_uids: &[u32]) -> Option<UnixListener> {
     use std::os::unix::fs::PermissionsExt;
     let l = bind(path)?;
     let mode = if peer_uids.is_empty() { 0o600 } else { 0o666 };
@@ -769,7 +782,7 @@ pub async fn adopt<P, F, Fut, E>(
     start: F,
     cfg: &HandoffConfig,
     hm: &HandoffMetrics,
-    metrics: &Arc<Metrics>,
+    counters: Arc<dyn CarriedCounters>,
 ) -> Result<P, HandoffError>
 where
     P: DataPlane,
@@ -779,7 +792,7 @@ where
 {
     let serving = tokio::runtime::Handle::current();
     let stream = stream.into_std()?;
-    let (cfg, hm, metrics) = (cfg.clone(), hm.clone(), metrics.clone());
+    let (cfg, hm) = (cfg.clone(), hm.clone());
     let start: StartFn<P> = Box::new(move |inherited| {
         Box::pin(async move {
             start(inherited)
@@ -787,10 +800,10 @@ where
                 .map_err(|e| HandoffError::Start(e.into()))
         })
     });
-    crate::sched::on_own_thread(HANDOFF_THREAD, HANDOFF_NICE, async move {
+    on_own_thread(HANDOFF_THREAD, HANDOFF_NICE, async move {
         // Registered with this thread's runtime: its reads wake this thread.
         let stream = UnixStream::from_std(stream)?;
-        adopt_here(stream, start, &cfg, &hm, &metrics, serving).await
+        adopt_here(stream, start, &cfg, &hm, &*counters, serving).await
     })
     .await?
 }
@@ -806,7 +819,7 @@ async fn adopt_here<P: DataPlane>(
     start: StartFn<P>,
     cfg: &HandoffConfig,
     hm: &HandoffMetrics,
-    metrics: &Arc<Metrics>,
+    counters: &dyn CarriedCounters,
     serving: tokio::runtime::Handle,
 ) -> Result<P, HandoffError> {
     let started = Instant::now();
@@ -872,13 +885,8 @@ async fn adopt_here<P: DataPlane>(
     let Message::State(state) = f.msg else {
         return Err(unexpected(&f.msg).into());
     };
-    // Serve exactly what the old process served until the next config push.
-    match serde_json::from_value::<Snapshot>(state.config) {
-        Ok(s) => inherited.config = Some(s),
-        Err(e) => {
-            tracing::warn!(error = %e, "handoff: old config snapshot unreadable; serving our own")
-        }
-    }
+    // The data plane serves exactly that until the next config push.
+    inherited.config = state.config;
     // The old process's certificate, for new handshakes until our own
     // arrives (a failure leaves us on our own source, as on a fresh start).
     if let (Some(carrier), Some(cert_chain), Some(key), Some(trust_bundle)) = (
@@ -901,7 +909,7 @@ async fn adopt_here<P: DataPlane>(
     }
     // Carried by series name: families registered later (the TLS layer's,
     // once attached) continue too.
-    counters::import(metrics, &state.counters);
+    counters.import(&state.counters);
 
     step_delay(cfg).await;
     let running = serving
@@ -957,7 +965,7 @@ async fn adopt_here<P: DataPlane>(
                     counters: delta,
                 } => {
                     // Every connection before `Done` is acknowledged above.
-                    counters::import(metrics, &delta);
+                    counters.import(&delta);
                     tracing::info!(
                         offered = connections,
                         moved,
@@ -1045,7 +1053,7 @@ async fn acknowledge(
     // Frames usually arrive faster than one socket op yields: let the
     // connections already adopted (and the request that just moved) run
     // between batches instead of after the whole handoff.
-    crate::sched::yield_cpu();
+    yield_cpu();
     tokio::task::yield_now().await;
     Ok(n)
 }
@@ -1065,7 +1073,7 @@ pub async fn hand_off(
 ) -> Result<bool, HandoffError> {
     let stream = stream.into_std()?;
     let (running, cfg, hm) = (running.clone(), cfg.clone(), hm.clone());
-    let out = crate::sched::on_own_thread(HANDOFF_THREAD, HANDOFF_NICE, {
+    let out = on_own_thread(HANDOFF_THREAD, HANDOFF_NICE, {
         let running = running.clone();
         async move {
             let stream = UnixStream::from_std(stream)?;
@@ -1220,7 +1228,7 @@ async fn hand_off_inner(
             cert_chain_pem: identity.as_ref().map(|i| i.cert_chain.clone()),
             private_key_pem: identity.as_ref().map(|i| i.key.clone()),
             trust_bundle_pem: identity.map(|i| i.trust_bundle),
-            counters: counters::export(shared.metrics()),
+            counters: shared.counters().export(),
         };
         let exported = state.counters.clone();
         tx.send(&Message::State(state), b"", &[]).await?;
@@ -1311,7 +1319,7 @@ async fn hand_off_inner(
                     tx.send_batch(&batch).await?;
                     // Serve the connections not yet moved between sends
                     // (see the adopting side).
-                    crate::sched::yield_cpu();
+                    yield_cpu();
                     tokio::task::yield_now().await;
                 }
                 ev = events.recv() => {
@@ -1346,7 +1354,7 @@ async fn hand_off_inner(
                 ev = events.recv() => handle_ack(ev, &mut pending, &shared, hm, &mut completed)?,
             }
         }
-        let now = counters::export(shared.metrics());
+        let now = shared.counters().export();
         let delta = now
             .into_iter()
             .filter_map(|(k, v)| {
@@ -1477,7 +1485,7 @@ impl Parks {
 /// listing is the whole registry (10,000 connections: a few ms of hashing),
 /// so it goes in slices, letting the connections it lists run in between.
 async fn list_unasked(
-    registry: &crate::conn::ConnRegistry,
+    registry: &ConnRegistry,
     asked: &mut std::collections::HashSet<u64>,
     queue: &mut std::collections::VecDeque<u64>,
 ) {
@@ -1487,7 +1495,7 @@ async fn list_unasked(
                 queue.push_back(id);
             }
         }
-        crate::sched::yield_cpu();
+        yield_cpu();
         tokio::task::yield_now().await;
     }
 }
@@ -1720,7 +1728,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_tls_connection_with_an_unknown_cipher_or_version_is_declined() {
-        let d = crate::tls_record::DirectionSecrets {
+        let d = baton_tls_record::DirectionSecrets {
             seq: 0,
             key: vec![0; 16],
             iv: vec![0; 12],
@@ -1774,7 +1782,7 @@ mod tests {
     }
 
     fn secrets() -> TlsWireState {
-        let d = crate::tls_record::DirectionSecrets {
+        let d = baton_tls_record::DirectionSecrets {
             seq: 3,
             key: vec![1; 16],
             iv: vec![2; 12],
@@ -1841,7 +1849,7 @@ mod tests {
 
     #[test]
     fn the_test_knobs_default_to_off_and_the_contract_paths() {
-        let c = HandoffConfig::from_env();
+        let c = HandoffConfig::from_env("test");
         if std::env::var(contract::env::HANDOFF_SOCKET).is_err() {
             assert_eq!(c.socket, PathBuf::from(contract::volumes::HANDOFF_SOCKET));
         }
