@@ -40,7 +40,6 @@ pub mod detect;
 mod filters;
 mod h1fast;
 pub mod h1valid;
-pub mod handoff;
 mod http_proxy;
 mod init;
 pub mod lifecycle;
@@ -58,6 +57,8 @@ pub mod tls;
 mod tls_settings;
 mod upstream;
 
+/// The handoff mechanism, under the name the sidecar has always used.
+pub use baton_handoff as handoff;
 /// The userspace TLS record layer, a leaf crate the TLS layer and the
 /// handoff both use (named here as the module it was).
 pub use baton_tls_record as tls_record;

@@ -158,7 +158,7 @@ impl Registrar<'_> {
 }
 
 /// The handoff's families register like any layer's.
-impl crate::handoff::session::MetricRegistry for Registrar<'_> {
+impl baton_handoff::metrics::MetricRegistry for Registrar<'_> {
     fn register(&mut self, name: &str, help: &str, metric: impl Metric) {
         Registrar::register(self, name, help, metric);
     }
