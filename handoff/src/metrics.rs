@@ -9,7 +9,8 @@ use prometheus_client::registry::{Metric, Registry};
 
 type StaticLabels = Vec<(&'static str, &'static str)>;
 
-/// The handoff's metric families (same registry, `baton_sidecar_` prefix).
+/// The handoff's metric families, in the data plane's registry (the
+/// sidecar's: `baton_sidecar_` prefix).
 #[derive(Debug, Clone)]
 pub struct HandoffMetrics {
     /// 1 once this process completed adopting from a previous one.
@@ -101,5 +102,30 @@ impl HandoffMetrics {
         self.connections
             .get_or_create(&vec![("outcome", outcome)])
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_families_register_in_a_plain_registry_under_its_prefix() {
+        let mut r = Registry::with_prefix("x");
+        let m = HandoffMetrics::default();
+        m.register(&mut r);
+        m.handoff("old", "complete");
+        m.conn("moved");
+        m.pause.observe(0.000_3);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &r).unwrap();
+        for want in [
+            r#"x_handoffs_total{role="old",result="complete"} 1"#,
+            r#"x_handoff_connections_total{outcome="moved"} 1"#,
+            r#"x_handoff_connection_pause_seconds_bucket{le="0.0005"} 1"#,
+            "x_handoff_complete 0",
+        ] {
+            assert!(out.contains(want), "{want} in {out}");
+        }
     }
 }

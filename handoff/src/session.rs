@@ -1,4 +1,6 @@
-//! The two sides of a handoff, wired to the data plane.
+//! The two sides of a handoff and their flow control, driving a data plane
+//! through the traits of [`crate::plane`]: [`adopt`] in the new process,
+//! [`hand_off`] in the old one.
 //!
 //! ```text
 //!  new (adopting)                          old (serving → handing off)
@@ -28,6 +30,12 @@
 //! connections not moved yet (old) or already adopted (new), preempts it.
 //! Connections always live on the event loop's runtime
 //! ([`Serving::runtime`]); the handoff thread only moves them.
+//!
+//! Flow control (old side): at most [`PARK_WINDOW`] connections are asked
+//! to park at once, and no more while [`IN_FLIGHT`] are parked or sent and
+//! unacknowledged; the registry is walked in slices of [`LIST_SLICE`]. The
+//! new side acknowledges in batches of at most [`ACK_BATCH`]. What happens to
+//! one connection on the way is [`crate::transit`]'s.
 
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;

@@ -2,10 +2,11 @@
 //! for the running server, [`crate::handoff::Serving`] for the state its
 //! connection tasks share.
 //!
-//! This module sits above the server, the listeners, the protocol handlers
-//! and the handoff, and only [`crate::process`] imports it; that is what
-//! lets the handoff mechanism import none of them (and the server none of
-//! the handoff).
+//! This module sits above the server, the listeners and the protocol
+//! handlers, and only [`crate::process`] imports it; the handoff mechanism
+//! is the `baton-handoff` crate, which cannot import any of them, and the
+//! server imports none of the handoff. The handoff's two lifecycle phases
+//! are mapped onto the data plane's here.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -2,11 +2,13 @@
 //! handoff socket if one answers, else start fresh; then serve, answering
 //! handoff requests, until a signal, `/shutdown`, or a completed handoff.
 //!
-//! The handoff module owns the mechanism (wire format, both sides of the
-//! protocol, flow control); this loop owns the process around it: which side
-//! to play at start, when to listen for a successor, how to end. It sits
-//! above both [`crate::server`] and [`crate::handoff`] and below the binary
-//! ([`crate::cli`]), so neither of them imports it.
+//! The `baton-handoff` crate ([`crate::handoff`]) owns the mechanism (wire
+//! format, both sides of the protocol, flow control); this loop owns the
+//! process around it: which side to play at start, when to listen for a
+//! successor, how to end, and reading the config the old process handed
+//! over. It sits above [`crate::server`] and below the binary
+//! ([`crate::cli`]), so the server does not import it (and the handoff crate
+//! cannot).
 
 use std::sync::Arc;
 use std::time::Duration;
