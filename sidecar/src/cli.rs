@@ -363,7 +363,7 @@ fn run_proxy(args: RunArgs) -> Result<(), CliError> {
             // The certificate and key travel with the handoff. A slot whose
             // Required offload engine does not work (its container holds no
             // device) must not take over from the sidecar that has one.
-            crate::handoff::HandoffConfig::from_env()
+            crate::handoff::HandoffConfig::from_env(env!("CARGO_PKG_VERSION"))
                 .with_identity(tls.clone())
                 .with_sessions(tls.clone())
                 .with_adopt_refusal(tls.offload_readiness().err()),

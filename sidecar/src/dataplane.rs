@@ -2,10 +2,11 @@
 //! for the running server, [`crate::handoff::Serving`] for the state its
 //! connection tasks share.
 //!
-//! This module sits above the server, the listeners, the protocol handlers
-//! and the handoff, and only [`crate::process`] imports it; that is what
-//! lets the handoff mechanism import none of them (and the server none of
-//! the handoff).
+//! This module sits above the server, the listeners and the protocol
+//! handlers, and only [`crate::process`] imports it; the handoff mechanism
+//! is the `baton-handoff` crate, which cannot import any of them, and the
+//! server imports none of the handoff. The handoff's two lifecycle phases
+//! are mapped onto the data plane's here.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,12 +16,13 @@ use crate::conn::{
 };
 use crate::detect::Protocol;
 use crate::filters::ConnMeta;
+use crate::handoff::plane::{CarriedCounters, Phase as HandoffPhase};
 use crate::handoff::protocol::ConnKind as WireKind;
 use crate::handoff::{DataPlane, Resumed, Serving};
 use crate::http_proxy::Shared;
 use crate::lifecycle::Phase;
 use crate::listener::serve_plain;
-use crate::metrics::{ConnLabels, Metrics};
+use crate::metrics::ConnLabels;
 use crate::server::Running;
 use crate::tcp_proxy::{TcpEnd, proxy_resumed};
 use crate::upstream::TcpUpstream;
@@ -42,8 +44,11 @@ impl DataPlane for Running {
         Running::resume_accepting(self)
     }
 
-    fn set_phase(&self, phase: Phase) {
-        self.shared.lifecycle.set(phase);
+    fn set_phase(&self, phase: HandoffPhase) {
+        self.shared.lifecycle.set(match phase {
+            HandoffPhase::Serving => Phase::Serving,
+            HandoffPhase::HandingOff => Phase::HandingOff,
+        });
     }
 
     fn record_status(&self, status: serde_json::Value) {
@@ -64,8 +69,8 @@ impl Serving for Shared {
         &self.registry
     }
 
-    fn metrics(&self) -> &Metrics {
-        &self.metrics
+    fn counters(&self) -> &dyn CarriedCounters {
+        &*self.metrics
     }
 
     fn config(&self) -> serde_json::Value {

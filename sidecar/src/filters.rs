@@ -25,28 +25,9 @@ use std::time::Duration;
 use baton_config::{FaultConfig, RbacAction, RbacPolicy};
 use http::{Method, StatusCode};
 
-/// Per-connection facts every filter may look at. The TLS layer fills
-/// `peer_identity` (verified SPIFFE URI of the client certificate) and
-/// `alpn`; plaintext connections leave them `None`.
-#[derive(Debug, Clone)]
-pub struct ConnMeta {
-    pub id: u64,
-    pub listener: Arc<str>,
-    pub peer: std::net::SocketAddr,
-    pub local: std::net::SocketAddr,
-    /// Original destination (`SO_ORIGINAL_DST`) in transparent mode.
-    pub original_dst: Option<std::net::SocketAddr>,
-    pub peer_identity: Option<String>,
-    pub alpn: Option<Vec<u8>>,
-    pub tls: bool,
-}
-
-impl ConnMeta {
-    /// Port the client meant to reach: original destination, else ours.
-    pub fn dst_port(&self) -> u16 {
-        self.original_dst.unwrap_or(self.local).port()
-    }
-}
+/// Per-connection facts every filter may look at (the handoff carries them
+/// with a moved connection, hence their home in `baton_handoff`).
+pub use baton_handoff::conn::ConnMeta;
 
 /// Network filters, run per connection before protocol handling.
 #[derive(Debug)]

@@ -50,7 +50,7 @@ pub struct Shared {
     pub bytes_rx: prometheus_client::metrics::counter::Counter,
     pub bytes_tx: prometheus_client::metrics::counter::Counter,
     /// The runtime that serves traffic. A handoff runs on a thread of its
-    /// own (`sched::on_own_thread`) and registers the connections it adopts
+    /// own (`baton_handoff::sched::on_own_thread`) and registers the connections it adopts
     /// or gives back with this one, so they outlive the handoff.
     pub runtime: tokio::runtime::Handle,
 }

@@ -20,10 +20,11 @@
 //! * [`h1valid`] — the HTTP/1.1 request-head validation both HTTP/1 paths run;
 //! * [`admin`], [`metrics`], [`loop_lag`], [`lifecycle`] — operating it;
 //! * [`init`], [`orig_dst`] — transparent capture;
-//! * [`handoff`] — the hot upgrade, driving the data plane through the
-//!   traits [`dataplane`] implements, its wire format in the
-//!   `baton-handoff` crate; [`tls_record`] — the userspace TLS record layer
-//!   it and [`tls`] share (the leaf crate `baton-tls-record`);
+//! * [`handoff`] — the hot upgrade's mechanism (the `baton-handoff` crate:
+//!   wire format, both sides, flow control, the connection registry),
+//!   driving the data plane through the traits [`dataplane`] implements;
+//!   [`tls_record`] — the userspace TLS record layer it and [`tls`] share
+//!   (the leaf crate `baton-tls-record`);
 //! * [`server`], [`process`], [`cli`] — assembling a process: the data
 //!   plane, the main loop with the handoff, the command line.
 
@@ -40,7 +41,6 @@ pub mod detect;
 mod filters;
 mod h1fast;
 pub mod h1valid;
-pub mod handoff;
 mod http_proxy;
 mod init;
 pub mod lifecycle;
@@ -58,6 +58,8 @@ pub mod tls;
 mod tls_settings;
 mod upstream;
 
+/// The handoff mechanism, under the name the sidecar has always used.
+pub use baton_handoff as handoff;
 /// The userspace TLS record layer, a leaf crate the TLS layer and the
 /// handoff both use (named here as the module it was).
 pub use baton_tls_record as tls_record;

@@ -2,23 +2,27 @@
 //! handoff socket if one answers, else start fresh; then serve, answering
 //! handoff requests, until a signal, `/shutdown`, or a completed handoff.
 //!
-//! The handoff module owns the mechanism (wire format, both sides of the
-//! protocol, flow control); this loop owns the process around it: which side
-//! to play at start, when to listen for a successor, how to end. It sits
-//! above both [`crate::server`] and [`crate::handoff`] and below the binary
-//! ([`crate::cli`]), so neither of them imports it.
+//! The `baton-handoff` crate ([`crate::handoff`]) owns the mechanism (wire
+//! format, both sides of the protocol, flow control); this loop owns the
+//! process around it: which side to play at start, when to listen for a
+//! successor, how to end, and reading the config the old process handed
+//! over. It sits above [`crate::server`] and below the binary
+//! ([`crate::cli`]), so the server does not import it (and the handoff crate
+//! cannot).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Snapshot;
-use crate::handoff::session::{
-    ADMIN_LINGER, HandoffError, adopt, bind_restricted, connect, hand_off,
-};
+use crate::handoff::session::{HandoffError, adopt, bind_restricted, connect, hand_off};
 use crate::handoff::{DataPlane, HandoffConfig, HandoffMetrics, Inherited};
 use crate::lifecycle::{Ending, Phase};
 use crate::metrics::Metrics;
 use crate::server::{Running, StartError, StartOptions, start};
+
+/// How long a handed-off process keeps serving admin requests it already
+/// accepted before it exits.
+const ADMIN_LINGER: Duration = Duration::from_millis(250);
 
 /// Errors that end [`run`].
 #[derive(Debug, thiserror::Error)]
@@ -46,7 +50,8 @@ pub async fn run(
         .metrics
         .get_or_insert_with(|| Arc::new(Metrics::new()))
         .clone();
-    let hm = HandoffMetrics::register(&metrics);
+    let hm = HandoffMetrics::default();
+    metrics.register(|r| hm.register(r));
     let grace = Duration::from_millis(snapshot.runtime.drain_timeout_ms);
     let (running, listener) = match connect(&cfg.socket).await {
         Some(stream) if cfg.adopt_refusal.is_some() => {
@@ -63,9 +68,12 @@ pub async fn run(
                 opts.inherited = inherited.listeners;
                 opts.inherited_admin = inherited.admin;
                 opts.adopting = true;
-                start(inherited.config.unwrap_or(snapshot), opts)
+                start(
+                    inherited_snapshot(inherited.config).unwrap_or(snapshot),
+                    opts,
+                )
             };
-            let running = adopt(stream, start_on, &cfg, &hm, &metrics).await?;
+            let running = adopt(stream, start_on, &cfg, &hm, metrics.clone()).await?;
             // The path is ours now: the next sidecar asks us.
             (running, bind_restricted(&cfg.socket, &cfg.peer_uids))
         }
@@ -147,4 +155,16 @@ pub async fn run(
     } else {
         Ending::Stopped
     })
+}
+
+/// The config the old process served, which this one serves until the next
+/// config push; `None` (serve our own) when it cannot be read.
+fn inherited_snapshot(config: serde_json::Value) -> Option<Snapshot> {
+    match serde_json::from_value(config) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(error = %e, "handoff: old config snapshot unreadable; serving our own");
+            None
+        }
+    }
 }

@@ -11,7 +11,8 @@
 //!
 //! It lives with the metrics, not the handoff: the exposition itself adds
 //! the carried values ([`Metrics::encode`]), and the handoff only moves the
-//! `series → value` map ([`export`], [`import`]).
+//! `series → value` map ([`export`], [`import`]), through the
+//! `baton_handoff::plane::CarriedCounters` that [`Metrics`] implements here.
 
 use std::collections::BTreeMap;
 
@@ -103,6 +104,16 @@ pub fn parse_series(series: &str) -> Option<(&str, Vec<(String, String)>)> {
 /// family added later cannot be forgotten).
 pub fn import(metrics: &Metrics, counters: &BTreeMap<String, u64>) {
     metrics.carry(counters);
+}
+
+impl baton_handoff::plane::CarriedCounters for Metrics {
+    fn export(&self) -> BTreeMap<String, u64> {
+        export(self)
+    }
+
+    fn import(&self, counters: &BTreeMap<String, u64>) {
+        import(self, counters)
+    }
 }
 
 /// Pure: `text` (an OpenMetrics exposition) with each `carried` counter
@@ -380,7 +391,8 @@ mod tests {
     #[test]
     fn every_counter_series_the_process_exports_continues_after_a_handoff() {
         fn layers(m: &Metrics) -> (HandoffMetrics, TlsMetrics) {
-            let hm = HandoffMetrics::register(m);
+            let hm = HandoffMetrics::default();
+            m.register(|r| hm.register(r));
             let tls = TlsMetrics::default();
             m.register(|r| tls.register_into(r));
             (hm, tls)

@@ -157,6 +157,13 @@ impl Registrar<'_> {
     }
 }
 
+/// The handoff's families register like any layer's.
+impl baton_handoff::metrics::MetricRegistry for Registrar<'_> {
+    fn register(&mut self, name: &str, help: &str, metric: impl Metric) {
+        Registrar::register(self, name, help, metric);
+    }
+}
+
 /// The data plane's metrics.
 #[derive(Debug)]
 pub struct Metrics {

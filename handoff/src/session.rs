@@ -1,4 +1,6 @@
-//! The two sides of a handoff, wired to the data plane.
+//! The two sides of a handoff and their flow control, driving a data plane
+//! through the traits of [`crate::plane`]: [`adopt`] in the new process,
+//! [`hand_off`] in the old one.
 //!
 //! ```text
 //!  new (adopting)                          old (serving → handing off)
@@ -24,41 +26,37 @@
 //! served by exactly one process.
 //!
 //! Threads: each side runs the protocol on a thread of its own at nice 10
-//! ([`crate::sched::on_own_thread`]), so the event loop, still serving the
+//! ([`on_own_thread`]), so the event loop, still serving the
 //! connections not moved yet (old) or already adopted (new), preempts it.
 //! Connections always live on the event loop's runtime
 //! ([`Serving::runtime`]); the handoff thread only moves them.
+//!
+//! Flow control (old side): at most [`PARK_WINDOW`] connections are asked
+//! to park at once, and no more while [`IN_FLIGHT`] are parked or sent and
+//! unacknowledged; the registry is walked in slices of [`LIST_SLICE`]. The
+//! new side acknowledges in batches of at most [`ACK_BATCH`]. What happens to
+//! one connection on the way is [`crate::transit`]'s.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::path::{Path, PathBuf};
+use std::os::fd::AsRawFd;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use baton_crds::contract;
-use bytes::Bytes;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
 use serde::{Deserialize, Serialize};
-use tokio::net::{TcpStream, UnixListener, UnixStream};
+use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
-use super::plane::{DataPlane, Inherited, Resumed, Serving};
-use super::protocol::{
-    Batch, Channel, ConnKind as WireKind, ConnectionHeader, Frame, ListenerInfo, Message,
-    ProtocolError, Receiver, Sender, StateSnapshot, UPSTREAM_TLS_SINCE, VersionRange, negotiate,
+use crate::config::{HandoffConfig, peer_allowed};
+use crate::conn::{ConnKind, ConnRegistry, ParkedAt};
+use crate::metrics::HandoffMetrics;
+use crate::plane::{CarriedCounters, DataPlane, IdentityPem, Inherited, Phase, Serving};
+use crate::protocol::{
+    Batch, Channel, Frame, ListenerInfo, Message, ProtocolError, Receiver, Sender, StateSnapshot,
+    UPSTREAM_TLS_SINCE, negotiate,
 };
-use crate::config::Snapshot;
-use crate::conn::{BoxIo, ConnKind, Detached, Parked, ParkedAt, ParkedIo, SessionDetach};
-pub use crate::conn::{IdentityCarrier, IdentityPem};
-use crate::filters::ConnMeta;
-use crate::lifecycle::Phase;
-use crate::metrics::Metrics;
-use crate::metrics::carried as counters;
-use crate::tls_record::{AeadKind, TLS12, TLS13, TlsRecordStream, TlsWireState};
+use crate::sched::{on_own_thread, yield_cpu};
+use crate::transit::{Resumable, push_connection, spawn_resumed};
 
 /// Connections parked at once by the old process (see `hand_off_inner`).
 /// A parked connection is frozen until the new process adopts it, so the
@@ -87,227 +85,16 @@ const LIST_SLICE: usize = 1024;
 /// and a failed write never leaves it believing in an ack we gave up on.
 const ACK_BATCH: usize = 32;
 
-/// How long a handed-off process keeps serving admin requests it already
-/// accepted before it exits.
-pub(crate) const ADMIN_LINGER: Duration = Duration::from_millis(250);
-
 /// Listener name under which the admin socket travels (not a valid config
 /// listener name, so it never collides).
 pub const ADMIN_LISTENER: &str = "@admin";
 
-/// The thread each side of a handoff runs on ([`crate::sched::on_own_thread`]).
+/// The thread each side of a handoff runs on ([`on_own_thread`]).
 const HANDOFF_THREAD: &str = "baton-handoff";
 
 /// Its nice value: the event loop (nice 0, or what the sidecar was started
 /// with) preempts it whenever a request arrives, as it does crypto threads.
 const HANDOFF_NICE: i32 = 10;
-
-/// Where and how this process hands off.
-#[derive(Clone)]
-pub struct HandoffConfig {
-    pub socket: PathBuf,
-    pub status_file: PathBuf,
-    /// Longest wait for the peer's next step before the handoff fails.
-    pub step_timeout: Duration,
-    /// Longest wait for in-flight requests to reach a safe point.
-    pub park_timeout: Duration,
-    pub versions: VersionRange,
-    pub sidecar_version: String,
-    /// Testing knob (0 in production): pause before each adoption step.
-    pub test_step_delay: Duration,
-    /// Carries the certificate and key across (the TLS layer).
-    pub identity: Option<Arc<dyn IdentityCarrier>>,
-    /// Takes parked TLS sessions apart so they can move (the TLS layer);
-    /// without it a boxed (TLS) connection finishes in this process.
-    pub sessions: Option<Arc<dyn SessionDetach>>,
-    /// UIDs besides this process's effective UID that may take over on the
-    /// handoff socket (see [`peer_allowed`]); empty in the injected Pod.
-    pub peer_uids: Vec<u32>,
-    /// Why this process must not take over from a live sidecar (offload
-    /// Required but no working engine in this slot, e.g. the device is
-    /// held by the other slot's container): it then leaves the serving
-    /// sidecar untouched and [`run`] fails with the reason.
-    pub adopt_refusal: Option<String>,
-}
-
-impl std::fmt::Debug for HandoffConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HandoffConfig")
-            .field("socket", &self.socket)
-            .field("status_file", &self.status_file)
-            .field("step_timeout", &self.step_timeout)
-            .field("park_timeout", &self.park_timeout)
-            .field("versions", &self.versions)
-            .field("identity", &self.identity.is_some())
-            .field("peer_uids", &self.peer_uids)
-            .field("adopt_refusal", &self.adopt_refusal)
-            .finish_non_exhaustive()
-    }
-}
-
-impl HandoffConfig {
-    /// Paths and timeouts from the environment (see `contract::env`),
-    /// defaulting to the shared volume's paths.
-    pub fn from_env() -> Self {
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-        let ms = |k: &str, d: u64| {
-            Duration::from_millis(var(k).and_then(|v| v.parse().ok()).unwrap_or(d))
-        };
-        let versions = var(contract::env::HANDOFF_PROTOCOL_RANGE)
-            .and_then(|v| {
-                let (a, b) = v.split_once('-')?;
-                Some(VersionRange {
-                    min: a.trim().parse().ok()?,
-                    max: b.trim().parse().ok()?,
-                })
-            })
-            .unwrap_or_else(VersionRange::this_build);
-        Self {
-            socket: var(contract::env::HANDOFF_SOCKET)
-                .unwrap_or_else(|| contract::volumes::HANDOFF_SOCKET.into())
-                .into(),
-            status_file: var(contract::env::HANDOFF_STATUS_FILE)
-                .unwrap_or_else(|| contract::volumes::HANDOFF_STATUS_FILE.into())
-                .into(),
-            step_timeout: ms(contract::env::HANDOFF_TIMEOUT_MS, 10_000),
-            park_timeout: ms(contract::env::HANDOFF_PARK_TIMEOUT_MS, 30_000),
-            versions,
-            sidecar_version: env!("CARGO_PKG_VERSION").to_string(),
-            test_step_delay: ms(contract::env::HANDOFF_TEST_STEP_DELAY_MS, 0),
-            identity: None,
-            sessions: None,
-            peer_uids: var(contract::env::HANDOFF_PEER_UIDS)
-                .map(|v| parse_uids(&v))
-                .unwrap_or_default(),
-            adopt_refusal: None,
-        }
-    }
-
-    pub fn with_identity(mut self, identity: Arc<dyn IdentityCarrier>) -> Self {
-        self.identity = Some(identity);
-        self
-    }
-
-    pub fn with_sessions(mut self, sessions: Arc<dyn SessionDetach>) -> Self {
-        self.sessions = Some(sessions);
-        self
-    }
-
-    /// See [`HandoffConfig::adopt_refusal`].
-    pub fn with_adopt_refusal(mut self, reason: Option<String>) -> Self {
-        self.adopt_refusal = reason;
-        self
-    }
-}
-
-/// Pure: the UIDs of `BATON_HANDOFF_PEER_UIDS`. An entry that is not a
-/// number is logged and ignored (it can only narrow who may take over).
-fn parse_uids(v: &str) -> Vec<u32> {
-    v.split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .filter_map(|s| match s.parse() {
-            Ok(uid) => Some(uid),
-            Err(_) => {
-                tracing::warn!(
-                    entry = s,
-                    "{}: not a UID; ignored",
-                    contract::env::HANDOFF_PEER_UIDS
-                );
-                None
-            }
-        })
-        .collect()
-}
-
-/// Pure: whether a process with `peer_uid` may take over from a sidecar
-/// running as `own_uid`. Whoever completes a handoff receives every live
-/// connection, the TLS session keys and the mesh private key, so only the
-/// sidecar's own UID (and UIDs listed explicitly) may; an application
-/// container that mounts the shared volume runs under another UID.
-pub fn peer_allowed(peer_uid: u32, own_uid: u32, extra: &[u32]) -> bool {
-    peer_uid == own_uid || extra.contains(&peer_uid)
-}
-
-type StaticLabels = Vec<(&'static str, &'static str)>;
-
-/// The handoff's metric families (same registry, `baton_sidecar_` prefix).
-#[derive(Debug, Clone)]
-pub struct HandoffMetrics {
-    /// 1 once this process completed adopting from a previous one.
-    pub complete: Gauge,
-    /// `role` = old/new, `result` = complete/refused/refused_peer/failed
-    /// (`refused_peer`: the connecting process runs under another UID).
-    pub handoffs: Family<StaticLabels, Counter>,
-    /// `outcome` = moved (acknowledged by the new process), kept (resumed
-    /// here: not movable or the handoff failed), drained (HTTP/2: GOAWAY).
-    pub connections: Family<StaticLabels, Counter>,
-    pub last_duration_ms: Gauge,
-    /// New process: how long each adopted connection went unread, from the
-    /// moment the old process's task stopped reading it to the moment this
-    /// process's event loop took it over. A request that arrived meanwhile
-    /// waited that long.
-    pub pause: Histogram,
-}
-
-/// Pause buckets, seconds: 1-2-5 steps from 100 µs to 10 s (the default step
-/// timeout), so even a stalled handoff's connections land in a bucket.
-const PAUSE_BUCKETS: [f64; 16] = [
-    0.000_1, 0.000_2, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
-    10.0,
-];
-
-impl HandoffMetrics {
-    pub fn register(metrics: &Metrics) -> Self {
-        let m = Self {
-            complete: Gauge::default(),
-            handoffs: Family::default(),
-            connections: Family::default(),
-            last_duration_ms: Gauge::default(),
-            pause: Histogram::new(PAUSE_BUCKETS),
-        };
-        metrics.register(|r| {
-            r.register(
-                "handoff_complete",
-                "1 once this process completed a handoff as the new process",
-                m.complete.clone(),
-            );
-            r.register(
-                "handoffs",
-                "Handoffs by role and result",
-                m.handoffs.clone(),
-            );
-            r.register(
-                "handoff_connections",
-                "Connections at a handoff, by outcome",
-                m.connections.clone(),
-            );
-            r.register(
-                "handoff_last_duration_milliseconds",
-                "Duration of the last handoff this process took part in",
-                m.last_duration_ms.clone(),
-            );
-            r.register(
-                "handoff_connection_pause_seconds",
-                "Adopted connections: time unread between the old process's safe point and this process's event loop",
-                m.pause.clone(),
-            );
-        });
-        m
-    }
-
-    fn handoff(&self, role: &'static str, result: &'static str) {
-        self.handoffs
-            .get_or_create(&vec![("role", role), ("result", result)])
-            .inc();
-    }
-
-    fn conn(&self, outcome: &'static str) {
-        self.connections
-            .get_or_create(&vec![("outcome", outcome)])
-            .inc();
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum HandoffError {
@@ -328,341 +115,6 @@ impl HandoffError {
             HandoffError::Io(_) => "io",
         }
     }
-}
-
-/// Serializable [`ConnMeta`] (ids are per process and not carried).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct MetaWire {
-    listener: String,
-    peer: SocketAddr,
-    local: SocketAddr,
-    #[serde(default)]
-    original_dst: Option<SocketAddr>,
-    #[serde(default)]
-    peer_identity: Option<String>,
-    #[serde(default)]
-    alpn: Option<Vec<u8>>,
-    #[serde(default)]
-    tls: bool,
-}
-
-impl MetaWire {
-    fn from_meta(m: &ConnMeta) -> Self {
-        Self {
-            listener: m.listener.to_string(),
-            peer: m.peer,
-            local: m.local,
-            original_dst: m.original_dst,
-            peer_identity: m.peer_identity.clone(),
-            alpn: m.alpn.clone(),
-            tls: m.tls,
-        }
-    }
-
-    fn into_meta(self, id: u64) -> ConnMeta {
-        ConnMeta {
-            id,
-            listener: Arc::from(self.listener),
-            peer: self.peer,
-            local: self.local,
-            original_dst: self.original_dst,
-            peer_identity: self.peer_identity,
-            alpn: self.alpn,
-            tls: self.tls,
-        }
-    }
-}
-
-/// One end (downstream or upstream) of a connection being resumed.
-enum End {
-    /// A socket; with the record-layer state (and the ciphertext received
-    /// but not yet decrypted) when a TLS session continues on it.
-    Raw(TcpStream, Option<Box<(TlsWireState, Vec<u8>)>>),
-    /// A session another layer boxed (TLS), taken apart only through
-    /// [`SessionDetach`].
-    Boxed(BoxIo),
-}
-
-impl End {
-    fn from_parked(io: ParkedIo) -> Self {
-        match io {
-            ParkedIo::Tcp(t) => End::Raw(t, None),
-            ParkedIo::Boxed(b) => End::Boxed(b),
-        }
-    }
-
-    /// Stops a TLS session at a record boundary and turns it into a socket
-    /// plus record state; also returns the plaintext decrypted but not yet
-    /// read. `Err` gives the end back when it cannot move (not at a record
-    /// boundary, or no layer to take it apart); `Ok(None)` means the session
-    /// turned out to be broken.
-    async fn extract(
-        self,
-        conn: u64,
-        sessions: Option<&dyn SessionDetach>,
-    ) -> Result<Option<(Self, Vec<u8>)>, Self> {
-        let b = match self {
-            End::Raw(..) => return Ok(Some((self, Vec::new()))),
-            End::Boxed(b) => b,
-        };
-        let Some(sessions) = sessions else {
-            return Err(End::Boxed(b));
-        };
-        match sessions.detach(b, conn).await {
-            Detached::Moved {
-                tcp,
-                state,
-                ciphertext,
-                plaintext,
-            } => Ok(Some((
-                End::Raw(tcp, Some(Box::new((*state, ciphertext)))),
-                plaintext,
-            ))),
-            Detached::Stays(b) => Err(End::Boxed(b)),
-            Detached::Broken => Ok(None),
-        }
-    }
-
-    /// The stream to serve this end with in this process: a socket with TLS
-    /// state continues on our record layer.
-    fn into_io(self, conn: u64) -> Option<ParkedIo> {
-        Some(match self {
-            End::Raw(tcp, None) => ParkedIo::Tcp(tcp),
-            End::Raw(tcp, Some(sealed)) => {
-                let (state, ciphertext) = *sealed;
-                match TlsRecordStream::new(tcp, &state, ciphertext, Vec::new()) {
-                    Ok(s) => ParkedIo::Boxed(Box::new(s)),
-                    Err(e) => {
-                        tracing::error!(conn, error = %e, "cannot resume the TLS record layer; connection closed");
-                        return None;
-                    }
-                }
-            }
-            End::Boxed(b) => ParkedIo::Boxed(b),
-        })
-    }
-}
-
-/// A connection stopped at a safe point, ready to be resumed (here or, once
-/// both ends are raw sockets, in the next process).
-struct Resumable {
-    meta: ConnMeta,
-    kind: WireKind,
-    down: End,
-    up: Option<End>,
-    /// Plaintext read from downstream, not yet consumed (for HTTP/1: the
-    /// pipelined bytes hyper read ahead).
-    to_upstream: Bytes,
-    to_downstream: Bytes,
-    /// When its task stopped reading it (on the old process); `None` from a
-    /// peer that does not say.
-    paused_since: Option<Instant>,
-}
-
-impl Resumable {
-    fn from_parked(p: ParkedAt) -> Option<Self> {
-        let paused_since = Some(p.at);
-        match p.parked {
-            Parked::Tcp {
-                meta,
-                downstream,
-                upstream,
-                to_upstream,
-                to_downstream,
-            } => Some(Self {
-                meta,
-                kind: WireKind::Tcp,
-                down: End::from_parked(downstream),
-                up: Some(End::from_parked(upstream)),
-                to_upstream,
-                to_downstream,
-                paused_since,
-            }),
-            Parked::Http1 {
-                meta,
-                downstream,
-                unread,
-            } => Some(Self {
-                meta,
-                kind: WireKind::Http1,
-                down: End::from_parked(downstream),
-                up: None,
-                to_upstream: unread,
-                to_downstream: Bytes::new(),
-                paused_since,
-            }),
-            Parked::Draining => None,
-        }
-    }
-
-    /// Turns both ends into raw sockets plus record state, so the
-    /// connection can be sent. `Err` gives the connection back when an end
-    /// is not at a record boundary (it then finishes in this process; an
-    /// end already extracted continues on our record layer); `Ok(None)`
-    /// means the connection turned out to be broken.
-    async fn extract_tls(
-        mut self,
-        sessions: Option<&dyn SessionDetach>,
-    ) -> Result<Option<Self>, Self> {
-        let id = self.meta.id;
-        let down = match self.down.extract(id, sessions).await {
-            Ok(Some((end, plain))) => {
-                // rustls decrypted these after everything the data plane holds.
-                append(&mut self.to_upstream, &plain);
-                end
-            }
-            Ok(None) => return Ok(None),
-            Err(end) => {
-                self.down = end;
-                return Err(self);
-            }
-        };
-        self.down = down;
-        if let Some(up) = self.up.take() {
-            match up.extract(id, sessions).await {
-                Ok(Some((end, plain))) => {
-                    append(&mut self.to_downstream, &plain);
-                    self.up = Some(end);
-                }
-                Ok(None) => return Ok(None),
-                Err(end) => {
-                    self.up = Some(end);
-                    return Err(self);
-                }
-            }
-        }
-        Ok(Some(self))
-    }
-
-    /// Builds a connection received from the previous process.
-    fn from_frame(
-        h: &ConnectionHeader,
-        blob: Vec<u8>,
-        fds: Vec<OwnedFd>,
-        id: u64,
-    ) -> Result<Self, String> {
-        let want = match h.kind {
-            WireKind::Tcp => 2,
-            WireKind::Http1 => 1,
-        };
-        if fds.len() != want {
-            return Err(format!(
-                "{:?} connection needs {want} descriptors, got {}",
-                h.kind,
-                fds.len()
-            ));
-        }
-        for t in h.tls.iter().chain(h.up_tls.as_deref()) {
-            // Check the state now so a bad one is declined, not adopted.
-            AeadKind::from_name(&t.aead).map_err(|e| e.to_string())?;
-            if t.version != TLS12 && t.version != TLS13 {
-                return Err(format!("unsupported TLS version 0x{:04x}", t.version));
-            }
-        }
-        if h.up_tls.is_some() && h.kind != WireKind::Tcp {
-            return Err("upstream TLS state on a connection without an upstream".into());
-        }
-        let lens = [
-            h.to_upstream_len,
-            h.to_downstream_len,
-            h.tls_ciphertext_len,
-            h.up_tls_ciphertext_len,
-        ];
-        if lens.iter().map(|&l| l as usize).sum::<usize>() != blob.len() {
-            return Err(format!(
-                "blob of {} bytes does not match its parts {lens:?}",
-                blob.len()
-            ));
-        }
-        let meta: MetaWire =
-            serde_json::from_value(h.meta.clone()).map_err(|e| format!("bad meta: {e}"))?;
-        let mut fds = fds.into_iter();
-        let tcp = |fd: OwnedFd| -> Result<TcpStream, String> {
-            let s = std::net::TcpStream::from(fd);
-            s.set_nonblocking(true).map_err(|e| e.to_string())?;
-            TcpStream::from_std(s).map_err(|e| e.to_string())
-        };
-        let down = tcp(fds.next().expect("counted"))?;
-        let up = match fds.next() {
-            Some(fd) => Some(tcp(fd)?),
-            None => None,
-        };
-        let mut blob = Bytes::from(blob);
-        let mut take = |n: u32| blob.split_to(n as usize);
-        let to_upstream = take(h.to_upstream_len);
-        let to_downstream = take(h.to_downstream_len);
-        let down_ct = take(h.tls_ciphertext_len);
-        let up_ct = take(h.up_tls_ciphertext_len);
-        Ok(Self {
-            meta: meta.into_meta(id),
-            kind: h.kind,
-            down: End::Raw(down, h.tls.clone().map(|t| Box::new((t, down_ct.to_vec())))),
-            up: up.map(|u| End::Raw(u, h.up_tls.clone().map(|t| Box::new((*t, up_ct.to_vec()))))),
-            to_upstream,
-            to_downstream,
-            paused_since: monotonic::to_instant(h.parked_at_ns),
-        })
-    }
-}
-
-/// `CLOCK_MONOTONIC`, which both processes of a pod read alike (one kernel,
-/// no time namespace), as nanoseconds on the wire: `Instant` is that clock
-/// but does not expose it.
-mod monotonic {
-    use std::time::{Duration, Instant};
-
-    fn now_ns() -> Option<u64> {
-        let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).ok()?;
-        Some(t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
-    }
-
-    /// `t` on the wire; 0 if the clock cannot be read.
-    pub(super) fn to_ns(t: Instant) -> u64 {
-        now_ns().map_or(0, |now| now.saturating_sub(t.elapsed().as_nanos() as u64))
-    }
-
-    /// Back from the wire: `None` for 0 (a peer that did not send it) and for
-    /// anything in the future or over a minute old (not the same clock).
-    pub(super) fn to_instant(ns: u64) -> Option<Instant> {
-        let now = now_ns()?;
-        if ns == 0 || ns > now || now - ns > 60_000_000_000 {
-            return None;
-        }
-        Instant::now().checked_sub(Duration::from_nanos(now - ns))
-    }
-}
-
-fn append(to: &mut Bytes, more: &[u8]) {
-    if !more.is_empty() {
-        let mut all = to.to_vec();
-        all.extend_from_slice(more);
-        *to = Bytes::from(all);
-    }
-}
-
-/// Serve a resumed connection in this process (the data plane registers
-/// and counts it). A TLS session whose secrets were extracted continues on
-/// our record layer.
-fn spawn_resumed(serving: &Arc<dyn Serving>, r: Resumable) {
-    // Called on the handoff's thread: the connection belongs to the runtime
-    // that serves (its sockets register there, its task runs there).
-    let _rt = serving.runtime().enter();
-    let Some(down) = r.down.into_io(r.meta.id) else {
-        return;
-    };
-    let up = match r.up.map(|u| u.into_io(r.meta.id)) {
-        None => None,
-        Some(None) => return,
-        Some(Some(io)) => Some(io),
-    };
-    serving.clone().resume(Resumed {
-        kind: r.kind,
-        meta: r.meta,
-        down,
-        up,
-        to_upstream: r.to_upstream,
-        to_downstream: r.to_downstream,
-    });
 }
 
 /// What the new process writes to the status file when it completes.
@@ -746,7 +198,7 @@ pub fn bind(path: &Path) -> Option<UnixListener> {
 /// other UIDs are allowed): processes of other users in the Pod cannot even
 /// connect. Root bypasses file modes, hence the SO_PEERCRED check on every
 /// connection as well (see `hand_off_here`).
-pub(crate) fn bind_restricted(path: &Path, peer_uids: &[u32]) -> Option<UnixListener> {
+pub fn bind_restricted(path: &Path, peer_uids: &[u32]) -> Option<UnixListener> {
     use std::os::unix::fs::PermissionsExt;
     let l = bind(path)?;
     let mode = if peer_uids.is_empty() { 0o600 } else { 0o666 };
@@ -769,7 +221,7 @@ pub async fn adopt<P, F, Fut, E>(
     start: F,
     cfg: &HandoffConfig,
     hm: &HandoffMetrics,
-    metrics: &Arc<Metrics>,
+    counters: Arc<dyn CarriedCounters>,
 ) -> Result<P, HandoffError>
 where
     P: DataPlane,
@@ -779,7 +231,7 @@ where
 {
     let serving = tokio::runtime::Handle::current();
     let stream = stream.into_std()?;
-    let (cfg, hm, metrics) = (cfg.clone(), hm.clone(), metrics.clone());
+    let (cfg, hm) = (cfg.clone(), hm.clone());
     let start: StartFn<P> = Box::new(move |inherited| {
         Box::pin(async move {
             start(inherited)
@@ -787,10 +239,10 @@ where
                 .map_err(|e| HandoffError::Start(e.into()))
         })
     });
-    crate::sched::on_own_thread(HANDOFF_THREAD, HANDOFF_NICE, async move {
+    on_own_thread(HANDOFF_THREAD, HANDOFF_NICE, async move {
         // Registered with this thread's runtime: its reads wake this thread.
         let stream = UnixStream::from_std(stream)?;
-        adopt_here(stream, start, &cfg, &hm, &metrics, serving).await
+        adopt_here(stream, start, &cfg, &hm, &*counters, serving).await
     })
     .await?
 }
@@ -806,7 +258,7 @@ async fn adopt_here<P: DataPlane>(
     start: StartFn<P>,
     cfg: &HandoffConfig,
     hm: &HandoffMetrics,
-    metrics: &Arc<Metrics>,
+    counters: &dyn CarriedCounters,
     serving: tokio::runtime::Handle,
 ) -> Result<P, HandoffError> {
     let started = Instant::now();
@@ -872,13 +324,8 @@ async fn adopt_here<P: DataPlane>(
     let Message::State(state) = f.msg else {
         return Err(unexpected(&f.msg).into());
     };
-    // Serve exactly what the old process served until the next config push.
-    match serde_json::from_value::<Snapshot>(state.config) {
-        Ok(s) => inherited.config = Some(s),
-        Err(e) => {
-            tracing::warn!(error = %e, "handoff: old config snapshot unreadable; serving our own")
-        }
-    }
+    // The data plane serves exactly that until the next config push.
+    inherited.config = state.config;
     // The old process's certificate, for new handshakes until our own
     // arrives (a failure leaves us on our own source, as on a fresh start).
     if let (Some(carrier), Some(cert_chain), Some(key), Some(trust_bundle)) = (
@@ -901,7 +348,7 @@ async fn adopt_here<P: DataPlane>(
     }
     // Carried by series name: families registered later (the TLS layer's,
     // once attached) continue too.
-    counters::import(metrics, &state.counters);
+    counters.import(&state.counters);
 
     step_delay(cfg).await;
     let running = serving
@@ -957,7 +404,7 @@ async fn adopt_here<P: DataPlane>(
                     counters: delta,
                 } => {
                     // Every connection before `Done` is acknowledged above.
-                    counters::import(metrics, &delta);
+                    counters.import(&delta);
                     tracing::info!(
                         offered = connections,
                         moved,
@@ -1045,7 +492,7 @@ async fn acknowledge(
     // Frames usually arrive faster than one socket op yields: let the
     // connections already adopted (and the request that just moved) run
     // between batches instead of after the whole handoff.
-    crate::sched::yield_cpu();
+    yield_cpu();
     tokio::task::yield_now().await;
     Ok(n)
 }
@@ -1065,7 +512,7 @@ pub async fn hand_off(
 ) -> Result<bool, HandoffError> {
     let stream = stream.into_std()?;
     let (running, cfg, hm) = (running.clone(), cfg.clone(), hm.clone());
-    let out = crate::sched::on_own_thread(HANDOFF_THREAD, HANDOFF_NICE, {
+    let out = on_own_thread(HANDOFF_THREAD, HANDOFF_NICE, {
         let running = running.clone();
         async move {
             let stream = UnixStream::from_std(stream)?;
@@ -1220,7 +667,7 @@ async fn hand_off_inner(
             cert_chain_pem: identity.as_ref().map(|i| i.cert_chain.clone()),
             private_key_pem: identity.as_ref().map(|i| i.key.clone()),
             trust_bundle_pem: identity.map(|i| i.trust_bundle),
-            counters: counters::export(shared.metrics()),
+            counters: shared.counters().export(),
         };
         let exported = state.counters.clone();
         tx.send(&Message::State(state), b"", &[]).await?;
@@ -1311,7 +758,7 @@ async fn hand_off_inner(
                     tx.send_batch(&batch).await?;
                     // Serve the connections not yet moved between sends
                     // (see the adopting side).
-                    crate::sched::yield_cpu();
+                    yield_cpu();
                     tokio::task::yield_now().await;
                 }
                 ev = events.recv() => {
@@ -1346,7 +793,7 @@ async fn hand_off_inner(
                 ev = events.recv() => handle_ack(ev, &mut pending, &shared, hm, &mut completed)?,
             }
         }
-        let now = counters::export(shared.metrics());
+        let now = shared.counters().export();
         let delta = now
             .into_iter()
             .filter_map(|(k, v)| {
@@ -1477,7 +924,7 @@ impl Parks {
 /// listing is the whole registry (10,000 connections: a few ms of hashing),
 /// so it goes in slices, letting the connections it lists run in between.
 async fn list_unasked(
-    registry: &crate::conn::ConnRegistry,
+    registry: &ConnRegistry,
     asked: &mut std::collections::HashSet<u64>,
     queue: &mut std::collections::VecDeque<u64>,
 ) {
@@ -1487,7 +934,7 @@ async fn list_unasked(
                 queue.push_back(id);
             }
         }
-        crate::sched::yield_cpu();
+        yield_cpu();
         tokio::task::yield_now().await;
     }
 }
@@ -1544,95 +991,10 @@ fn handle_ack(
     Ok(())
 }
 
-/// Appends connection `id`'s frame to `batch`; its sockets stay open (in
-/// `pending`) until the batch is sent and acknowledged.
-fn push_connection(batch: &mut Batch, id: u64, r: &Resumable) -> Result<(), ProtocolError> {
-    let raw = |e: &End| -> (RawFd, Option<TlsWireState>, Vec<u8>) {
-        let End::Raw(tcp, tls) = e else {
-            unreachable!("only raw sockets are sent (extract_tls ran)")
-        };
-        match tls.as_deref() {
-            Some((state, ct)) => (tcp.as_raw_fd(), Some(state.clone()), ct.clone()),
-            None => (tcp.as_raw_fd(), None, Vec::new()),
-        }
-    };
-    let (down_fd, tls, down_ct) = raw(&r.down);
-    let mut fds = vec![down_fd];
-    let (up_tls, up_ct) = match r.up.as_ref().map(raw) {
-        Some((fd, state, ct)) => {
-            fds.push(fd);
-            (state, ct)
-        }
-        None => (None, Vec::new()),
-    };
-    let parts: [&[u8]; 4] = [&r.to_upstream, &r.to_downstream, &down_ct, &up_ct];
-    let mut blob = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
-    for p in parts {
-        blob.extend_from_slice(p);
-    }
-    let header = ConnectionHeader {
-        id,
-        kind: r.kind,
-        to_upstream_len: r.to_upstream.len() as u32,
-        to_downstream_len: r.to_downstream.len() as u32,
-        tls_ciphertext_len: down_ct.len() as u32,
-        tls,
-        up_tls_ciphertext_len: up_ct.len() as u32,
-        up_tls: up_tls.map(Box::new),
-        meta: serde_json::to_value(MetaWire::from_meta(&r.meta)).unwrap_or_default(),
-        parked_at_ns: r.paused_since.map_or(0, monotonic::to_ns),
-    };
-    batch.push(&Message::Connection(header), &blob, &fds)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn header(kind: WireKind, tls: Option<TlsWireState>) -> ConnectionHeader {
-        ConnectionHeader {
-            id: 1,
-            kind,
-            to_upstream_len: 2,
-            to_downstream_len: 1,
-            tls_ciphertext_len: 0,
-            up_tls: None,
-            up_tls_ciphertext_len: 0,
-            tls,
-            meta: serde_json::to_value(MetaWire {
-                listener: "outbound".into(),
-                peer: "127.0.0.1:1".parse().unwrap(),
-                local: "127.0.0.1:2".parse().unwrap(),
-                original_dst: None,
-                peer_identity: Some("spiffe://td/ns/a/sa/b".into()),
-                alpn: None,
-                tls: false,
-            })
-            .unwrap(),
-            parked_at_ns: 0,
-        }
-    }
-
-    #[test]
-    fn only_the_sidecars_own_uid_and_listed_uids_may_take_over() {
-        assert!(peer_allowed(1337, 1337, &[]));
-        assert!(!peer_allowed(1000, 1337, &[]));
-        // Root is no exception: an application container running as root
-        // is exactly who must not pull the keys out.
-        assert!(!peer_allowed(0, 1337, &[]));
-        assert!(peer_allowed(1338, 1337, &[1338]));
-        assert!(!peer_allowed(1000, 1337, &[1338]));
-        assert_eq!(parse_uids(" 1338, x,,0 "), vec![1338, 0]);
-    }
-
-    #[tokio::test]
-    async fn a_socket_from_this_process_carries_its_own_uid_so_a_successor_passes() {
-        // Our own UID passes the check; the refusal path is covered with a
-        // real process under another UID in tests/admin_access.rs.
-        let (a, _b) = UnixStream::pair().unwrap();
-        let c = a.peer_cred().unwrap();
-        assert!(peer_allowed(c.uid(), nix::unistd::geteuid().as_raw(), &[]));
-    }
+    use crate::conn::Parked;
 
     #[tokio::test]
     async fn parks_return_each_connection_once_and_a_cancelled_wait_loses_none() {
@@ -1680,173 +1042,5 @@ mod tests {
         assert_eq!(id, 1);
         assert!(parked.is_some());
         assert!(parks.is_empty());
-    }
-
-    #[test]
-    fn a_pause_start_survives_the_wire_and_nonsense_is_ignored() {
-        let t = Instant::now() - Duration::from_millis(3);
-        let back = monotonic::to_instant(monotonic::to_ns(t)).expect("a recent instant");
-        // Same clock, read twice: off by the time between two reads, not by
-        // a unit or an epoch (the bound is loose so a preempted read passes).
-        let off = if back > t { back - t } else { t - back };
-        assert!(off < Duration::from_millis(100), "{off:?}");
-        assert!(monotonic::to_instant(0).is_none(), "not sent");
-        let now = monotonic::to_ns(Instant::now());
-        assert!(
-            monotonic::to_instant(now + 60_000_000_000).is_none(),
-            "future"
-        );
-        if now > 120_000_000_000 {
-            assert!(
-                monotonic::to_instant(now - 120_000_000_000).is_none(),
-                "stale"
-            );
-        }
-    }
-
-    fn fds(n: usize) -> Vec<OwnedFd> {
-        (0..n)
-            .map(|_| OwnedFd::from(std::net::TcpListener::bind("127.0.0.1:0").unwrap()))
-            .collect()
-    }
-
-    #[tokio::test]
-    async fn a_connection_with_the_wrong_number_of_descriptors_is_declined() {
-        let err = Resumable::from_frame(&header(WireKind::Tcp, None), b"abc".to_vec(), fds(1), 7)
-            .err()
-            .unwrap();
-        assert!(err.contains("needs 2 descriptors"), "{err}");
-    }
-
-    #[tokio::test]
-    async fn a_tls_connection_with_an_unknown_cipher_or_version_is_declined() {
-        let d = crate::tls_record::DirectionSecrets {
-            seq: 0,
-            key: vec![0; 16],
-            iv: vec![0; 12],
-            traffic_secret: None,
-        };
-        let mut t = TlsWireState {
-            version: TLS13,
-            aead: "rc4".into(),
-            tx: d.clone(),
-            rx: d,
-            server: true,
-        };
-        let err = Resumable::from_frame(
-            &header(WireKind::Http1, Some(t.clone())),
-            b"abc".to_vec(),
-            fds(1),
-            7,
-        )
-        .err()
-        .unwrap();
-        assert!(err.contains("rc4"), "{err}");
-        t.aead = "aes_128_gcm".into();
-        t.version = 0x0301;
-        assert!(
-            Resumable::from_frame(
-                &header(WireKind::Http1, Some(t)),
-                b"abc".to_vec(),
-                fds(1),
-                7
-            )
-            .is_err()
-        );
-    }
-
-    #[tokio::test]
-    async fn a_received_connection_keeps_its_metadata_and_splits_its_bytes() {
-        let r = Resumable::from_frame(&header(WireKind::Tcp, None), b"upd".to_vec(), fds(2), 9)
-            .ok()
-            .unwrap();
-        assert_eq!((r.meta.id, &*r.meta.listener), (9, "outbound"));
-        assert_eq!(
-            r.meta.peer_identity.as_deref(),
-            Some("spiffe://td/ns/a/sa/b")
-        );
-        assert_eq!(
-            (&r.to_upstream[..], &r.to_downstream[..]),
-            (&b"up"[..], &b"d"[..])
-        );
-        assert!(matches!(r.down, End::Raw(_, None)));
-        assert!(matches!(r.up, Some(End::Raw(_, None))));
-    }
-
-    fn secrets() -> TlsWireState {
-        let d = crate::tls_record::DirectionSecrets {
-            seq: 3,
-            key: vec![1; 16],
-            iv: vec![2; 12],
-            traffic_secret: None,
-        };
-        TlsWireState {
-            version: TLS13,
-            aead: "aes_128_gcm".into(),
-            tx: d.clone(),
-            rx: d,
-            server: false,
-        }
-    }
-
-    #[tokio::test]
-    async fn an_upstream_tls_session_gets_its_state_and_the_last_part_of_the_blob() {
-        let mut h = header(
-            WireKind::Tcp,
-            Some(TlsWireState {
-                server: true,
-                ..secrets()
-            }),
-        );
-        h.tls_ciphertext_len = 2;
-        h.up_tls = Some(Box::new(secrets()));
-        h.up_tls_ciphertext_len = 3;
-        let r = Resumable::from_frame(&h, b"updDDuuu".to_vec(), fds(2), 9)
-            .ok()
-            .unwrap();
-        assert_eq!(
-            (&r.to_upstream[..], &r.to_downstream[..]),
-            (&b"up"[..], &b"d"[..])
-        );
-        let End::Raw(_, Some(sealed)) = &r.down else {
-            panic!("downstream TLS state")
-        };
-        let (down, down_ct) = &**sealed;
-        assert!(down.server && down_ct == b"DD");
-        let Some(End::Raw(_, Some(sealed))) = &r.up else {
-            panic!("upstream TLS state")
-        };
-        let (up, up_ct) = &**sealed;
-        assert!(!up.server && up_ct == b"uuu");
-    }
-
-    #[tokio::test]
-    async fn inconsistent_upstream_tls_frames_are_declined() {
-        // Upstream state on an HTTP/1 connection (it has no upstream socket).
-        let mut h = header(WireKind::Http1, None);
-        h.up_tls = Some(Box::new(secrets()));
-        let err = Resumable::from_frame(&h, b"upd".to_vec(), fds(1), 1)
-            .err()
-            .unwrap();
-        assert!(err.contains("without an upstream"), "{err}");
-        // A blob that does not match the lengths its header announces.
-        let mut h = header(WireKind::Tcp, None);
-        h.up_tls = Some(Box::new(secrets()));
-        h.up_tls_ciphertext_len = 10;
-        let err = Resumable::from_frame(&h, b"upd".to_vec(), fds(2), 1)
-            .err()
-            .unwrap();
-        assert!(err.contains("does not match"), "{err}");
-    }
-
-    #[test]
-    fn the_test_knobs_default_to_off_and_the_contract_paths() {
-        let c = HandoffConfig::from_env();
-        if std::env::var(contract::env::HANDOFF_SOCKET).is_err() {
-            assert_eq!(c.socket, PathBuf::from(contract::volumes::HANDOFF_SOCKET));
-        }
-        if std::env::var(contract::env::HANDOFF_PROTOCOL_RANGE).is_err() {
-            assert_eq!(c.versions, VersionRange::this_build());
-        }
     }
 }
