@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     AdminConfig, ClusterConfig, ListenerConfig, Policies, RouteConfig, RuntimeConfig, Snapshot,
-    TlsSection,
+    TlsSettings,
 };
 
 /// Path of the watch stream.
@@ -159,7 +159,7 @@ pub enum Section {
     Listeners(Vec<ListenerConfig>),
     Routes(Keyed<RouteConfig>),
     Clusters(Keyed<ClusterConfig>),
-    Tls(Option<TlsSection>),
+    Tls(Option<TlsSettings>),
     Policies(Policies),
 }
 
@@ -530,7 +530,7 @@ mod tests {
             .unwrap(),
         );
         new.clusters = vec![cluster("b", 2), cluster("c", 1)];
-        new.tls = Some(serde_json::json!({"mode": "Strict"}));
+        new.tls = Some(crate::TlsSettings::default());
         new.policies =
             serde_json::from_value(serde_json::json!({"rbac": [{"name": "p", "rules": []}]}))
                 .unwrap();
@@ -566,7 +566,7 @@ mod tests {
             ("no clusters", with_clusters(vec![])),
             ("tls removed", {
                 let mut with_tls = a.clone();
-                with_tls.tls = Some(serde_json::json!({"mode": "Strict"}));
+                with_tls.tls = Some(crate::TlsSettings::default());
                 let delta = Delta::between(&with_tls, &a);
                 assert_eq!(delta.apply(&with_tls).unwrap().tls, None);
                 a.clone()

@@ -181,7 +181,7 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
                 );
             }
             if let Some(id) = &m.identity
-                && let Err(e) = id.parse::<crate::tls_settings::spiffe::SpiffeId>()
+                && let Err(e) = id.parse::<baton_config::spiffe::SpiffeId>()
             {
                 p.push(format!("{at}.mtls.identity"), e.to_string());
             }
@@ -457,15 +457,18 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
         routes.push((r.listeners.clone(), Arc::new(route)));
     }
 
-    // The TLS settings as far as listeners depend on them (the TLS layer
-    // validates the section itself; an unreadable one is its to refuse).
+    // The TLS section: every rule that needs no crypto provider (the TLS
+    // layer's hook builds the rustls objects on apply), and the mode
+    // listeners depend on.
+    if let Some(Err(invalid)) = snapshot.tls.as_ref().map(|t| t.validate()) {
+        for e in invalid.0 {
+            p.push(e.field, e.problem);
+        }
+    }
     let mesh_tls = snapshot
         .tls
         .as_ref()
-        .and_then(|v| {
-            serde_json::from_value::<crate::tls_settings::settings::TlsSettings>(v.clone()).ok()
-        })
-        .filter(|t| t.mode != crate::tls_settings::settings::TlsMode::Disabled);
+        .filter(|t| t.mode != baton_config::tls::TlsMode::Disabled);
 
     // Listeners.
     let mut names = HashSet::new();
