@@ -159,7 +159,9 @@ pub enum Section {
     Listeners(Vec<ListenerConfig>),
     Routes(Keyed<RouteConfig>),
     Clusters(Keyed<ClusterConfig>),
-    Tls(Option<TlsSettings>),
+    /// Boxed: the section is several times the size of the others (the
+    /// JSON is the same).
+    Tls(Option<Box<TlsSettings>>),
     Policies(Policies),
 }
 
@@ -258,7 +260,7 @@ impl Delta {
             )));
         }
         if old.tls != new.tls {
-            sections.push(Section::Tls(new.tls.clone()));
+            sections.push(Section::Tls(new.tls.clone().map(Box::new)));
         }
         if old.policies != new.policies {
             sections.push(Section::Policies(new.policies.clone()));
@@ -277,7 +279,7 @@ impl Delta {
                 Section::Listeners(v) => out.listeners = v.clone(),
                 Section::Routes(k) => out.routes = k.apply(&serving.routes)?,
                 Section::Clusters(k) => out.clusters = k.apply(&serving.clusters)?,
-                Section::Tls(v) => out.tls = v.clone(),
+                Section::Tls(v) => out.tls = v.as_deref().cloned(),
                 Section::Policies(v) => out.policies = v.clone(),
             }
         }

@@ -42,7 +42,7 @@ fn rustls_version(v: TlsVersion) -> &'static SupportedProtocolVersion {
 /// The provider's suite for a name `baton_config` accepts.
 fn provider_suite(name: &str) -> Result<SupportedCipherSuite, SettingsError> {
     let listed = baton_config::tls::cipher_suite(name)
-        .ok_or_else(|| SettingsError::NotInProvider("an unlisted cipher suite"))?;
+        .ok_or(SettingsError::NotInProvider("an unlisted cipher suite"))?;
     ring::ALL_CIPHER_SUITES
         .iter()
         .find(|s| s.suite().as_str() == Some(listed.rustls))
@@ -52,8 +52,9 @@ fn provider_suite(name: &str) -> Result<SupportedCipherSuite, SettingsError> {
 
 /// The provider's key-exchange group for a name `baton_config` accepts.
 fn provider_group(name: &str) -> Result<&'static dyn SupportedKxGroup, SettingsError> {
-    let canonical = baton_config::tls::kx_group(name)
-        .ok_or_else(|| SettingsError::NotInProvider("an unlisted key-exchange group"))?;
+    let canonical = baton_config::tls::kx_group(name).ok_or(SettingsError::NotInProvider(
+        "an unlisted key-exchange group",
+    ))?;
     match canonical {
         "X25519" => Ok(ring::kx_group::X25519),
         "P-256" => Ok(ring::kx_group::SECP256R1),
