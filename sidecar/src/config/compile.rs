@@ -902,6 +902,28 @@ policies:
     }
 
     #[test]
+    fn an_invalid_tls_section_is_refused_with_the_rest_of_the_snapshot_by_field_path() {
+        let p = problems(
+            "clusters: [{name: a, endpoints: ['127.0.0.1:1'], connect_timeout_ms: 0}]
+tls: {min_version: '1.3', cipher_suites: [TLS13_AES_128_GCM_SHA256, NOPE],
+      identity: {trust_domain: td, expected_peers: {a: 'spiffe://other/ns/x/sa/y'}}}
+",
+        );
+        let at = |prefix: &str| p.iter().any(|m| m.starts_with(prefix));
+        assert!(at("clusters[0] (a).connect_timeout_ms: "), "{p:?}");
+        assert!(
+            at("tls.cipher_suites[1]: unknown cipher suite \"NOPE\""),
+            "{p:?}"
+        );
+        assert!(at("tls.identity.expected_peers.a: identity "), "{p:?}");
+        assert!(
+            at("tls.source: mode Strict needs a certificate source"),
+            "{p:?}"
+        );
+        assert_eq!(p.len(), 4, "{p:?}");
+    }
+
+    #[test]
     fn rejects_a_cluster_endpoint_on_the_admin_port_of_loopback() {
         assert_refused(
             "admin: {address: '0.0.0.0:15020'}\nclusters: [{name: a, endpoints: ['127.0.0.1:15020']}]",
