@@ -13,7 +13,10 @@
 //! standalone mode, from the operator's push stream), validated and compiled
 //! as a whole (the sidecar's `config::compile`), then swapped in atomically;
 //! the handoff sends it verbatim to the next process. Everything here is
-//! plain serde data with no behaviour, so it is serializable both ways.
+//! plain serde data, serializable both ways; the one set of rules it carries
+//! is the `tls` section's ([`tls::TlsSettings::validate`]), which needs no
+//! TLS library and which the sidecar runs with the rest of its validation,
+//! so operator and sidecar refuse the same sections.
 
 pub mod push;
 pub mod report;
