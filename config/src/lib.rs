@@ -13,10 +13,15 @@
 //! standalone mode, from the operator's push stream), validated and compiled
 //! as a whole (the sidecar's `config::compile`), then swapped in atomically;
 //! the handoff sends it verbatim to the next process. Everything here is
-//! plain serde data with no behaviour, so it is serializable both ways.
+//! plain serde data, serializable both ways; the one set of rules it carries
+//! is the `tls` section's ([`tls::TlsSettings::validate`]), which needs no
+//! TLS library and which the sidecar runs with the rest of its validation,
+//! so operator and sidecar refuse the same sections.
 
 pub mod push;
 pub mod report;
+pub mod spiffe;
+pub mod tls;
 pub mod yaml;
 
 use std::collections::BTreeMap;
@@ -25,13 +30,7 @@ use std::net::SocketAddr;
 use baton_crds::contract::ports;
 use serde::{Deserialize, Serialize};
 
-/// The TLS section of a snapshot. Owned by the sidecar's TLS layer: the data
-/// plane only carries it, redacts it on `/config` and hands it to the TLS
-/// layer on apply. Kept as an untyped value here so the snapshot stays
-/// serializable whatever the TLS layer's settings look like; the TLS layer
-/// parses it into its own typed settings and refuses the snapshot when they
-/// are invalid.
-pub type TlsSection = serde_json::Value;
+pub use tls::TlsSettings;
 
 /// One complete, versioned configuration of the sidecar.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -51,9 +50,10 @@ pub struct Snapshot {
     pub routes: Vec<RouteConfig>,
     #[serde(default)]
     pub clusters: Vec<ClusterConfig>,
-    /// Mesh TLS settings, interpreted by the sidecar's TLS layer.
+    /// Mesh TLS settings ([`tls`]): validated with the rest of the
+    /// snapshot, turned into rustls objects by the sidecar's TLS layer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls: Option<TlsSection>,
+    pub tls: Option<TlsSettings>,
     #[serde(default)]
     pub policies: Policies,
 }

@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     AdminConfig, ClusterConfig, ListenerConfig, Policies, RouteConfig, RuntimeConfig, Snapshot,
-    TlsSection,
+    TlsSettings,
 };
 
 /// Path of the watch stream.
@@ -159,7 +159,9 @@ pub enum Section {
     Listeners(Vec<ListenerConfig>),
     Routes(Keyed<RouteConfig>),
     Clusters(Keyed<ClusterConfig>),
-    Tls(Option<TlsSection>),
+    /// Boxed: the section is several times the size of the others (the
+    /// JSON is the same).
+    Tls(Option<Box<TlsSettings>>),
     Policies(Policies),
 }
 
@@ -258,7 +260,7 @@ impl Delta {
             )));
         }
         if old.tls != new.tls {
-            sections.push(Section::Tls(new.tls.clone()));
+            sections.push(Section::Tls(new.tls.clone().map(Box::new)));
         }
         if old.policies != new.policies {
             sections.push(Section::Policies(new.policies.clone()));
@@ -277,7 +279,7 @@ impl Delta {
                 Section::Listeners(v) => out.listeners = v.clone(),
                 Section::Routes(k) => out.routes = k.apply(&serving.routes)?,
                 Section::Clusters(k) => out.clusters = k.apply(&serving.clusters)?,
-                Section::Tls(v) => out.tls = v.clone(),
+                Section::Tls(v) => out.tls = v.as_deref().cloned(),
                 Section::Policies(v) => out.policies = v.clone(),
             }
         }
@@ -530,7 +532,7 @@ mod tests {
             .unwrap(),
         );
         new.clusters = vec![cluster("b", 2), cluster("c", 1)];
-        new.tls = Some(serde_json::json!({"mode": "Strict"}));
+        new.tls = Some(crate::TlsSettings::default());
         new.policies =
             serde_json::from_value(serde_json::json!({"rbac": [{"name": "p", "rules": []}]}))
                 .unwrap();
@@ -566,7 +568,7 @@ mod tests {
             ("no clusters", with_clusters(vec![])),
             ("tls removed", {
                 let mut with_tls = a.clone();
-                with_tls.tls = Some(serde_json::json!({"mode": "Strict"}));
+                with_tls.tls = Some(crate::TlsSettings::default());
                 let delta = Delta::between(&with_tls, &a);
                 assert_eq!(delta.apply(&with_tls).unwrap().tls, None);
                 a.clone()

@@ -30,8 +30,9 @@ const SECRET_KEYS: &[&str] = &[
 ];
 
 /// The snapshot as JSON with every secret-looking value replaced, for
-/// `/config`. Works on the untyped tree so it also covers the TLS section,
-/// whose shape the TLS layer owns.
+/// `/config`. Works on the serialized tree, by key name, so a field added
+/// later (an inline key in the `tls` section, say) is covered without being
+/// listed here.
 pub fn redacted_json(snapshot: &Snapshot) -> serde_json::Value {
     let mut value = serde_json::to_value(snapshot).unwrap_or(serde_json::Value::Null);
     redact(&mut value);
@@ -79,17 +80,29 @@ mod tests {
 
     #[test]
     fn redaction_hides_inline_keys_but_keeps_file_paths() {
-        let snap = Snapshot {
-            tls: Some(serde_json::json!({
-                "key_pem": "-----BEGIN PRIVATE KEY-----",
-                "key_file": "/etc/key.pem",
-                "nested": [{"token": "abc"}]
-            })),
-            ..Default::default()
-        };
+        let mut v = serde_json::json!({
+            "key_pem": "-----BEGIN PRIVATE KEY-----",
+            "key_file": "/etc/key.pem",
+            "nested": [{"token": "abc"}]
+        });
+        redact(&mut v);
+        assert_eq!(v["key_pem"], "<redacted>");
+        assert_eq!(v["key_file"], "/etc/key.pem");
+        assert_eq!(v["nested"][0]["token"], "<redacted>");
+    }
+
+    #[test]
+    fn redaction_hides_the_tls_sections_key_and_keeps_the_rest() {
+        let snap = parse(
+            "tls:\n  source:\n    files: {cert_chain: /tls/cert.pem, key: /tls/key.pem, trust_bundle: /tls/ca.pem}\n",
+        )
+        .unwrap();
         let v = redacted_json(&snap);
-        assert_eq!(v["tls"]["key_pem"], "<redacted>");
-        assert_eq!(v["tls"]["key_file"], "/etc/key.pem");
-        assert_eq!(v["tls"]["nested"][0]["token"], "<redacted>");
+        let files = &v["tls"]["source"]["files"];
+        assert_eq!(files["key"], "<redacted>");
+        assert_eq!(files["cert_chain"], "/tls/cert.pem");
+        assert_eq!(files["trust_bundle"], "/tls/ca.pem");
+        assert_eq!(v["tls"]["mode"], "Strict");
+        assert!(!v.to_string().contains("key.pem"), "{v}");
     }
 }

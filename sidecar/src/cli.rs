@@ -271,12 +271,11 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Validate { config } => {
             let snap = load_file(&config)?;
             crate::config::compile(&snap)?;
-            // The TLS section too (a reload refuses it through the TLS
-            // layer's hook): parse and compile the settings, without I/O.
+            // `compile` validated the TLS section with the rest; building
+            // its rustls objects (as a reload's TLS hook does) is the part
+            // that depends on the crypto provider. No I/O.
             if let Some(section) = &snap.tls {
-                serde_json::from_value::<crate::tls::TlsSettings>(section.clone())
-                    .map_err(crate::tls::TlsError::Section)
-                    .and_then(|s| s.compile().map(drop).map_err(crate::tls::TlsError::from))
+                crate::tls::settings::compile(section)
                     .map_err(|e| crate::config::ConfigError::Tls(Box::new(e)))?;
             }
             println!("{}: valid (version {})", config.display(), snap.version);

@@ -1015,7 +1015,7 @@ routes: [{{name: r, backends: [{{cluster: {cluster}}}]}}]\n",
 async fn admin_endpoints_report_state_redact_secrets_and_shutdown_drains() {
     let a = upstream("a").await;
     let sc = sidecar(
-        &format!("{ONE_LISTENER}clusters: [{{name: a, endpoints: ['{{A}}']}}]\nroutes: [{{name: r, backends: [{{cluster: a}}]}}]\ntls: {{key_pem: 'PRIVATE', cert_file: /x.pem}}"),
+        &format!("{ONE_LISTENER}clusters: [{{name: a, endpoints: ['{{A}}']}}]\nroutes: [{{name: r, backends: [{{cluster: a}}]}}]\ntls: {{source: {{files: {{cert_chain: /x.pem, key: /PRIVATE.pem, trust_bundle: /ca.pem}}}}}}"),
         &[("A", a.addr)],
     )
     .await;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use baton_sidecar::config::yaml;
 use baton_sidecar::server::{Running, StartOptions, start};
-use baton_sidecar::tls::{MeshTls, TlsMetrics};
+use baton_sidecar::tls::{CertSource, MeshTls, TlsMetrics, TlsSettings};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -256,7 +256,7 @@ async fn an_invalid_tls_section_is_refused_and_the_serving_config_stays() {
     let mut snap = (*sc.running.shared.store.snapshot()).clone();
     snap.version += 1;
     let mut tls = snap.tls.clone().unwrap();
-    tls["cipher_suites"] = serde_json::json!(["TLS_RSA_WITH_RC4_128_SHA"]);
+    tls.cipher_suites = vec!["TLS_RSA_WITH_RC4_128_SHA".into()];
     snap.tls = Some(tls);
     let err = sc.running.shared.store.apply(&snap).unwrap_err();
     assert!(err.to_string().contains("TLS_AES_128_GCM_SHA256"), "{err}");
@@ -414,15 +414,7 @@ async fn a_certificate_carried_by_the_handoff_serves_while_the_identity_service_
     // The new process gets its identity from an identity service that does
     // not answer (nothing listens on port 9 of loopback).
     let new = MeshTls::new(TlsMetrics::default());
-    new.apply(Some(&serde_json::json!({
-        "mode": "Strict",
-        "identity": {"trust_domain": TD, "local": id("backend").to_string()},
-        "source": {"identity_service": {
-            "url": "http://127.0.0.1:9/sign",
-            "token_path": "/nonexistent/token"
-        }}
-    })))
-    .unwrap();
+    new.apply(Some(&unreachable_identity_service())).unwrap();
     let reason = new.readiness().unwrap_err();
     assert!(reason.contains("identity service"), "{reason}");
 
@@ -449,13 +441,22 @@ async fn a_certificate_carried_by_the_handoff_serves_while_the_identity_service_
     let mut bad = carried.clone();
     bad.key = "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n".into();
     let fresh = MeshTls::new(TlsMetrics::default());
-    fresh
-        .apply(Some(&serde_json::json!({
-            "mode": "Strict",
-            "identity": {"trust_domain": TD, "local": id("backend").to_string()},
-            "source": {"identity_service": {"url": "http://127.0.0.1:9/sign", "token_path": "/nonexistent/token"}}
-        })))
-        .unwrap();
+    fresh.apply(Some(&unreachable_identity_service())).unwrap();
     assert!(fresh.import(&bad).is_err());
     assert!(fresh.readiness().is_err());
+}
+
+/// Strict settings whose identity service never answers (nothing listens on
+/// port 9 of loopback).
+fn unreachable_identity_service() -> TlsSettings {
+    let mut s = TlsSettings::default();
+    s.identity.trust_domain = TD.into();
+    s.identity.local = Some(id("backend").to_string());
+    s.source = Some(CertSource::IdentityService {
+        url: "http://127.0.0.1:9/sign".into(),
+        ca_bundle: None,
+        token_path: Some("/nonexistent/token".into()),
+        key_type: Default::default(),
+    });
+    s
 }

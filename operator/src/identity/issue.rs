@@ -138,14 +138,9 @@ impl fmt::Display for Identity {
     }
 }
 
-/// True for a trust domain the sidecar's SPIFFE parser accepts.
-pub fn valid_trust_domain(td: &str) -> bool {
-    !td.is_empty()
-        && td.len() <= 255
-        && td
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-._".contains(&b))
-}
+/// True for a trust domain the sidecar's SPIFFE parser accepts (the config
+/// model's rule, shared by both).
+pub use baton_config::spiffe::valid_trust_domain;
 
 /// The outcome of a TokenReview, as the identity service needs it (the
 /// kube-free projection of `TokenReviewStatus`).

@@ -25,8 +25,8 @@ use std::path::PathBuf;
 use baton_config::{
     ClusterConfig, ClusterMtls, FaultAbort, FaultConfig, FaultDelay, HeaderRewrite,
     INBOUND_LISTENER, MatchConfig, MirrorConfig, OUTBOUND_LISTENER, PathMatch, RbacAction,
-    RbacPolicy, RbacRule, RetryConfig, RouteConfig, Snapshot, UpstreamProtocol, ValueMatch,
-    WeightedBackend,
+    RbacPolicy, RbacRule, RetryConfig, RouteConfig, Snapshot, TlsSettings, UpstreamProtocol,
+    ValueMatch, WeightedBackend, tls,
 };
 use baton_crds::Validate;
 use baton_crds::common::parse_duration;
@@ -377,48 +377,67 @@ fn upstream_protocol(port_name: Option<&str>) -> UpstreamProtocol {
     }
 }
 
-/// The sidecar's `tls` section (its TLS layer's `TlsSettings` shape).
+/// The sidecar's `tls` section. Every field the policy does not decide
+/// keeps the section's default.
 fn tls_section(
     params: &MeshParams,
     identity: &IdentitySource,
     pod: &ObjKey,
     service_account: &str,
     policy: Option<&TlsPolicy>,
-) -> serde_json::Value {
+) -> TlsSettings {
     // No policy: a meshed client that must originate mTLS to a peer still
     // accepts plaintext inbound, as it did before.
-    let (mode, min_version, suites, offload) = match policy {
+    let (mode, min_version, cipher_suites, offload) = match policy {
         Some(p) => (
             match p.spec.mtls.mode {
-                MtlsMode::Strict => "Strict",
-                MtlsMode::Permissive => "Permissive",
-                MtlsMode::Disabled => "Disabled",
+                MtlsMode::Strict => tls::TlsMode::Strict,
+                MtlsMode::Permissive => tls::TlsMode::Permissive,
+                MtlsMode::Disabled => tls::TlsMode::Disabled,
             },
             match p.spec.min_version {
-                TlsVersion::Tls12 => "1.2",
-                TlsVersion::Tls13 => "1.3",
+                TlsVersion::Tls12 => tls::TlsVersion::Tls12,
+                TlsVersion::Tls13 => tls::TlsVersion::Tls13,
             },
             p.spec.cipher_suites.clone(),
             p.spec.private_key_offload.mode,
         ),
-        None => ("Permissive", "1.2", Vec::new(), OffloadMode::Disabled),
+        None => (
+            tls::TlsMode::Permissive,
+            tls::TlsVersion::Tls12,
+            Vec::new(),
+            OffloadMode::Disabled,
+        ),
     };
-    serde_json::json!({
-        "mode": mode,
-        "min_version": min_version,
-        "cipher_suites": suites,
-        "identity": {
-            "trust_domain": params.trust_domain,
-            "local": spiffe_id(&params.trust_domain, &pod.namespace, service_account),
+    TlsSettings {
+        mode,
+        min_version,
+        cipher_suites,
+        identity: tls::IdentitySettings {
+            trust_domain: params.trust_domain.clone(),
+            local: Some(spiffe_id(
+                &params.trust_domain,
+                &pod.namespace,
+                service_account,
+            )),
+            expected_peers: BTreeMap::new(),
         },
-        "source": {
-            "identity_service": {
-                "url": identity.url,
-                "ca_bundle": identity.ca_bundle,
-            }
+        source: Some(tls::CertSource::IdentityService {
+            url: identity.url.clone(),
+            ca_bundle: identity.ca_bundle.clone(),
+            token_path: None,
+            key_type: tls::KeyType::default(),
+        }),
+        offload: tls::OffloadSettings {
+            mode: match offload {
+                OffloadMode::Disabled => tls::OffloadMode::Disabled,
+                OffloadMode::Preferred => tls::OffloadMode::Preferred,
+                OffloadMode::Required => tls::OffloadMode::Required,
+            },
+            ..Default::default()
         },
-        "offload": { "mode": offload.as_str() },
-    })
+        ..Default::default()
+    }
 }
 
 fn spiffe_id(trust_domain: &str, namespace: &str, service_account: &str) -> String {

@@ -6,6 +6,7 @@
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 
+use baton_config::tls::TlsMode;
 use baton_config::{ClusterConfig, RouteConfig, Snapshot};
 use baton_crds::{Route, TlsPolicy};
 use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
@@ -176,10 +177,10 @@ fn sidecar_accepts(snapshot: &Snapshot) {
     if let Err(e) = baton_sidecar::config::compile(snapshot) {
         panic!("the sidecar refuses the compiled snapshot: {e}\n{snapshot:#?}");
     }
+    // `config::compile` validated the tls section too; this builds its
+    // rustls objects, as the sidecar's TLS layer does on apply.
     if let Some(tls) = &snapshot.tls {
-        let settings: baton_sidecar::tls::settings::TlsSettings =
-            serde_json::from_value(tls.clone()).expect("tls section parses as TlsSettings");
-        settings.compile().expect("tls section compiles");
+        baton_sidecar::tls::settings::compile(tls).expect("tls section compiles");
     }
 }
 
@@ -661,18 +662,18 @@ fn server_v1() -> ObjKey {
 #[test]
 fn the_selected_tls_policy_gives_the_inbound_mode() {
     for (mode, want) in [
-        ("Strict", "Strict"),
-        ("Permissive", "Permissive"),
-        ("Disabled", "Disabled"),
+        ("Strict", TlsMode::Strict),
+        ("Permissive", TlsMode::Permissive),
+        ("Disabled", TlsMode::Disabled),
     ] {
         let mut ix = shop();
         ix.apply_tls_policy(&server_policy(mode));
         let out = compiled(&ix, &server_v1());
         let tls = out.snapshot.tls.expect("a selected pod gets a tls section");
-        assert_eq!(tls["mode"], want);
+        assert_eq!(tls.mode, want);
         assert_eq!(
-            tls["identity"]["local"],
-            "spiffe://cluster.local/ns/shop/sa/server"
+            tls.identity.local.as_deref(),
+            Some("spiffe://cluster.local/ns/shop/sa/server")
         );
         assert_eq!(out.tls_policy, Some(ObjKey::new(NS, "server")));
     }
@@ -687,9 +688,90 @@ fn versions_suites_and_offload_come_from_the_policy() {
     p.spec.private_key_offload.mode = baton_crds::tls_policy::OffloadMode::Preferred;
     ix.apply_tls_policy(&p);
     let tls = compiled(&ix, &server_v1()).snapshot.tls.unwrap();
-    assert_eq!(tls["min_version"], "1.3");
-    assert_eq!(tls["cipher_suites"], json!(["TLS13_AES_256_GCM_SHA384"]));
-    assert_eq!(tls["offload"]["mode"], "Preferred");
+    assert_eq!(tls.min_version, baton_config::tls::TlsVersion::Tls13);
+    assert_eq!(tls.cipher_suites, ["TLS13_AES_256_GCM_SHA384"]);
+    assert_eq!(tls.offload.mode, baton_config::tls::OffloadMode::Preferred);
+}
+
+/// The typed section is the JSON the operator sent when it built the
+/// section by hand (`serde_json::json!`, before decision 0033): equal JSON
+/// values, so a sidecar of the previous version reads the same settings.
+/// The expected values are that builder's output, written out.
+#[test]
+fn the_typed_tls_section_serializes_to_the_json_the_operator_sent_before() {
+    let identity_service = json!({"identity_service": {
+        "url": "https://baton-identity.baton-system.svc:8443/v1/sign",
+        "ca_bundle": "/var/run/secrets/baton.dev/ca/ca.crt",
+    }});
+    let section = |mode: &str, min: &str, suites: Value, offload: &str, sa: &str| {
+        json!({
+            "mode": mode,
+            "min_version": min,
+            "cipher_suites": suites,
+            "identity": {
+                "trust_domain": "cluster.local",
+                "local": format!("spiffe://cluster.local/ns/shop/sa/{sa}"),
+            },
+            "source": identity_service,
+            "offload": {"mode": offload},
+        })
+    };
+    // Equal both ways: the typed section writes the old JSON, and the old
+    // JSON reads as the typed section.
+    let same = |s: &Snapshot, old: Value| {
+        let tls = s.tls.as_ref().expect("a tls section");
+        assert_eq!(serde_json::to_value(tls).unwrap(), old);
+        assert_eq!(
+            &serde_json::from_value::<baton_config::TlsSettings>(old).unwrap(),
+            tls
+        );
+    };
+
+    // A Strict policy with a version, a suite and offload.
+    let mut ix = shop();
+    let mut p = server_policy("Strict");
+    p.spec.min_version = baton_crds::tls_policy::TlsVersion::Tls13;
+    p.spec.cipher_suites = vec!["TLS13_AES_256_GCM_SHA384".into()];
+    p.spec.private_key_offload.mode = baton_crds::tls_policy::OffloadMode::Required;
+    ix.apply_tls_policy(&p);
+    same(
+        &compiled(&ix, &server_v1()).snapshot,
+        section(
+            "Strict",
+            "1.3",
+            json!(["TLS13_AES_256_GCM_SHA384"]),
+            "Required",
+            "server",
+        ),
+    );
+    // A client without a policy, originating mTLS to that server.
+    same(
+        &compiled(&ix, &client()).snapshot,
+        section("Permissive", "1.2", json!([]), "Disabled", "client"),
+    );
+    // A Disabled policy with the CRD's defaults.
+    let mut ix = shop();
+    ix.apply_tls_policy(&server_policy("Disabled"));
+    same(
+        &compiled(&ix, &server_v1()).snapshot,
+        section("Disabled", "1.2", json!([]), "Disabled", "server"),
+    );
+}
+
+/// The TlsPolicy CRD's cipher-suite list (its schema's enum) names only
+/// suites the config model accepts, for the same TLS version: a policy the
+/// API server admits compiles into a section the sidecar accepts.
+#[test]
+fn every_cipher_suite_the_crd_admits_is_known_to_the_config_model() {
+    for (name, version) in baton_crds::tls_policy::CIPHER_SUITES {
+        let known = baton_config::tls::cipher_suite(name)
+            .unwrap_or_else(|| panic!("{name} is not in baton_config::tls::CIPHER_SUITES"));
+        let version = match version {
+            baton_crds::tls_policy::TlsVersion::Tls12 => baton_config::tls::TlsVersion::Tls12,
+            baton_crds::tls_policy::TlsVersion::Tls13 => baton_config::tls::TlsVersion::Tls13,
+        };
+        assert_eq!(known.version, version, "{name}");
+    }
 }
 
 #[test]
@@ -712,7 +794,7 @@ fn of_several_matching_policies_the_alphabetically_first_applies_and_others_sele
     ));
     let out = compiled(&ix, &server_v1());
     assert_eq!(out.tls_policy, Some(ObjKey::new(NS, "a")));
-    assert_eq!(out.snapshot.tls.unwrap()["mode"], "Strict");
+    assert_eq!(out.snapshot.tls.unwrap().mode, TlsMode::Strict);
     // A policy in another namespace never applies.
     let mut ix = shop();
     let mut foreign = tls_policy("a", json!({}), "Strict");
@@ -749,10 +831,10 @@ fn clients_originate_mtls_to_strict_or_permissive_meshed_servers_expecting_their
         // The client has no policy: it gets certificates to originate, and
         // keeps accepting plaintext inbound as before.
         let tls = s.tls.expect("client gets a tls section to originate");
-        assert_eq!(tls["mode"], "Permissive");
+        assert_eq!(tls.mode, TlsMode::Permissive);
         assert_eq!(
-            tls["identity"]["local"],
-            "spiffe://cluster.local/ns/shop/sa/client"
+            tls.identity.local.as_deref(),
+            Some("spiffe://cluster.local/ns/shop/sa/client")
         );
     }
 }
@@ -800,7 +882,7 @@ fn mtls_is_not_originated_to_disabled_mixed_or_unmeshed_endpoints_nor_by_disable
     ));
     let s = compiled(&ix, &client()).snapshot;
     assert_eq!(cluster(&s, "shop/server:80").mtls, None);
-    assert_eq!(s.tls.unwrap()["mode"], "Disabled");
+    assert_eq!(s.tls.unwrap().mode, TlsMode::Disabled);
 }
 
 #[test]

@@ -181,7 +181,7 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
                 );
             }
             if let Some(id) = &m.identity
-                && let Err(e) = id.parse::<crate::tls_settings::spiffe::SpiffeId>()
+                && let Err(e) = id.parse::<baton_config::spiffe::SpiffeId>()
             {
                 p.push(format!("{at}.mtls.identity"), e.to_string());
             }
@@ -457,15 +457,18 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
         routes.push((r.listeners.clone(), Arc::new(route)));
     }
 
-    // The TLS settings as far as listeners depend on them (the TLS layer
-    // validates the section itself; an unreadable one is its to refuse).
+    // The TLS section: every rule that needs no crypto provider (the TLS
+    // layer's hook builds the rustls objects on apply), and the mode
+    // listeners depend on.
+    if let Some(Err(invalid)) = snapshot.tls.as_ref().map(|t| t.validate()) {
+        for e in invalid.0 {
+            p.push(e.field, e.problem);
+        }
+    }
     let mesh_tls = snapshot
         .tls
         .as_ref()
-        .and_then(|v| {
-            serde_json::from_value::<crate::tls_settings::settings::TlsSettings>(v.clone()).ok()
-        })
-        .filter(|t| t.mode != crate::tls_settings::settings::TlsMode::Disabled);
+        .filter(|t| t.mode != baton_config::tls::TlsMode::Disabled);
 
     // Listeners.
     let mut names = HashSet::new();
@@ -896,6 +899,28 @@ policies:
             let p = problems(&format!("{C}{tls}listeners: [{ok}]"));
             assert!(p.is_empty(), "{ok}: {p:?}");
         }
+    }
+
+    #[test]
+    fn an_invalid_tls_section_is_refused_with_the_rest_of_the_snapshot_by_field_path() {
+        let p = problems(
+            "clusters: [{name: a, endpoints: ['127.0.0.1:1'], connect_timeout_ms: 0}]
+tls: {min_version: '1.3', cipher_suites: [TLS13_AES_128_GCM_SHA256, NOPE],
+      identity: {trust_domain: td, expected_peers: {a: 'spiffe://other/ns/x/sa/y'}}}
+",
+        );
+        let at = |prefix: &str| p.iter().any(|m| m.starts_with(prefix));
+        assert!(at("clusters[0] (a).connect_timeout_ms: "), "{p:?}");
+        assert!(
+            at("tls.cipher_suites[1]: unknown cipher suite \"NOPE\""),
+            "{p:?}"
+        );
+        assert!(at("tls.identity.expected_peers.a: identity "), "{p:?}");
+        assert!(
+            at("tls.source: mode Strict needs a certificate source"),
+            "{p:?}"
+        );
+        assert_eq!(p.len(), 4, "{p:?}");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
-use super::{CompiledConfig, ConfigError, Snapshot, TlsRefusal, TlsSection, compile, yaml};
+use super::{CompiledConfig, ConfigError, Snapshot, TlsRefusal, TlsSettings, compile, yaml};
 use crate::metrics::Metrics;
 use crate::upstream::{Originator, UpstreamDeps, Upstreams};
 
@@ -28,7 +28,7 @@ pub struct Active {
 /// Called with the `tls` section of a validated snapshot before it is
 /// swapped in; an `Err` refuses the whole snapshot. The TLS layer installs
 /// one with [`ConfigStore::set_tls_hook`] to validate and stage its state.
-pub type TlsHook = Arc<dyn Fn(Option<&TlsSection>) -> Result<(), TlsRefusal> + Send + Sync>;
+pub type TlsHook = Arc<dyn Fn(Option<&TlsSettings>) -> Result<(), TlsRefusal> + Send + Sync>;
 
 pub struct ConfigStore {
     current: ArcSwap<Active>,
@@ -264,13 +264,11 @@ mod tests {
         let store =
             ConfigStore::new(&yaml::parse(GOOD).unwrap(), Arc::new(Metrics::new())).unwrap();
         store.set_tls_hook(Arc::new(|tls| match tls {
-            Some(v) if v.get("min_version").is_some_and(|v| v == "1.0") => {
-                Err("TLS 1.0 is not supported".into())
-            }
+            Some(t) if t.session_resumption => Err("no session cache here".into()),
             _ => Ok(()),
         }));
         let err = store
-            .apply_yaml(&format!("{GOOD}tls: {{min_version: '1.0'}}\n"))
+            .apply_yaml(&format!("{GOOD}tls: {{mode: Disabled}}\n"))
             .unwrap_err();
         assert!(matches!(err, ConfigError::Tls(_)));
         assert_eq!(store.version(), 1);

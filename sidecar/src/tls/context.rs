@@ -34,7 +34,7 @@ use super::TlsError;
 use super::material::{CertStore, FileWatcher, Material, MaterialError, StoreResolver};
 use super::metrics::TlsMetrics;
 use super::offload::Offload;
-use super::settings::{CertSource, CompiledPolicy, TlsMode, TlsSettings};
+use super::settings::{CertSource, CompiledPolicy, TlsMode, TlsSettings, compile};
 use super::spiffe::{SpiffeId, spiffe_ids};
 use super::stream::{TlsStream, handshake};
 use super::verify::{MeshClientVerifier, SpiffeServerVerifier};
@@ -126,7 +126,7 @@ impl TlsContext {
         offload: Arc<Offload>,
         metrics: TlsMetrics,
     ) -> Result<Arc<Self>, TlsError> {
-        let policy = settings.compile()?;
+        let policy = compile(settings)?;
         let certified = certify(&material, &offload)?;
         let roots = Arc::new(material.root_store()?);
         let store = Arc::new(CertStore::new(certified, roots, material.identity()));
@@ -165,7 +165,7 @@ impl TlsContext {
             ..
         }) = &settings.source
         else {
-            return Err(super::settings::SettingsError::MissingSource(settings.mode).into());
+            return Err(TlsError::NoSource(settings.mode));
         };
         let material = Material::from_files(cert_chain, key, trust_bundle)?;
         TlsContext::with_selected_offload(settings, material, metrics)

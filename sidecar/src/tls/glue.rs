@@ -102,7 +102,7 @@ impl MeshTls {
     }
 
     /// Builds from the initial snapshot's `tls` section (process metrics).
-    pub fn from_section(section: Option<&serde_json::Value>) -> Result<Arc<Self>, TlsError> {
+    pub fn from_section(section: Option<&TlsSettings>) -> Result<Arc<Self>, TlsError> {
         let tls = MeshTls::new(TlsMetrics::global());
         tls.apply(section)?;
         Ok(tls)
@@ -124,13 +124,10 @@ impl MeshTls {
 
     /// Validates `section` and, if the settings changed, builds and swaps a
     /// new context. On error nothing changes.
-    pub fn apply(self: &Arc<Self>, section: Option<&serde_json::Value>) -> Result<(), TlsError> {
-        let settings: Option<TlsSettings> = match section {
-            None => None,
-            Some(v) => Some(serde_json::from_value(v.clone()).map_err(TlsError::Section)?),
-        };
+    pub fn apply(self: &Arc<Self>, section: Option<&TlsSettings>) -> Result<(), TlsError> {
+        let settings: Option<TlsSettings> = section.cloned();
         if let Some(s) = &settings {
-            s.compile()?;
+            super::settings::compile(s)?;
         }
         let mut applied = self.applied.lock().unwrap_or_else(|p| p.into_inner());
         // Failed applies never update `applied`, so equal settings mean the

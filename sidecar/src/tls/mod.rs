@@ -4,11 +4,11 @@
 //!
 //! Layout (pure logic first, I/O last):
 //!
-//! - [`settings`]: the serde `TlsSettings` carried in the config snapshot and
-//!   its compilation into rustls objects (version, suite, group and ALPN
-//!   policy). Pure and exhaustively tested.
-//! - [`spiffe`]: SPIFFE identities (`spiffe://<td>/ns/<ns>/sa/<sa>`) and their
-//!   extraction from a certificate's URI SAN.
+//! - [`settings`]: the snapshot's typed `tls` section (`baton-config`'s
+//!   `TlsSettings`, validated with the snapshot) compiled into rustls objects
+//!   (version, suite, group and ALPN policy). Pure and exhaustively tested.
+//! - [`spiffe`]: SPIFFE identities (`spiffe://<td>/ns/<ns>/sa/<sa>`, parsed by
+//!   `baton-config`) and their extraction from a certificate's URI SAN.
 //!
 //!   Both live in [`crate::tls_settings`], below the config compiler, and
 //!   are re-exported here.
@@ -64,8 +64,6 @@ pub use stream::TlsStream;
 /// data plane can log the chain; `metric_label` gives a bounded label.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("cannot read the tls section: {0}")]
-    Section(#[source] serde_json::Error),
     #[error("invalid TLS settings: {0}")]
     Settings(#[from] settings::SettingsError),
     #[error("the identity_service source needs a running tokio runtime")]
@@ -102,7 +100,7 @@ impl TlsError {
     /// Bounded label for metrics (`error` label values).
     pub fn metric_label(&self) -> &'static str {
         match self {
-            TlsError::Section(_) | TlsError::Settings(_) | TlsError::NoSource(_) => "settings",
+            TlsError::Settings(_) | TlsError::NoSource(_) => "settings",
             TlsError::NoRuntime => "runtime",
             TlsError::Material(_) => "material",
             TlsError::Offload(_) => "offload",
