@@ -269,7 +269,7 @@ async fn outbound_mtls_waits_for_the_first_certificate_instead_of_failing() {
     let srv = EchoServer::start(server).await;
 
     let tls = MeshTls::new(TlsMetrics::default());
-    tls.apply(Some(&serde_json::to_value(&s).unwrap())).unwrap();
+    tls.apply(Some(&s)).unwrap();
     assert!(tls.context().is_none(), "no certificate yet");
     // What a cluster does before its TCP connect.
     tls.wait_for_certificate()
@@ -293,8 +293,7 @@ async fn outbound_mtls_waits_for_the_first_certificate_instead_of_failing() {
     let mut refused = s.clone();
     refused.identity.local = Some(id("other").to_string());
     let tls = MeshTls::new(TlsMetrics::default());
-    tls.apply(Some(&serde_json::to_value(&refused).unwrap()))
-        .unwrap();
+    tls.apply(Some(&refused)).unwrap();
     let started = std::time::Instant::now();
     match tls.wait_for_certificate().await {
         Err(TlsError::NoCertificate(reason)) => assert!(!reason.is_empty()),
