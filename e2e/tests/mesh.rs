@@ -366,13 +366,19 @@ async fn route_split_match_fault_retry_and_deletion_reach_the_clients_sidecar_an
         |client, ns| async move {
             let s = scene(client, ns, scope).await;
 
-            // No Route: plain Service balancing over both versions.
-            let plain = s.fetch(&s.spec(s.server, "/", 200)).await;
-            assert_eq!(plain.status(200), 200, "{plain:?}");
-            assert!(
-                plain.from_servers("server-v1-") > 0 && plain.from_servers("server-v2-") > 0,
-                "{plain:?}"
-            );
+            // No Route: plain Service balancing over both versions, once
+            // the endpoints of the Pod that became Ready last reached the
+            // client's sidecar (Ready → Endpoints → operator → push).
+            s.until(
+                "plain Service balancing reaches both versions",
+                &s.spec(s.server, "/", 200),
+                |r| {
+                    r.status(200) == 200
+                        && r.from_servers("server-v1-") > 0
+                        && r.from_servers("server-v2-") > 0
+                },
+            )
+            .await;
             // The flaky path fails half the time without a retry policy.
             let flaky = s.fetch(&s.spec(s.server_v1, FLAKY_PATH, 40)).await;
             assert_eq!(
