@@ -65,7 +65,10 @@ pub struct Programmed {
 struct Compiled {
     snapshot: Snapshot,
     json: Bytes,
-    sources: BTreeSet<Source>,
+    /// Shared by the group's streams, which hold it as what they were sent
+    /// and ACKed: a snapshot can name hundreds of Routes, and a copy per
+    /// stream was most of a connected sidecar's cost to the operator.
+    sources: Arc<BTreeSet<Source>>,
 }
 
 /// What the hub knows of one stream.
@@ -80,8 +83,8 @@ struct Stream {
     /// sidecar.
     sent: Option<Arc<Compiled>>,
     /// What went into the last push, and into the last ACKed one.
-    sent_sources: BTreeSet<Source>,
-    acked_sources: BTreeSet<Source>,
+    sent_sources: Arc<BTreeSet<Source>>,
+    acked_sources: Arc<BTreeSet<Source>>,
     version: u64,
     /// Push awaiting its reply: nonce, when it was sent, whether it was a
     /// delta.
@@ -180,8 +183,8 @@ impl Hub {
                     caps,
                     tx,
                     sent: None,
-                    sent_sources: BTreeSet::new(),
-                    acked_sources: BTreeSet::new(),
+                    sent_sources: Arc::default(),
+                    acked_sources: Arc::default(),
                     version,
                     pending: None,
                     acked: (version > 0).then_some(version),
@@ -343,7 +346,8 @@ impl Hub {
                                     let p = index.tls_policies.get(k)?;
                                     Some(Source::TlsPolicy(k.clone(), generation(&p.metadata)))
                                 }))
-                                .collect();
+                                .collect::<BTreeSet<_>>()
+                                .into();
                             Some(Arc::new(Compiled {
                                 json: SharedPush::snapshot_json(&c.snapshot),
                                 snapshot: c.snapshot,
