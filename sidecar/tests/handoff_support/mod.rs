@@ -556,6 +556,8 @@ pub struct Load {
     pub stats: Arc<Stats>,
     stop: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The clients in `tasks` order, by kind, for a failure message.
+    order: String,
 }
 
 impl Load {
@@ -636,20 +638,45 @@ impl Load {
                 )));
             }
         }
-        Self { stats, stop, tasks }
+        let order = format!(
+            "keepalive {}, new_conns {}, h2 {}, echo {}, mtls_echo {}, https {}, tls12 {}, tls13 {}",
+            shape.keepalive,
+            shape.new_conns,
+            shape.h2,
+            shape.echo,
+            if world.mtls_out.is_some() {
+                shape.mtls_echo
+            } else {
+                0
+            },
+            if world.tls.is_some() { shape.https } else { 0 },
+            if world.tls.is_some() { shape.tls12 } else { 0 },
+            if world.tls.is_some() { shape.tls13 } else { 0 },
+        );
+        Self {
+            stats,
+            stop,
+            tasks,
+            order,
+        }
     }
 
     /// Stops every client (each finishes its current exchange and, for echo
     /// streams, half-closes and checks the complete tail).
     pub async fn finish(self) -> Arc<Stats> {
         let _ = self.stop.send(true);
-        for t in self.tasks {
+        let n = self.tasks.len();
+        for (i, t) in self.tasks.into_iter().enumerate() {
             if tokio::time::timeout(Duration::from_secs(20), t)
                 .await
                 .is_err()
             {
-                self.stats
-                    .fail("a load client did not finish within 20 s".into());
+                // Which one says which path held its exchange (clients are
+                // numbered in this order).
+                self.stats.fail(format!(
+                    "load client #{i} of {n} did not finish within 20 s (order: {})",
+                    self.order
+                ));
             }
         }
         self.stats
