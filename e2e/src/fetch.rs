@@ -216,7 +216,7 @@ fn local_sample(status: StatusCode, body: &[u8]) -> String {
     let ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
-    let text = String::from_utf8_lossy(&body[..body.len().min(300)]);
+    let text = String::from_utf8_lossy(&body[..body.len().min(800)]);
     format!("{ms} {} {}", status.as_u16(), text.trim_end())
 }
 

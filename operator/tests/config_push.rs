@@ -246,11 +246,20 @@ fn split_route() -> baton_crds::Route {
 async fn a_sidecar_gets_its_snapshot_then_every_change_and_acks_each() {
     let op = start_operator().await;
     let sc = start_sidecar(&op, "client-1", "token-1");
+    // `/ready` on the in-pod default says what it waits for.
+    let ready = control::readiness(sc.store.clone());
+    if sc.store.version() == 0 {
+        assert_eq!(
+            ready(),
+            Err("waiting for the first config from the operator".into())
+        );
+    }
     eventually("the first snapshot", || {
         has_route(&sc.store, "service:shop/server:80")
     })
     .await;
     assert_eq!(sc.store.version(), 1);
+    assert_eq!(ready(), Ok(()));
     eventually("the first ACK", || {
         op.hub.sidecars().iter().any(|s| s.acked == Some(1))
     })
@@ -384,6 +393,15 @@ async fn a_sidecar_keeps_its_config_without_the_operator_and_resumes_at_its_vers
     .await;
     assert!(next.store.version() > inherited);
     assert!(has_route(&next.store, "route:shop/split/0"));
+
+    // A process that inherited a pushed snapshot is Ready before its own
+    // stream connects (the operator may be down during an upgrade);
+    // refused streams never make a fresh one Ready.
+    let orphan = start_sidecar_serving(&op2, "client-1", "wrong-token", &served);
+    assert_eq!(control::readiness(orphan.store.clone())(), Ok(()));
+    let fresh = start_sidecar(&op2, "client-1", "wrong-token");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(control::readiness(fresh.store.clone())().is_err());
 }
 
 /// An authenticated stream whose request body is `garbage`, over a raw

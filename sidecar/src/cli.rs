@@ -373,6 +373,12 @@ fn run_proxy(args: RunArgs) -> Result<(), CliError> {
             |running| {
                 tls.attach(running);
                 if let Some(cfg) = control {
+                    running
+                        .admin
+                        .readiness
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(crate::control::readiness(running.shared.store.clone()));
                     let shared = running.shared.clone();
                     // The stream lives as long as the process.
                     let (_stop, stop) = tokio::sync::watch::channel(false);

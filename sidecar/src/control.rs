@@ -113,6 +113,22 @@ pub async fn run(
     }
 }
 
+/// `/ready` while the config stream is on: 503 until the sidecar serves a
+/// config the operator pushed (version > 0; a handoff hands its
+/// predecessor's over). A Pod that turned Ready on the in-pod default
+/// would take traffic its peers already send as mesh mTLS (their configs
+/// say it is meshed) before it knows it must terminate it: Istio's sidecar
+/// waits for its first xDS config in the same way.
+pub fn readiness(store: Arc<ConfigStore>) -> crate::admin::ReadinessHook {
+    Arc::new(move || {
+        if store.version() > 0 {
+            Ok(())
+        } else {
+            Err("waiting for the first config from the operator".into())
+        }
+    })
+}
+
 /// Uniform in [d/2, d]: spreads the reconnects of many sidecars.
 fn jittered(d: Duration) -> Duration {
     d.mul_f64(0.5 + rand::random::<f64>() * 0.5)

@@ -302,3 +302,68 @@ async fn outbound_mtls_waits_for_the_first_certificate_instead_of_failing() {
     }
     assert!(started.elapsed() < baton_sidecar::tls::glue::FIRST_CERTIFICATE_WAIT * 2);
 }
+
+/// The server side of the same race (the e2e identity test caught a
+/// client's first mTLS requests answered 503 "handshake" right after a
+/// Strict policy reached both Pods): an inbound mesh TLS handshake that
+/// arrives before this sidecar's first certificate waits for the bootstrap
+/// instead of being refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inbound_mtls_handshake_waits_for_the_first_certificate_instead_of_being_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "projected-sa-token\n").unwrap();
+    let svc = IdentityService::start("projected-sa-token", 3, Duration::from_secs(60), None).await;
+    // The application: a TCP echo.
+    let app = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let app_addr = app.local_addr().unwrap();
+    let app_task = tokio::spawn(async move {
+        while let Ok((mut s, _)) = app.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    let text = format!(
+        "listeners: [{{name: in, address: '127.0.0.1:0', direction: inbound, protocol: tcp, tcp_cluster: app}}]
+clusters: [{{name: app, endpoints: ['{app_addr}']}}]
+tls:
+  mode: Strict
+  identity: {{trust_domain: {TD}, local: '{local}'}}
+  source: {{identity_service: {{url: 'http://{svc}/v1/sign', token_path: '{token}'}}}}
+",
+        local = id("backend"),
+        svc = svc.addr,
+        token = token.display(),
+    );
+    let (running, tls) = start_with_mesh_tls(&text).await;
+    assert!(tls.context().is_none(), "no certificate yet");
+
+    let tcp = tokio::net::TcpStream::connect(running.addr("in").unwrap())
+        .await
+        .unwrap();
+    let client = context(
+        &settings(TlsMode::Strict),
+        svc.pki.leaf("frontend", Key::P256),
+    );
+    let (mut s, peer) = client
+        .connector()
+        .connect(tcp, &id("backend"), None)
+        .await
+        .expect("the handshake waits for the server's first certificate");
+    assert_eq!(peer.identity, Some(id("backend")));
+    assert!(
+        svc.requests.load(Ordering::SeqCst) >= 4,
+        "issued after three 503s"
+    );
+    s.write_all(b"ping").await.unwrap();
+    let mut back = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut back))
+        .await
+        .expect("echo in time")
+        .unwrap();
+    assert_eq!(&back, b"ping");
+    app_task.abort();
+}

@@ -56,17 +56,22 @@ pub struct MeshTls {
     metrics: TlsMetrics,
     /// Set while an identity-service bootstrap is in flight (not ready).
     pending: Mutex<Option<String>>,
-    /// Woken when a context is installed: outbound connections wait on it
-    /// for the first certificate.
+    /// Woken when a context is installed: outbound connections and inbound
+    /// handshakes wait on it for the first certificate.
     installed: tokio::sync::Notify,
+    /// This layer itself, for the `'static` inbound handshake future that
+    /// may wait for the first certificate.
+    me: std::sync::Weak<MeshTls>,
 }
 
-/// How long an outbound mTLS connection waits for the first certificate
-/// while the identity bootstrap is in flight. A config that first requires
-/// mTLS toward a peer can arrive just before the sidecar's first (or
-/// re-bootstrapped) certificate: waiting turns that race into a few
-/// milliseconds of connect latency instead of a 503 (Envoy's cluster
-/// warming on its SDS secret plays the same role).
+/// How long an mTLS connection waits for the first certificate while the
+/// identity bootstrap is in flight. A config that first requires mTLS
+/// between two Pods reaches both sidecars at about the same time, possibly
+/// before either holds its first (or re-bootstrapped) certificate: the
+/// client's outbound connection and the server's inbound handshake both
+/// wait, which turns that race into a few milliseconds of latency instead
+/// of a 503 (Envoy's cluster and listener warming on their SDS secrets play
+/// the same role).
 pub const FIRST_CERTIFICATE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl std::fmt::Debug for MeshTls {
@@ -90,7 +95,8 @@ fn mode_code(m: TlsMode) -> u8 {
 
 impl MeshTls {
     pub fn new(metrics: TlsMetrics) -> Arc<Self> {
-        Arc::new(MeshTls {
+        Arc::new_cyclic(|me| MeshTls {
+            me: me.clone(),
             current: ArcSwapOption::empty(),
             key_log: Mutex::new(None),
             mode: MODE_NONE.into(),
@@ -304,18 +310,22 @@ impl MeshTls {
     }
 
     /// `Err(reason)` while TLS cannot serve as configured.
+    /// Only a sidecar holding no certificate at all waits on its bootstrap:
+    /// after a settings change the certificate it holds keeps serving until
+    /// the new one arrives, so the Pod stays Ready (dropping out of every
+    /// client's endpoints for a policy edit would be an outage of its own).
     pub fn readiness(&self) -> Result<(), String> {
-        if let Some(p) = self
-            .pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-        {
-            return Err(p.clone());
-        }
         match self.current.load().as_ref() {
             Some(ctx) => ctx.readiness(),
-            None => Ok(()),
+            None => match self
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+            {
+                Some(p) => Err(p.clone()),
+                None => Ok(()),
+            },
         }
     }
 
@@ -494,10 +504,21 @@ impl TlsTerminator for MeshTls {
         io: PrefixedIo<TcpStream>,
         mut meta: ConnMeta,
     ) -> Pin<Box<dyn Future<Output = TlsAccepted> + Send>> {
-        let ctx = self.current.load_full();
+        let me = self.me.upgrade();
         Box::pin(async move {
-            let Some(ctx) = ctx else {
-                return Err(std::io::Error::other("TLS is not configured"));
+            // A peer's config can require mTLS toward this Pod before this
+            // sidecar's first certificate arrived (a Strict policy applied
+            // to both at once): hold the handshake for the bootstrap, as
+            // outbound connections do, instead of refusing it.
+            let Some(me) = me else {
+                return Err(std::io::Error::other("TLS layer dropped"));
+            };
+            let ctx = match me.context_or_wait().await {
+                Ok(ctx) => ctx,
+                Err(e) => {
+                    me.metrics.handshake("server", e.metric_label());
+                    return Err(std::io::Error::other(format!("mesh mTLS accept: {e}")));
+                }
             };
             // Record-aligned reads let the handoff stop at a record boundary
             // and move the connection with its secrets (see crate::tls_record).
