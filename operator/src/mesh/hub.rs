@@ -42,6 +42,16 @@ pub enum Source {
     TlsPolicy(ObjKey, i64),
 }
 
+impl Source {
+    /// The object, whatever its generation: (is a Route, key).
+    fn object(&self) -> (bool, &ObjKey) {
+        match self {
+            Source::Route(k, _) => (true, k),
+            Source::TlsPolicy(k, _) => (false, k),
+        }
+    }
+}
+
 /// How many sidecars serve an object's current generation.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Programmed {
@@ -271,22 +281,44 @@ impl Hub {
     /// How many of this replica's sidecars serve `source` (a Route or
     /// TlsPolicy at its current generation).
     pub fn programmed(&self, source: &Source) -> Programmed {
-        let same_object = |s: &Source| match (s, source) {
-            (Source::Route(a, _), Source::Route(b, _))
-            | (Source::TlsPolicy(a, _), Source::TlsPolicy(b, _)) => a == b,
-            _ => false,
-        };
+        self.programmed_all(std::slice::from_ref(source))
+            .pop()
+            .unwrap_or_default()
+    }
+
+    /// [`Hub::programmed`] of every one of `sources`, in order, in one pass
+    /// over the streams: the status writer and the tally ask for every
+    /// object each second, and a pass per object would cost objects ×
+    /// streams × the sources each stream was sent.
+    pub fn programmed_all(&self, sources: &[Source]) -> Vec<Programmed> {
+        // Object → where it is asked for (once per generation asked).
+        let mut wanted: HashMap<(bool, &ObjKey), Vec<usize>> = HashMap::new();
+        for (i, s) in sources.iter().enumerate() {
+            wanted.entry(s.object()).or_default().push(i);
+        }
+        let mut out = vec![Programmed::default(); sources.len()];
+        // The last stream (numbered from 1) that counted each object: a
+        // stream counts once per object whatever generations it was sent.
+        let mut counted_by = vec![0usize; sources.len()];
         let inner = self.lock();
-        let mut out = Programmed::default();
-        for s in inner.streams.values() {
-            if !s.sent_sources.iter().any(same_object) {
-                continue;
-            }
-            out.total += 1;
-            if s.acked_sources.contains(source) {
-                out.acked += 1;
-            } else if s.sent_sources.contains(source) && out.nack.is_none() {
-                out.nack = s.nack.clone();
+        for (n, s) in inner.streams.values().enumerate() {
+            for sent in s.sent_sources.iter() {
+                let Some(asked) = wanted.get(&sent.object()) else {
+                    continue;
+                };
+                for &i in asked {
+                    if counted_by[i] == n + 1 {
+                        continue;
+                    }
+                    counted_by[i] = n + 1;
+                    let (want, p) = (&sources[i], &mut out[i]);
+                    p.total += 1;
+                    if s.acked_sources.contains(want) {
+                        p.acked += 1;
+                    } else if s.sent_sources.contains(want) && p.nack.is_none() {
+                        p.nack = s.nack.clone();
+                    }
+                }
             }
         }
         out

@@ -23,7 +23,7 @@ use kube::{Api, Client};
 pub const REFUSED: &str = "Refused";
 
 use super::compile::{RouteVerdict, tls_policy_refusal};
-use super::hub::{Hub, Programmed, Source};
+use super::hub::{Hub, Programmed};
 use super::index::ObjKey;
 use super::tally::{self, Tally};
 
@@ -260,12 +260,14 @@ pub async fn write_once(
 ) -> usize {
     let attachments = hub.attachments();
     let (routes, policies) = hub.objects();
+    let sources = tally::sources(&routes, &policies);
+    let mut counts = hub.programmed_all(&sources).into_iter().zip(&sources);
     let mut written = 0;
     for route in routes {
         let key = ObjKey::of(route.as_ref());
-        let source = Source::Route(key.clone(), route.metadata.generation.unwrap_or(0));
         let verdict = attachments.verdicts.get(&key);
-        let p = tally::merged(hub.programmed(&source), &source, peers);
+        let (own, source) = counts.next().expect("one count per route");
+        let p = tally::merged(own, source, peers);
         let status = route_status(&route, verdict, &p, now);
         let before = route.status.as_ref().map(|s| s.conditions.as_slice());
         if route.status.as_ref() != Some(&status)
@@ -283,9 +285,8 @@ pub async fn write_once(
         }
     }
     for policy in policies {
-        let key = ObjKey::of(policy.as_ref());
-        let source = Source::TlsPolicy(key.clone(), policy.metadata.generation.unwrap_or(0));
-        let p = tally::merged(hub.programmed(&source), &source, peers);
+        let (own, source) = counts.next().expect("one count per policy");
+        let p = tally::merged(own, source, peers);
         let status = tls_policy_status(&policy, &p, now);
         let before = policy.status.as_ref().map(|s| s.conditions.as_slice());
         if policy.status.as_ref() != Some(&status)

@@ -73,9 +73,12 @@ fn key(source: &Source) -> (String, i64) {
     }
 }
 
-/// Every Route and TlsPolicy in the hub's index at its generation.
-fn sources(hub: &Hub) -> Vec<Source> {
-    let (routes, policies) = hub.objects();
+/// Every one of `routes` and `policies` at its generation: Routes first,
+/// in order, then the policies (the status writer relies on the order).
+pub(super) fn sources(
+    routes: &[Arc<baton_crds::Route>],
+    policies: &[Arc<baton_crds::TlsPolicy>],
+) -> Vec<Source> {
     let generation = |m: &ObjectMeta| m.generation.unwrap_or(0);
     routes
         .iter()
@@ -92,11 +95,14 @@ fn sources(hub: &Hub) -> Vec<Source> {
 /// holds, with its sidecars' counts (zero when none serves it) — so the
 /// leader can tell "no sidecar here" from "not seen here yet".
 pub fn of_hub(hub: &Hub, replica: &str, at: i64) -> Tally {
-    let objects = sources(hub)
+    let (routes, policies) = hub.objects();
+    let sources = sources(&routes, &policies);
+    let objects = hub
+        .programmed_all(&sources)
         .into_iter()
-        .map(|source| {
-            let p = hub.programmed(&source);
-            let (key, generation) = key(&source);
+        .zip(&sources)
+        .map(|(p, source)| {
+            let (key, generation) = key(source);
             (
                 key,
                 Entry {

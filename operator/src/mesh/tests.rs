@@ -1232,6 +1232,51 @@ mod push_kind {
         let e = &of_hub(&hub, "op-a", 9).objects[&key];
         assert_eq!((e.acked, e.total, e.generation), (0, 0, 0));
     }
+
+    /// The status writer's one pass over the streams counts each object as
+    /// a pass per object would: every stream sent any generation of it
+    /// counts once, ACKs count only for the generation asked about, and
+    /// an object no stream holds counts nothing.
+    #[test]
+    fn one_pass_counts_each_object_per_generation_as_a_pass_per_object_would() {
+        use crate::mesh::hub::Source;
+        let hub = hub();
+        hub.update(|ix| ix.apply_route(&split_route("split", "2026-01-01T00:00:00Z", 9, 1)));
+        let (a, mut rx_a) = hub.connect(client(), 0, Capabilities::default());
+        let (b, mut rx_b) = hub.connect(client(), 0, Capabilities::default());
+        assert_eq!(hub.recompile(), 2);
+        let (first_a, first_b) = (take(&mut rx_a).unwrap(), take(&mut rx_b).unwrap());
+        ack(&hub, a, &first_a);
+        // Generation 2: sent to both, ACKed by neither yet.
+        let mut edited = split_route("split", "2026-01-01T00:00:00Z", 8, 2);
+        edited.metadata.generation = Some(2);
+        hub.update(|ix| ix.apply_route(&edited));
+        assert_eq!(hub.recompile(), 2);
+        let split = |g| Source::Route(ObjKey::new(NS, "split"), g);
+        let sources = [
+            split(2),
+            split(0),
+            Source::Route(ObjKey::new(NS, "absent"), 0),
+            Source::TlsPolicy(ObjKey::new(NS, "split"), 0),
+        ];
+        let counts = |v: Vec<crate::mesh::hub::Programmed>| {
+            v.into_iter()
+                .map(|p| (p.acked, p.total))
+                .collect::<Vec<_>>()
+        };
+        let all = counts(hub.programmed_all(&sources));
+        assert_eq!(all, [(0, 2), (1, 2), (0, 0), (0, 0)]);
+        assert_eq!(
+            all,
+            counts(sources.iter().map(|s| hub.programmed(s)).collect())
+        );
+        // Both ACK generation 2.
+        let (next_a, next_b) = (take(&mut rx_a).unwrap(), take(&mut rx_b).unwrap());
+        ack(&hub, a, &next_a);
+        ack(&hub, b, &next_b);
+        drop(first_b);
+        assert_eq!(counts(hub.programmed_all(&sources[..2])), [(2, 2), (0, 2)]);
+    }
 }
 
 // ------------------------------------------------------------ authorization
