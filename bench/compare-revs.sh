@@ -29,10 +29,14 @@ build_rev() {   # build_rev REV : prints the path of that commit's release sidec
   if [[ ! -x $bin ]]; then
     src=$WORK/src-$commit
     mkdir -p "$src"
-    git -C "$BENCH_ROOT" archive "$commit" | tar -x -C "$src"
+    # -m: the files get the extraction time, not the commit's. With the
+    # commit's mtimes, cargo takes the workspace crates another revision
+    # left in the shared target dir for fresh (they are newer).
+    git -C "$BENCH_ROOT" archive "$commit" | tar -x -m -C "$src"
     log "building the sidecar at ${commit:0:10}" >&2
     (cd "$src" && CARGO_TARGET_DIR=$CACHE_DIR/target \
-      cargo build --locked --release -q -p baton-sidecar --bin baton-sidecar) >&2
+      cargo build --locked --release -q -p baton-sidecar --bin baton-sidecar) >&2 \
+      || die "the sidecar at ${commit:0:10} does not build"
     cp "$CACHE_DIR/target/release/baton-sidecar" "$bin"
     rm -rf "$src"
   fi
@@ -42,6 +46,13 @@ build_rev() {   # build_rev REV : prints the path of that commit's release sidec
 BEFORE=$1 AFTER=${2:-HEAD}
 BIN_BEFORE=$(build_rev "$BEFORE")
 BIN_AFTER=$(build_rev "$AFTER")
+# Two revisions that differ in the sidecar give different binaries: equal
+# ones mean a build reused the other's artifacts, and the comparison would
+# be A/A.
+if [[ $(git -C "$BENCH_ROOT" rev-parse "$BEFORE^{commit}") != $(git -C "$BENCH_ROOT" rev-parse "$AFTER^{commit}") ]] \
+  && cmp -s "$BIN_BEFORE" "$BIN_AFTER"; then
+  die "the builds of $BEFORE and $AFTER are identical; remove them from $CACHE_DIR/bin and retry"
+fi
 export PEERS=${PEERS:-direct nginx} DURATION=${DURATION:-5} LAT_DURATION=${LAT_DURATION:-3} REPEATS=${REPEATS:-2}
 for round in $(seq "${ROUNDS:-2}"); do
   for side in before after; do
