@@ -54,12 +54,28 @@ if [[ $(git -C "$BENCH_ROOT" rev-parse "$BEFORE^{commit}") != $(git -C "$BENCH_R
   die "the builds of $BEFORE and $AFTER are identical; remove them from $CACHE_DIR/bin and retry"
 fi
 export PEERS=${PEERS:-direct nginx} DURATION=${DURATION:-5} LAT_DURATION=${LAT_DURATION:-3} REPEATS=${REPEATS:-2}
+# Each build runs with its own revision's bench/ (candidate commands and
+# config templates): a config one revision needs (a new listener setting)
+# is one the other may refuse.
+bench_of() {   # bench_of REV : a directory holding that commit's bench/
+  local commit dir
+  commit=$(git -C "$BENCH_ROOT" rev-parse --verify "$1^{commit}")
+  dir=$WORK/bench-$commit
+  if [[ ! -d $dir ]]; then
+    mkdir -p "$dir"
+    git -C "$BENCH_ROOT" archive "$commit" bench | tar -x -m -C "$dir"
+    [[ -x $dir/bench/sidecar-proxy-bench.sh ]] || die "$1 has no bench/sidecar-proxy-bench.sh"
+  fi
+  echo "$dir"
+}
+DIR_BEFORE=$(bench_of "$BEFORE")
+DIR_AFTER=$(bench_of "$AFTER")
 for round in $(seq "${ROUNDS:-2}"); do
   for side in before after; do
-    bin=BIN_${side^^}
+    bin=BIN_${side^^} dir=DIR_${side^^}
     log "round $round: $side (${!bin##*/})"
     BATON_SIDECAR_BIN=${!bin} CANDIDATE_NAME=$side OUT_DIR=$OUT/$side-$round \
-      "$BENCH_ROOT/bench/sidecar-proxy-bench.sh" >"$OUT/$side-$round.log" 2>&1 \
+      "${!dir}/bench/sidecar-proxy-bench.sh" >"$OUT/$side-$round.log" 2>&1 \
       || { tail -20 "$OUT/$side-$round.log"; die "the harness failed ($side, round $round)"; }
   done
 done
@@ -68,7 +84,9 @@ done
 python3 - "$OUT" "${ROUNDS:-2}" <<'PY' | tee "$OUT/compare.txt"
 import re, statistics as st, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
-pat = re.compile(r"^(\S+)\s+(before|after) vs (\w+):\s+(.*)$")
+# TLS lines name the candidate and peer with their kind and version:
+# "tls/hs    after-ecdsa-1.3 vs nginx-ecdsa-1.3:  throughput x0.807 …".
+pat = re.compile(r"^(\S+)\s+(before|after)(?:-\S+)? vs (\S+):\s+(.*)$")
 vals = {}   # (test, peer, metric, side) -> [ratio per round]
 for side in ("before", "after"):
     for r in range(1, rounds + 1):

@@ -78,6 +78,7 @@ pub fn pod_default() -> Snapshot {
         max_connections: None,
         rbac: None,
         access_log: false,
+        terminate_tls: TlsTermination::Mesh,
     };
     Snapshot {
         listeners: vec![
@@ -284,6 +285,28 @@ pub struct ListenerConfig {
     /// Emit one `access` log line per request.
     #[serde(default)]
     pub access_log: bool,
+    /// Which TLS an inbound listener terminates while the `tls` section's
+    /// mode is Strict or Permissive.
+    #[serde(default, skip_serializing_if = "is_mesh_only")]
+    pub terminate_tls: TlsTermination,
+}
+
+/// Which ClientHellos an inbound listener terminates under mesh TLS.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TlsTermination {
+    /// Only mesh TLS (the marker SNI a sidecar sends): the application's
+    /// own TLS passes through (Permissive) or is refused (Strict).
+    #[default]
+    Mesh,
+    /// Every TLS client: the listener is the TLS edge for clients outside
+    /// the mesh (with `require_client_cert: false`), as the TLS benchmark
+    /// runs it against nginx. The application's own TLS cannot reach it.
+    All,
+}
+
+fn is_mesh_only(t: &TlsTermination) -> bool {
+    *t == TlsTermination::Mesh
 }
 
 fn default_detect_timeout_ms() -> u64 {

@@ -210,6 +210,7 @@ pub fn quick_snapshot(listen: SocketAddr, upstream: SocketAddr) -> Snapshot {
             max_connections: None,
             rbac: None,
             access_log: false,
+            terminate_tls: Default::default(),
         }],
         routes: vec![RouteConfig {
             name: "default".into(),

@@ -23,7 +23,7 @@ use tokio::sync::oneshot;
 
 use crate::body::InFlight;
 use crate::client_hello::{AppTls, Hello, peek_client_hello};
-use crate::config::{Capture, Direction, ListenerProtocol};
+use crate::config::{Capture, Direction, ListenerProtocol, TlsTermination};
 use crate::conn::{
     BoxIo, ConnGuard, ConnKind, FramingGuard, H1Framing, H1Refusal, ParkRequest, ParkableIo,
     Parked, PrefixedIo,
@@ -186,6 +186,7 @@ pub async fn handle_connection(
         ListenerProtocol::Auto if opaque => Some(Protocol::Tcp),
         ListenerProtocol::Auto => None,
     };
+    let terminate_all = l.config.terminate_tls == TlsTermination::All;
     drop(active);
 
     let mut stream = stream;
@@ -197,6 +198,8 @@ pub async fn handle_connection(
         Some(t) if t.terminates() => match peek_client_hello(&stream, detect_timeout).await {
             Err(_) => return,
             Ok(Some(Hello::Mesh)) => Inbound::MeshTls(t.clone()),
+            // A TLS edge for clients outside the mesh terminates them all.
+            Ok(Some(Hello::App(_))) if terminate_all => Inbound::MeshTls(t.clone()),
             Ok(Some(Hello::App(why))) => Inbound::UnmarkedTls(t.clone(), why),
             // Silent until the timeout: plaintext, as detection's timeout.
             Ok(None) => Inbound::Plain(forced.unwrap_or(Protocol::Tcp), Bytes::new()),

@@ -363,3 +363,81 @@ async fn the_acceptor_tells_mesh_tls_from_the_applications_tls_without_consuming
     }
     assert!(closed_without_data(&mut tcp).await);
 }
+
+/// An inbound listener with `terminate_tls: all` is a TLS edge: under
+/// Strict without client certificates it terminates a client outside the
+/// mesh (its SNI is a host name, not the marker) and serves it HTTP, as
+/// the TLS benchmark runs it against nginx. On an outbound listener the
+/// setting is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_edge_listener_terminates_clients_outside_the_mesh() {
+    let pki = Pki::new("mesh-ca");
+    let dir = tempfile::tempdir().unwrap();
+    // A serving certificate for the host name `edge.test`, from the mesh CA.
+    let kp = key_pair(Key::P256);
+    let mut p = rcgen::CertificateParams::default();
+    p.subject_alt_names = vec![rcgen::SanType::DnsName("edge.test".try_into().unwrap())];
+    let cert = p.signed_by(&kp, &pki.ca).unwrap();
+    let (c, k, b) = (
+        dir.path().join("c.pem"),
+        dir.path().join("k.pem"),
+        dir.path().join("b.pem"),
+    );
+    std::fs::write(&c, pem(cert.der(), "CERTIFICATE")).unwrap();
+    std::fs::write(&k, pem(&kp.serialize_der(), "PRIVATE KEY")).unwrap();
+    std::fs::write(&b, pem(&pki.ca_der(), "CERTIFICATE")).unwrap();
+    let (web, web_task) = web().await;
+    let text = format!(
+        "listeners: [{{name: in, address: '127.0.0.1:0', direction: inbound, terminate_tls: all}}]
+clusters: [{{name: web, endpoints: ['{web}']}}]
+routes: [{{name: r, backends: [{{cluster: web}}]}}]
+tls:
+  mode: Strict
+  require_client_cert: false
+  identity: {{trust_domain: {TD}}}
+  source: {{files: {{cert_chain: '{c}', key: '{k}', trust_bundle: '{b}'}}}}
+",
+        c = c.display(),
+        k = k.display(),
+        b = b.display(),
+    );
+    let (running, _tls) = start_with_mesh_tls(&text).await;
+    let addr = running.addr("in").unwrap();
+
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(pki.ca_der()).unwrap();
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let mut s = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(ServerName::try_from("edge.test").unwrap(), tcp)
+        .await
+        .expect("the edge terminates a client outside the mesh");
+    let resp = get(&mut s).await;
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    let m = running.shared.metrics.encode();
+    assert!(
+        m.contains(r#"baton_sidecar_tls_handshakes_total{side="server",result="ok"} 1"#),
+        "{m}"
+    );
+    assert!(
+        !m.contains("baton_sidecar_tls_app_tls_refused_total 1"),
+        "{m}"
+    );
+    web_task.abort();
+
+    let outbound = text.replace("direction: inbound", "direction: outbound");
+    let err =
+        baton_sidecar::config::compile(&baton_sidecar::config::yaml::parse(&outbound).unwrap())
+            .unwrap_err()
+            .to_string();
+    assert!(
+        err.contains("listeners[0] (in).terminate_tls") && err.contains("only an inbound listener"),
+        "{err}"
+    );
+}

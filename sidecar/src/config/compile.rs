@@ -11,7 +11,8 @@ use http::{HeaderName, HeaderValue, Method};
 use regex::Regex;
 
 use super::{
-    Capture, Direction, ListenerConfig, ListenerProtocol, PathMatch, Snapshot, ValueMatch,
+    Capture, Direction, ListenerConfig, ListenerProtocol, PathMatch, Snapshot, TlsTermination,
+    ValueMatch,
 };
 use crate::filters::{Cidr, Rbac};
 use crate::routing::{
@@ -93,6 +94,7 @@ impl CompiledListener {
             max_connections: _,
             rbac: _,
             access_log,
+            terminate_tls: _,
         } = config;
         if rbac.is_some() {
             Some(GeneralPath::Rbac)
@@ -538,6 +540,13 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
                      unchecked (move those ports to a listener without rbac)",
                     l.opaque_ports
                 ),
+            );
+        }
+        if l.terminate_tls == TlsTermination::All && l.direction != Direction::Inbound {
+            p.push(
+                format!("{at}.terminate_tls"),
+                "only an inbound listener terminates TLS (use direction: inbound, or \
+                 terminate_tls: mesh)",
             );
         }
         if let (Some(tls), Direction::Inbound) = (&mesh_tls, l.direction) {
