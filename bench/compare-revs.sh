@@ -64,9 +64,13 @@ bench_of() {   # bench_of REV : a directory holding that commit's bench/
   if [[ ! -d $dir ]]; then
     mkdir -p "$dir"
     git -C "$BENCH_ROOT" archive "$commit" bench | tar -x -m -C "$dir"
-    [[ -x $dir/bench/sidecar-proxy-bench.sh ]] || die "$1 has no bench/sidecar-proxy-bench.sh"
   fi
-  echo "$dir"
+  if [[ -x $dir/bench/sidecar-proxy-bench.sh ]]; then
+    echo "$dir"
+  else   # older than the script: this checkout's bench/ runs it
+    log "$1 has no bench/sidecar-proxy-bench.sh; using this checkout's bench/" >&2
+    echo "$BENCH_ROOT"
+  fi
 }
 DIR_BEFORE=$(bench_of "$BEFORE")
 DIR_AFTER=$(bench_of "$AFTER")
