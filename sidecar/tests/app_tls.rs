@@ -149,8 +149,14 @@ tls:
 /// A rustls client outside the mesh that trusts only the application's
 /// certificate.
 fn app_client(app: &App) -> tokio_rustls::TlsConnector {
+    client_trusting(app.cert.clone())
+}
+
+/// A rustls client outside the mesh (no client certificate) that trusts
+/// only `root`.
+fn client_trusting(root: CertificateDer<'static>) -> tokio_rustls::TlsConnector {
     let mut roots = rustls::RootCertStore::empty();
-    roots.add(app.cert.clone()).unwrap();
+    roots.add(root).unwrap();
     let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
@@ -404,17 +410,8 @@ tls:
     let (running, _tls) = start_with_mesh_tls(&text).await;
     let addr = running.addr("in").unwrap();
 
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(pki.ca_der()).unwrap();
-    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
     let tcp = TcpStream::connect(addr).await.unwrap();
-    let mut s = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+    let mut s = client_trusting(pki.ca_der())
         .connect(ServerName::try_from("edge.test").unwrap(), tcp)
         .await
         .expect("the edge terminates a client outside the mesh");
