@@ -43,6 +43,22 @@ pub enum Source {
 }
 
 impl Source {
+    /// Every one of `routes` and `policies` at its generation: Routes
+    /// first, in order, then the policies.
+    pub fn all_of<'a>(
+        routes: impl IntoIterator<Item = &'a Arc<baton_crds::Route>>,
+        policies: impl IntoIterator<Item = &'a Arc<baton_crds::TlsPolicy>>,
+    ) -> Vec<Source> {
+        let generation = |g: Option<i64>| g.unwrap_or(0);
+        routes
+            .into_iter()
+            .map(|r| Source::Route(ObjKey::of(r.as_ref()), generation(r.metadata.generation)))
+            .chain(policies.into_iter().map(|p| {
+                Source::TlsPolicy(ObjKey::of(p.as_ref()), generation(p.metadata.generation))
+            }))
+            .collect()
+    }
+
     /// The object, whatever its generation: (is a Route, key).
     fn object(&self) -> (bool, &ObjKey) {
         match self {
@@ -108,6 +124,9 @@ struct Stream {
 struct Inner {
     index: Index,
     attachments: Arc<Attachments>,
+    /// Every Route and TlsPolicy at the generation the last recompile saw:
+    /// what status may count (a newer generation has reached no stream).
+    compiled_sources: Arc<BTreeSet<Source>>,
     streams: HashMap<StreamId, Stream>,
     next_id: StreamId,
 }
@@ -338,6 +357,11 @@ impl Hub {
         self.lock().attachments.clone()
     }
 
+    /// Every Route and TlsPolicy at the generation the last recompile saw.
+    pub fn compiled_sources(&self) -> Arc<BTreeSet<Source>> {
+        self.lock().compiled_sources.clone()
+    }
+
     /// Recompile every stream and push where the snapshot changed. Returns
     /// how many pushes were sent.
     pub fn recompile(&self) -> usize {
@@ -348,6 +372,14 @@ impl Hub {
         let mut inner = self.lock();
         let attachments = Arc::new(attach_routes(&inner.index));
         inner.attachments = attachments.clone();
+        inner.compiled_sources = Arc::new(
+            Source::all_of(
+                inner.index.routes.values(),
+                inner.index.tls_policies.values(),
+            )
+            .into_iter()
+            .collect(),
+        );
         let Inner { index, streams, .. } = &mut *inner;
         // One compile per group of sidecars that get the same config (and
         // per Pod whose group cannot be told yet: it is not in the index).

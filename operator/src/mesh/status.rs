@@ -23,7 +23,7 @@ use kube::{Api, Client};
 pub const REFUSED: &str = "Refused";
 
 use super::compile::{RouteVerdict, tls_policy_refusal};
-use super::hub::{Hub, Programmed};
+use super::hub::{Hub, Programmed, Source};
 use super::index::ObjKey;
 use super::tally::{self, Tally};
 
@@ -260,13 +260,20 @@ pub async fn write_once(
 ) -> usize {
     let attachments = hub.attachments();
     let (routes, policies) = hub.objects();
-    let sources = tally::sources(&routes, &policies);
+    let sources = Source::all_of(&routes, &policies);
     let mut counts = hub.programmed_all(&sources).into_iter().zip(&sources);
+    // An object whose generation the hub has not compiled yet waits for
+    // the next pass: no stream can have been sent it, and "0/0 ACKed"
+    // would read as Programmed.
+    let compiled = hub.compiled_sources();
     let mut written = 0;
     for route in routes {
         let key = ObjKey::of(route.as_ref());
         let verdict = attachments.verdicts.get(&key);
         let (own, source) = counts.next().expect("one count per route");
+        if !compiled.contains(source) {
+            continue;
+        }
         let p = tally::merged(own, source, peers);
         let status = route_status(&route, verdict, &p, now);
         let before = route.status.as_ref().map(|s| s.conditions.as_slice());
@@ -286,6 +293,9 @@ pub async fn write_once(
     }
     for policy in policies {
         let (own, source) = counts.next().expect("one count per policy");
+        if !compiled.contains(source) {
+            continue;
+        }
         let p = tally::merged(own, source, peers);
         let status = tls_policy_status(&policy, &p, now);
         let before = policy.status.as_ref().map(|s| s.conditions.as_slice());

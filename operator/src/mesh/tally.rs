@@ -30,7 +30,6 @@ use kube::{Api, Client};
 use serde::{Deserialize, Serialize};
 
 use super::hub::{Hub, Programmed, Source};
-use super::index::ObjKey;
 
 /// The label on every tally ConfigMap (`key=value`).
 pub const LABEL: &str = "baton.dev/push-tally=true";
@@ -73,30 +72,14 @@ fn key(source: &Source) -> (String, i64) {
     }
 }
 
-/// Every one of `routes` and `policies` at its generation: Routes first,
-/// in order, then the policies (the status writer relies on the order).
-pub(super) fn sources(
-    routes: &[Arc<baton_crds::Route>],
-    policies: &[Arc<baton_crds::TlsPolicy>],
-) -> Vec<Source> {
-    let generation = |m: &ObjectMeta| m.generation.unwrap_or(0);
-    routes
-        .iter()
-        .map(|r| Source::Route(ObjKey::of(r.as_ref()), generation(&r.metadata)))
-        .chain(
-            policies
-                .iter()
-                .map(|p| Source::TlsPolicy(ObjKey::of(p.as_ref()), generation(&p.metadata))),
-        )
-        .collect()
-}
-
 /// This replica's tally: every object in its index, at the generation it
 /// holds, with its sidecars' counts (zero when none serves it) — so the
 /// leader can tell "no sidecar here" from "not seen here yet".
 pub fn of_hub(hub: &Hub, replica: &str, at: i64) -> Tally {
-    let (routes, policies) = hub.objects();
-    let sources = sources(&routes, &policies);
+    // As of the last compile: an object in the index that no stream could
+    // have been sent yet must not be reported at its new generation with
+    // nothing to count (the leader would add it up to "0/0 ACKed").
+    let sources: Vec<Source> = hub.compiled_sources().iter().cloned().collect();
     let objects = hub
         .programmed_all(&sources)
         .into_iter()
@@ -255,6 +238,7 @@ pub async fn publish(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mesh::index::ObjKey;
 
     fn source(generation: i64) -> Source {
         Source::Route(ObjKey::new("shop", "split"), generation)

@@ -1233,6 +1233,33 @@ mod push_kind {
         assert_eq!((e.acked, e.total, e.generation), (0, 0, 0));
     }
 
+    /// A replica reports an object only at a generation its hub compiled:
+    /// before the recompile no stream can hold it, and a peer that
+    /// published "0/0" for a new Route made the leader write Programmed
+    /// "0/0 sidecars ACKed" (the e2e route test caught it).
+    #[test]
+    fn a_tally_reports_objects_at_the_generation_last_compiled() {
+        use crate::mesh::tally::of_hub;
+        let hub = hub();
+        let (id, mut rx) = hub.connect(client(), 0, Capabilities::default());
+        assert_eq!(hub.recompile(), 1);
+        ack(&hub, id, &take(&mut rx).unwrap());
+        let key = format!("Route/{NS}/split");
+        hub.update(|ix| ix.apply_route(&split_route("split", "2026-01-01T00:00:00Z", 9, 1)));
+        assert!(!of_hub(&hub, "op-a", 1).objects.contains_key(&key));
+        assert_eq!(hub.recompile(), 1);
+        let e = &of_hub(&hub, "op-a", 2).objects[&key];
+        assert_eq!((e.generation, e.acked, e.total), (0, 0, 1));
+        // An edit not compiled yet: still reported at the old generation,
+        // so the leader waits for this replica instead of counting it.
+        let mut edited = split_route("split", "2026-01-01T00:00:00Z", 8, 2);
+        edited.metadata.generation = Some(2);
+        hub.update(|ix| ix.apply_route(&edited));
+        assert_eq!(of_hub(&hub, "op-a", 3).objects[&key].generation, 0);
+        hub.recompile();
+        assert_eq!(of_hub(&hub, "op-a", 4).objects[&key].generation, 2);
+    }
+
     /// The status writer's one pass over the streams counts each object as
     /// a pass per object would: every stream sent any generation of it
     /// counts once, ACKs count only for the generation asked about, and
