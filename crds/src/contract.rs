@@ -71,6 +71,12 @@ pub mod annotations {
     /// The last failed hot upgrade (JSON: `version`, `reason`, `at`). A pod
     /// is not tried again for that version; removing the annotation retries.
     pub const UPGRADE_FAILED: &str = "baton.dev/upgrade-failed";
+    /// The last completed hot upgrade (JSON: `version`, `slot`,
+    /// `fromVersion`, `startedAt`, `finishedAt` in unix seconds,
+    /// `durationMs` as the new sidecar measured the takeover), written in
+    /// the patch that ends it. The per-Pod record of every handoff: Events
+    /// fold a Pod's repeats into one series, so they cannot be counted.
+    pub const LAST_HANDOFF: &str = "baton.dev/last-handoff";
 }
 
 pub mod containers {

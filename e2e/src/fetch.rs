@@ -50,7 +50,7 @@ pub struct FetchSpec {
 }
 
 /// What one worker speaks on its connection.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FetchProtocol {
     #[default]

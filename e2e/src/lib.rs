@@ -20,6 +20,7 @@ pub mod demo;
 pub mod fetch;
 pub mod guards;
 pub mod install;
+pub mod meshed;
 pub mod netns;
 pub mod ns;
 pub mod pods;

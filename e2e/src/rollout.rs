@@ -4,8 +4,7 @@
 //! echo speaking TLS itself), a SidecarRelease selecting only those pods,
 //! continuous byte-checked traffic to every pod on every protocol, and the
 //! observations a report needs (release status, restart counts, the
-//! per-Pod handoff durations the operator records in `HandoffComplete`
-//! Events).
+//! per-Pod handoff durations the operator records on each Pod).
 //!
 //! Sidecar versions are image tags made in the cluster's containerd with
 //! `ctr images tag`: `v1` and `v2` are the same sidecar image under two
@@ -22,7 +21,7 @@ use std::time::{Duration, Instant};
 use baton_crds::SidecarRelease;
 use baton_crds::contract::{annotations, containers};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Event, Pod, Secret};
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
@@ -588,40 +587,39 @@ pub fn paused_by_failures(status: &serde_json::Value) -> bool {
         && status["inFlight"] == 0
 }
 
-/// Handoff durations (ms) the operator recorded in `HandoffComplete`
-/// Events in `ns` whose message names `version`, one per Event (a pod's
-/// later handoffs can be folded into its first Event's series).
+/// Handoff durations (ms), sorted, of the Pods of `ns` matching `selector`
+/// whose last completed handoff (the operator's `baton.dev/last-handoff`
+/// record on the Pod) took them to `version`: one per Pod, every rollout
+/// (Events cannot count them: the recorder folds a Pod's later
+/// `HandoffComplete` into the series of its first).
 pub async fn handoff_durations(
     client: &Client,
     ns: &str,
+    selector: &str,
     version: &str,
 ) -> Result<Vec<u64>, kube::Error> {
-    let api: Api<Event> = Api::namespaced(client.clone(), ns);
-    let events = api
-        .list(&ListParams::default().fields("reason=HandoffComplete"))
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(selector))
         .await?;
-    let mut out = Vec::new();
-    for e in events.items {
-        let Some(message) = e.message.as_deref() else {
-            continue;
-        };
-        if !message.starts_with(&format!("sidecar {version} ")) {
-            continue;
-        }
-        // One per Event: the recorder folds a pod's later handoffs into the
-        // series of its first, so later versions may be missing here.
-        if let Some(ms) = took_over_ms(message) {
-            out.push(ms);
-        }
-    }
+    let mut out: Vec<u64> = pods
+        .items
+        .iter()
+        .filter_map(|p| last_handoff(p))
+        .filter(|(v, _)| v == version)
+        .map(|(_, ms)| ms)
+        .collect();
     out.sort_unstable();
     Ok(out)
 }
 
-/// The `N` of "... took over in N ms ...".
-fn took_over_ms(message: &str) -> Option<u64> {
-    let rest = message.split_once("took over in ")?.1;
-    rest.split_once(" ms")?.0.parse().ok()
+/// (version, duration in ms) of a Pod's `baton.dev/last-handoff` record.
+pub fn last_handoff(pod: &Pod) -> Option<(String, u64)> {
+    let record: serde_json::Value =
+        serde_json::from_str(annotation(pod, annotations::LAST_HANDOFF)?).ok()?;
+    Some((
+        record["version"].as_str()?.to_owned(),
+        record["durationMs"].as_u64()?,
+    ))
 }
 
 /// The `q`-quantile (0..=1) of sorted values, nearest rank.
@@ -638,10 +636,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_duration_is_read_from_the_operators_event_message() {
-        let m = "sidecar v2 in slot b took over in 812 ms; slot a returned to idle";
-        assert_eq!(took_over_ms(m), Some(812));
-        assert_eq!(took_over_ms("handoff to v3 failed: timeout"), None);
+    fn the_duration_is_read_from_the_pods_handoff_record() {
+        let mut pod = Pod::default();
+        assert_eq!(last_handoff(&pod), None);
+        pod.metadata.annotations = Some(BTreeMap::from([(
+            annotations::LAST_HANDOFF.to_owned(),
+            r#"{"version":"v2","slot":"b","startedAt":1,"finishedAt":2,"durationMs":812}"#
+                .to_owned(),
+        )]));
+        assert_eq!(last_handoff(&pod), Some(("v2".to_owned(), 812)));
     }
 
     #[test]

@@ -685,10 +685,10 @@ fn service_account(name: &str) -> k8s_openapi::api::core::v1::ServiceAccount {
     serde_json::from_value(json!({"metadata": {"name": name}})).expect("a valid service account")
 }
 
-/// The server: HTTP echo on [`PORT`], TCP echo on [`TCP_PORT`], as
-/// ServiceAccount `server`.
-fn identity_server() -> Deployment {
-    let mut d = echo_deployment("server", "v1", 1);
+/// The server: `replicas` Pods with HTTP echo on [`PORT`] and TCP echo on
+/// [`TCP_PORT`], as ServiceAccount `server`.
+fn identity_server(replicas: i32) -> Deployment {
+    let mut d = echo_deployment("server", "v1", replicas);
     let mut tcp = pods::container(
         "tcp",
         "demo-tcp-echo",
@@ -740,10 +740,15 @@ struct IdScene {
     intruder: SocketAddr,
     server_pod: IpAddr,
     client_pod: IpAddr,
-    _release: ReleaseGuard,
+    release: ReleaseGuard,
 }
 
 async fn id_scene(client: Client, ns: String, scope: &str) -> IdScene {
+    id_scene_with(client, ns, scope, 1).await
+}
+
+/// [`id_scene`] with `servers` server Pods.
+async fn id_scene_with(client: Client, ns: String, scope: &str, servers: i32) -> IdScene {
     // A test before this one may have taken the operator away (and failed
     // before it was whole again): sidecars need it to start.
     baton::wait_whole(&client, "operator", READY)
@@ -760,7 +765,7 @@ async fn id_scene(client: Client, ns: String, scope: &str) -> IdScene {
     }
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
     for d in [
-        identity_server(),
+        identity_server(servers),
         fetch_deployment("client"),
         fetch_deployment("intruder"),
     ] {
@@ -783,6 +788,7 @@ async fn id_scene(client: Client, ns: String, scope: &str) -> IdScene {
         .await
         .expect("service server");
     let mut ips = BTreeMap::new();
+    wait_servers(&client, &ns, "app=server", servers as usize).await;
     for app in ["server", "client", "intruder"] {
         wait_servers(&client, &ns, &format!("app={app}"), 1).await;
         let pod = Api::<Pod>::namespaced(client.clone(), &ns)
@@ -809,7 +815,7 @@ async fn id_scene(client: Client, ns: String, scope: &str) -> IdScene {
         client_pod: ips["client"],
         client,
         ns,
-        _release: guard,
+        release: guard,
     }
 }
 
@@ -943,44 +949,83 @@ impl IdScene {
     /// TCP batches open new connections, so new mTLS handshakes happen
     /// throughout; HTTP/1.1 rides the client sidecar's pooled connections.
     fn load(&self) -> Load {
+        self.load_from(&[self.driver], &[FetchProtocol::Http1, FetchProtocol::Tcp])
+    }
+
+    /// Traffic in every one of `protocols` from every one of `drivers`
+    /// until [`Load::finish`], in batches of [`LOAD_BATCH`].
+    fn load_from(&self, drivers: &[SocketAddr], protocols: &[FetchProtocol]) -> Load {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let tasks = [FetchProtocol::Http1, FetchProtocol::Tcp].map(|p| {
-            let (driver, spec, stop) = (self.driver, self.spec(p, LOAD_BATCH), stop.clone());
-            tokio::spawn(async move {
-                let started = std::time::Instant::now();
-                let mut total = FetchReport::default();
-                while !stop.load(std::sync::atomic::Ordering::Relaxed)
-                    && started.elapsed() < LOAD_LIMIT
-                {
-                    match fetch::fetch_via(driver, &spec).await {
-                        Ok(r) => total.merge(r),
-                        Err(e) => {
-                            total.errors += spec.count;
-                            total.error_samples.push(format!("driver: {e}"));
+        let mut tasks = Vec::new();
+        for &driver in drivers {
+            for &p in protocols {
+                let (spec, stop) = (self.spec(p, LOAD_BATCH), stop.clone());
+                let task = tokio::spawn(async move {
+                    let started = std::time::Instant::now();
+                    let mut total = FetchReport::default();
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed)
+                        && started.elapsed() < LOAD_LIMIT
+                    {
+                        match fetch::fetch_via(driver, &spec).await {
+                            Ok(r) => total.merge(r),
+                            Err(e) => {
+                                total.errors += spec.count;
+                                total.error_samples.push(format!("driver: {e}"));
+                            }
                         }
                     }
-                }
-                total
-            })
-        });
+                    total
+                });
+                tasks.push((p, task));
+            }
+        }
         Load { stop, tasks }
+    }
+
+    /// Successful server-side mTLS handshakes of every server Pod's sidecar
+    /// (carried across handoffs, so the sum only grows).
+    async fn server_handshakes(&self) -> u64 {
+        let mut total = 0;
+        for pod in self.pods("app=server").await {
+            total += server_handshakes(wait::pod_ip(&pod)).await;
+        }
+        total
+    }
+
+    async fn pods(&self, selector: &str) -> Vec<Pod> {
+        Api::<Pod>::namespaced(self.client.clone(), &self.ns)
+            .list(&kube::api::ListParams::default().labels(selector))
+            .await
+            .expect("list pods")
+            .items
     }
 }
 
 struct Load {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    tasks: [tokio::task::JoinHandle<FetchReport>; 2],
+    tasks: Vec<(FetchProtocol, tokio::task::JoinHandle<FetchReport>)>,
 }
 
 impl Load {
-    /// Stops the traffic; (HTTP/1.1 report, TCP report).
+    /// Stops the traffic; (HTTP/1.1 report, TCP report) of a [`IdScene::load`].
     async fn finish(self) -> (FetchReport, FetchReport) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let [h1, tcp] = self.tasks;
+        let mut by = self.finish_by_protocol().await;
         (
-            h1.await.expect("http load task"),
-            tcp.await.expect("tcp load task"),
+            by.remove(&FetchProtocol::Http1).unwrap_or_default(),
+            by.remove(&FetchProtocol::Tcp).unwrap_or_default(),
         )
+    }
+
+    /// Stops the traffic; the reports merged by protocol.
+    async fn finish_by_protocol(self) -> BTreeMap<FetchProtocol, FetchReport> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut out: BTreeMap<FetchProtocol, FetchReport> = BTreeMap::new();
+        for (p, task) in self.tasks {
+            out.entry(p)
+                .or_default()
+                .merge(task.await.expect("load task"));
+        }
+        out
     }
 }
 
@@ -1308,6 +1353,116 @@ shred -u old-root.key new-root.key
             eprintln!("rotation: notAfter after step 2 {e2:?}, after step 4 {e4:?}");
             no_failures("root rotation", &report);
             assert_eq!(s.restarts().await, restarts, "no Pod restarted");
+        },
+    )
+    .await;
+}
+
+// ------------------------------------------------------------ mesh rollout
+//
+// The headline on the path users run: Pod → Service → Pod through two
+// sidecars under Strict mesh mTLS, both handed off by one rollout. Run with
+// `e2e/run.sh mesh_rollout`.
+
+/// How long one rollout of the scene's five Pods may take.
+const ROLLOUT: Duration = Duration::from_secs(180);
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster (e2e/run.sh)"]
+async fn mesh_rollout_of_clients_and_servers_under_strict_mtls_fails_no_exchange_and_restarts_nothing()
+ {
+    use baton_e2e::rollout::{complete_on, make_versions, sidecar_image, wait_release};
+    let _serial = SERIAL.lock().await;
+    let scope = "mesh-rollout";
+    with_temp_ns_labelled(
+        baton::injected_namespace_labels(scope),
+        |client, ns| async move {
+            make_versions(&["r2"], &[]).unwrap_or_else(|e| panic!("tagging r2: {e}"));
+            // Three servers behind the Service, two meshed clients (the
+            // scene's `client` and `intruder`, both allowed here): five Pods
+            // under one release, handed off two at a time.
+            let s = id_scene_with(client, ns, scope, 3).await;
+            let release = s.release.0.clone();
+            let pods = 5;
+            let api = Api::<baton_crds::SidecarRelease>::all(s.client.clone());
+            let upgrade = json!({"spec": {"upgrade": {"maxUnavailable": 2, "handoffTimeoutSeconds": 30}}});
+            api.patch(&release, &PatchParams::default(), &Patch::Merge(&upgrade))
+                .await
+                .unwrap_or_else(|e| panic!("maxUnavailable on {release}: {e}"));
+            s.policy(&[]).await;
+            s.meshed().await;
+            until_via(
+                s.intruder,
+                "the second client is served over mTLS",
+                &s.spec(FetchProtocol::Http1, 10),
+                |r| r.status(200) == 10,
+            )
+            .await;
+            let outsider = ready_pod(&s.client, &s.ns, &driver_pod("outsider", false)).await;
+            let outsider = SocketAddr::new(wait::pod_ip(&outsider), fetch::PORT);
+            let restarts = s.restarts().await;
+            let handshakes = s.server_handshakes().await;
+
+            let load = s.load_from(
+                &[s.driver, s.intruder],
+                &[FetchProtocol::Http1, FetchProtocol::Http2, FetchProtocol::Tcp],
+            );
+            let rollout = |version: &'static str, image: String| {
+                let (client, release) = (s.client.clone(), release.clone());
+                async move {
+                    let t0 = std::time::Instant::now();
+                    let patch = json!({"spec": {"version": version, "image": image}});
+                    Api::<baton_crds::SidecarRelease>::all(client.clone())
+                        .patch(&release, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                        .unwrap_or_else(|e| panic!("patching {release} to {version}: {e}"));
+                    wait_release(
+                        &client,
+                        &release,
+                        &format!("every Pod on {version}"),
+                        ROLLOUT,
+                        |st| complete_on(st, version, pods),
+                        |_| {},
+                    )
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+                    eprintln!("mesh rollout to {version}: {:?}", t0.elapsed());
+                }
+            };
+            // Traffic flows before the first handoff.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            rollout("r2", sidecar_image("r2")).await;
+            rollout(baton::RELEASE_VERSION, pods::image("sidecar")).await;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let reports = load.finish_by_protocol().await;
+
+            for (p, r) in &reports {
+                eprintln!(
+                    "mesh rollout {p:?}: {} requests ({} not 200), {} TCP exchanges echoed, {} errors",
+                    r.responses(),
+                    r.responses() - r.status(200),
+                    r.echoed,
+                    r.errors
+                );
+                assert_eq!(r.errors, 0, "{p:?}: {r:?}");
+                if *p == FetchProtocol::Tcp {
+                    assert!(r.echoed > 0, "TCP traffic ran");
+                } else {
+                    assert!(r.responses() > 0, "{p:?} traffic ran");
+                    assert_eq!(r.status(200), r.responses(), "{p:?}: {r:?}");
+                }
+            }
+            assert_eq!(s.restarts().await, restarts, "no container restarted");
+            // mTLS held: the servers' sidecars kept terminating it, and a Pod
+            // outside the mesh is still refused.
+            let after = s.server_handshakes().await;
+            assert!(after > handshakes, "server handshakes {handshakes} → {after}");
+            let r = fetch_from(outsider, &s.spec(FetchProtocol::Http1, 10)).await;
+            assert_eq!(
+                (r.responses(), r.errors),
+                (0, 10),
+                "plaintext from outside the mesh after the rollout: {r:?}"
+            );
         },
     )
     .await;

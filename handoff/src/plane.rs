@@ -143,15 +143,34 @@ impl std::fmt::Debug for IdentityPem {
 /// imports it on the new one.
 pub trait IdentityCarrier: Send + Sync {
     fn export(&self) -> Option<IdentityPem>;
+    /// Takes over the old process's TLS state before this one serves a
+    /// single connection: first the TLS policy of `config` (the snapshot the
+    /// old process served, which this one serves until the next config
+    /// push), then the carried identity `pem`, if any, while this process
+    /// waits for its own. Without the first step a new process would serve
+    /// the inherited routes and clusters under the policy it started with
+    /// (in a Pod: none, until the operator pushes), and mesh mTLS would fail
+    /// in both directions until then.
+    ///
     /// `Ok(true)` if the carried identity is now in use, `Ok(false)` if this
-    /// process already has its own (it keeps that).
-    fn import(&self, pem: &IdentityPem) -> Result<bool, IdentityImportError>;
+    /// process already has its own (it keeps that) or none was carried.
+    /// [`IdentityImportError::Policy`] refuses the handoff: the old process
+    /// keeps serving.
+    fn import(
+        &self,
+        config: &serde_json::Value,
+        pem: Option<&IdentityPem>,
+    ) -> Result<bool, IdentityImportError>;
 }
 
 /// Why a carried identity was not taken into use (the new process then
 /// waits for its own, as on a fresh start).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IdentityImportError {
+    /// The inherited config's TLS policy cannot be put in force here; the
+    /// handoff is refused and the old process keeps serving.
+    #[error("the inherited TLS policy cannot be applied: {0}")]
+    Policy(String),
     /// The PEM text does not hold a certificate chain, key and bundle.
     #[error("the carried identity cannot be read: {0}")]
     Unreadable(String),

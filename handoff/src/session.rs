@@ -50,7 +50,9 @@ use tokio::sync::{mpsc, oneshot};
 use crate::config::{HandoffConfig, peer_allowed};
 use crate::conn::{ConnKind, ConnRegistry, ParkedAt};
 use crate::metrics::HandoffMetrics;
-use crate::plane::{CarriedCounters, DataPlane, IdentityPem, Inherited, Phase, Serving};
+use crate::plane::{
+    CarriedCounters, DataPlane, IdentityImportError, IdentityPem, Inherited, Phase, Serving,
+};
 use crate::protocol::{
     Batch, Channel, Frame, ListenerInfo, Message, ProtocolError, Receiver, Sender, StateSnapshot,
     UPSTREAM_TLS_SINCE, negotiate,
@@ -326,23 +328,33 @@ async fn adopt_here<P: DataPlane>(
     };
     // The data plane serves exactly that until the next config push.
     inherited.config = state.config;
-    // The old process's certificate, for new handshakes until our own
-    // arrives (a failure leaves us on our own source, as on a fresh start).
-    if let (Some(carrier), Some(cert_chain), Some(key), Some(trust_bundle)) = (
-        &cfg.identity,
-        state.cert_chain_pem,
-        state.private_key_pem,
-        state.trust_bundle_pem,
-    ) {
+    // The old process's TLS policy, then its certificate for new
+    // handshakes until our own arrives (a failure to read the certificate
+    // leaves us on our own source, as on a fresh start). Both are in place
+    // before the data plane starts: its first connection is served under
+    // the policy and with the identity the old process served it with.
+    if let Some(carrier) = &cfg.identity {
+        let pem = match (
+            state.cert_chain_pem,
+            state.private_key_pem,
+            state.trust_bundle_pem,
+        ) {
+            (Some(cert_chain), Some(key), Some(trust_bundle)) => Some(IdentityPem {
+                cert_chain,
+                key,
+                trust_bundle,
+            }),
+            _ => None,
+        };
         // Whatever the TLS layer sets up belongs to the serving runtime.
         let _rt = serving.enter();
-        match carrier.import(&IdentityPem {
-            cert_chain,
-            key,
-            trust_bundle,
-        }) {
+        match carrier.import(&inherited.config, pem.as_ref()) {
             Ok(true) => tracing::info!("handoff: serving with the carried mesh certificate"),
             Ok(false) => tracing::debug!("handoff: carried mesh certificate not needed"),
+            Err(e @ IdentityImportError::Policy(_)) => {
+                hm.handoff("new", "refused_policy");
+                return Err(ProtocolError::Refused(e.to_string()).into());
+            }
             Err(e) => tracing::warn!(error = %e, "handoff: carried mesh certificate refused"),
         }
     }

@@ -354,11 +354,14 @@ fn run_proxy(args: RunArgs) -> Result<(), CliError> {
     runtime.block_on(async {
         let ending = crate::process::run(
             snapshot,
-            StartOptions {
-                watch,
-                log_level,
-                tls: Some(tls.clone()),
-                ..Default::default()
+            {
+                let mut opts = StartOptions {
+                    watch,
+                    log_level,
+                    ..Default::default()
+                };
+                tls.plug(&mut opts);
+                opts
             },
             // The certificate and key travel with the handoff. A slot whose
             // Required offload engine does not work (its container holds no
@@ -367,8 +370,9 @@ fn run_proxy(args: RunArgs) -> Result<(), CliError> {
                 .with_identity(tls.clone())
                 .with_sessions(tls.clone())
                 .with_adopt_refusal(tls.offload_readiness().err()),
-            // Reloaded `tls` sections are checked and applied, /ready reflects
-            // the offload engine, and /metrics carries the TLS series. The
+            // /ready reflects the offload engine and /metrics carries the TLS
+            // series (the `tls` hook and the originator are plugged in before
+            // the data plane starts, above). The
             // config stream starts after the store holds what a handoff
             // handed over, so it resumes at that version.
             |running| {

@@ -15,12 +15,13 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::admin::{Admin, LogLevelHook, ReadinessHook};
-use crate::config::store::{ConfigStore, watch_file};
+use crate::config::store::{ConfigStore, TlsHook, watch_file};
 use crate::config::{ConfigError, Snapshot};
 use crate::http_proxy::Shared;
 use crate::lifecycle::{Lifecycle, Phase};
 use crate::listener::{TlsTerminator, bind, serve_listener};
 use crate::metrics::Metrics;
+use crate::upstream::Originator;
 
 /// Why the sidecar could not start.
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +47,12 @@ pub struct StartOptions {
     /// Admin listener adopted from elsewhere.
     pub inherited_admin: Option<std::net::TcpListener>,
     pub tls: Option<Arc<dyn TlsTerminator>>,
+    /// The TLS layer's mesh mTLS originator for clusters with `mtls` and its
+    /// check of every later snapshot's `tls` section. Both are installed
+    /// before the first listener accepts: a process that takes over serves
+    /// its first connection with them (see `MeshTls::plug`).
+    pub originator: Option<Arc<dyn Originator>>,
+    pub tls_hook: Option<TlsHook>,
     pub log_level: Option<LogLevelHook>,
     pub metrics: Option<Arc<Metrics>>,
     /// Start in [`Phase::Adopting`] instead of `Serving` (the new process of
@@ -179,6 +186,12 @@ pub async fn start(snapshot: Snapshot, mut opts: StartOptions) -> Result<Running
         lifecycle.set(Phase::Adopting);
     }
     let store = Arc::new(ConfigStore::new(&snapshot, metrics.clone())?);
+    if let Some(o) = opts.originator.take() {
+        store.set_originator(o);
+    }
+    if let Some(hook) = opts.tls_hook.take() {
+        store.set_tls_hook(hook);
+    }
     let shared = Shared::new(store.clone(), metrics, lifecycle.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use baton_sidecar::config::yaml;
+use baton_sidecar::conn::IdentityImportError;
 use baton_sidecar::server::{Running, StartOptions, start};
 use baton_sidecar::tls::{CertSource, MeshTls, TlsMetrics, TlsSettings};
 use bytes::Bytes;
@@ -91,13 +92,11 @@ tls:
     snap.admin.address = "127.0.0.1:0".parse().unwrap();
     let tls = MeshTls::new(TlsMetrics::default());
     tls.apply(snap.tls.as_ref()).unwrap();
-    let running = start(
-        snap,
-        StartOptions {
-            tls: Some(tls.clone()),
-            ..Default::default()
-        },
-    )
+    let running = start(snap, {
+        let mut opts = StartOptions::default();
+        tls.plug(&mut opts);
+        opts
+    })
     .await
     .unwrap();
     tls.attach(&running);
@@ -411,15 +410,18 @@ async fn a_certificate_carried_by_the_handoff_serves_while_the_identity_service_
         "Debug redacts"
     );
 
-    // The new process gets its identity from an identity service that does
-    // not answer (nothing listens on port 9 of loopback).
+    // The new process starts as in a Pod, with no policy of its own; the
+    // snapshot the old process served (which the new one serves until the
+    // next push) gets its identity from an identity service that does not
+    // answer (nothing listens on port 9 of loopback).
     let new = MeshTls::new(TlsMetrics::default());
-    new.apply(Some(&unreachable_identity_service())).unwrap();
-    let reason = new.readiness().unwrap_err();
-    assert!(reason.contains("identity service"), "{reason}");
+    assert_eq!(new.mode(), None);
+    let served = served_config(unreachable_identity_service());
 
-    // Import: ready at once, and new handshakes present the carried identity.
-    assert_eq!(new.import(&carried), Ok(true));
+    // Import: the old process's policy is in force and the node is ready at
+    // once, new handshakes presenting the carried identity.
+    assert_eq!(new.import(&served, Some(&carried)), Ok(true));
+    assert_eq!(new.mode(), Some(baton_sidecar::tls::TlsMode::Strict));
     new.readiness().unwrap();
     let ctx = new.context().unwrap();
     assert_eq!(ctx.local_identity(), Some(id("backend")));
@@ -436,14 +438,68 @@ async fn a_certificate_carried_by_the_handoff_serves_while_the_identity_service_
     new.readiness().unwrap();
 
     // A process with its own (files) certificate keeps it.
-    assert_eq!(old.tls.import(&carried), Ok(false));
-    // Garbage is refused with a reason, nothing changes.
+    let own = served_config(old.tls.context().unwrap().settings().clone());
+    assert_eq!(old.tls.import(&own, Some(&carried)), Ok(false));
+    // Garbage is refused with a reason; the policy is in force, waiting for
+    // the process's own certificate.
     let mut bad = carried.clone();
     bad.key = "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n".into();
     let fresh = MeshTls::new(TlsMetrics::default());
-    fresh.apply(Some(&unreachable_identity_service())).unwrap();
-    assert!(fresh.import(&bad).is_err());
-    assert!(fresh.readiness().is_err());
+    let err = fresh.import(&served, Some(&bad)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            IdentityImportError::Unreadable(_) | IdentityImportError::Unusable(_)
+        ),
+        "{err}"
+    );
+    let reason = fresh.readiness().unwrap_err();
+    assert!(reason.contains("identity service"), "{reason}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_taking_over_puts_the_served_policy_in_force_before_it_serves() {
+    use baton_sidecar::handoff::IdentityCarrier;
+    let pki = Pki::new("mesh-ca");
+    let old = sidecar(&pki, "").await;
+    let settings = old.tls.context().unwrap().settings().clone();
+
+    // No certificate carried: the policy alone (a files source) is in force,
+    // with the process's own certificate.
+    let new = MeshTls::new(TlsMetrics::default());
+    assert_eq!(
+        new.import(&served_config(settings.clone()), None),
+        Ok(false)
+    );
+    assert_eq!(new.mode(), Some(baton_sidecar::tls::TlsMode::Strict));
+    new.readiness().unwrap();
+    assert_eq!(new.context().unwrap().local_identity(), Some(id("backend")));
+
+    // A served snapshot without a `tls` section: no policy, as the old one.
+    let plain = served_config_without_tls();
+    assert_eq!(new.import(&plain, None), Ok(false));
+    assert_eq!(new.mode(), None);
+
+    // A policy this build cannot put in force refuses the handoff (the old
+    // process keeps serving) instead of serving without it.
+    let mut broken = settings;
+    broken.source = None;
+    let err = new.import(&served_config(broken), None).unwrap_err();
+    assert!(matches!(err, IdentityImportError::Policy(_)), "{err}");
+    assert!(err.to_string().contains("certificate source"), "{err}");
+}
+
+/// The serialized snapshot an old process hands over, with `tls`.
+fn served_config(tls: TlsSettings) -> serde_json::Value {
+    serde_json::to_value(baton_sidecar::config::Snapshot {
+        tls: Some(tls),
+        ..baton_sidecar::config::pod_default()
+    })
+    .unwrap()
+}
+
+fn served_config_without_tls() -> serde_json::Value {
+    serde_json::to_value(baton_sidecar::config::pod_default()).unwrap()
 }
 
 /// Strict settings whose identity service never answers (nothing listens on

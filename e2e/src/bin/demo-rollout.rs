@@ -2,22 +2,28 @@
 //! installed (`scripts/demo.sh` brings both up and tears them down).
 //!
 //! A Deployment of echo pods is injected with sidecar v1 and put under
-//! continuous byte-checked traffic (HTTP/1.1, HTTP/2, TCP, and TLS the app
-//! speaks itself); the SidecarRelease is bumped v1 → v2 → v1, each time
+//! continuous byte-checked traffic from the host (HTTP/1.1, HTTP/2, TCP, and
+//! TLS the app speaks itself) and from two meshed client Pods through a
+//! Service, under mesh mTLS (HTTP/1.1, HTTP/2, TCP through both Pods'
+//! sidecars); one SidecarRelease selects servers and clients and is bumped
+//! v1 → v2 → v1, each time
 //! waiting for Complete with a progress line; then a broken v3 whose
 //! sidecar exits at once, which must leave the pods serving and the release
 //! Degraded and Paused. It ends with a report and exits non-zero when any
 //! exchange failed, any application container restarted, or a step did not
 //! end as it must.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use baton_crds::contract::labels;
+use baton_e2e::fetch::{self, FetchProtocol, FetchReport};
+use baton_e2e::meshed::{self, MeshTraffic};
 use baton_e2e::rollout::{
     Counters, Traffic, app_restarts, complete_on, condition, create_app, create_release,
-    handoff_durations, make_versions, paused_by_failures, pki, quantile, ready_pods, restarts,
-    set_version, wait_targets_serve,
+    handoff_durations, make_versions, paused_by_failures, pki, quantile, ready_pods,
+    ready_pods_labelled, restarts, set_version, wait_targets_serve,
 };
 use clap::Parser;
 use k8s_openapi::api::core::v1::Namespace;
@@ -54,6 +60,8 @@ struct Args {
 
 /// Time allowed for one rollout to reach Complete.
 const ROLLOUT_TIMEOUT: Duration = Duration::from_secs(300);
+/// Meshed client Pods (`demo-fetch`) sending to the echo Service.
+const CLIENTS: usize = 2;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -116,6 +124,10 @@ fn step(what: &str) {
 #[derive(Default)]
 struct Report {
     replicas: usize,
+    /// Pods the release upgrades: the echo Pods and the meshed clients.
+    pods: usize,
+    /// Meshed client → Service → Pod traffic, by protocol.
+    meshed: BTreeMap<FetchProtocol, FetchReport>,
     rollouts: Vec<(String, Duration, Vec<u64>)>,
     broken: Option<String>,
     exchanges: usize,
@@ -133,6 +145,11 @@ impl Report {
     fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "replicas": self.replicas,
+            "pods": self.pods,
+            "meshed": self.meshed.iter().map(|(p, r)| (format!("{p:?}").to_lowercase(), serde_json::json!({
+                "exchanges": r.responses() + r.echoed + r.errors,
+                "failed": meshed::failures(*p, r),
+            }))).collect::<serde_json::Map<_, _>>(),
             "rollouts": self.rollouts.iter().map(|(to, took, d)| serde_json::json!({
                 "to": to,
                 "seconds": took.as_secs_f64(),
@@ -161,10 +178,11 @@ impl std::fmt::Display for Report {
             let max = durations.last().map_or("-".into(), |v| format!("{v} ms"));
             writeln!(
                 f,
-                "  rollout to {to:<3} {} pods in place in {:>5.1} s   per-Pod handoff p50 {p50}, max {max} ({} Events on record)",
-                self.replicas,
+                "  rollout to {to:<3} {} pods in place in {:>5.1} s   per-Pod handoff p50 {p50}, max {max} ({} of {} Pods on record)",
+                self.pods,
                 took.as_secs_f64(),
-                durations.len()
+                durations.len(),
+                self.pods
             )?;
         }
         if let Some(broken) = &self.broken {
@@ -172,11 +190,29 @@ impl std::fmt::Display for Report {
         }
         writeln!(
             f,
-            "  traffic           {} exchanges, {} failed, {} resets, {:.1} MiB echoed and checked byte for byte",
+            "  host → Pod        {} exchanges, {} failed, {} resets, {:.1} MiB echoed and checked byte for byte",
             self.exchanges,
             self.failed,
             self.resets,
             self.bytes as f64 / (1024.0 * 1024.0)
+        )?;
+        let by = |p: FetchProtocol| self.meshed.get(&p).cloned().unwrap_or_default();
+        let (h1, h2, tcp) = (
+            by(FetchProtocol::Http1),
+            by(FetchProtocol::Http2),
+            by(FetchProtocol::Tcp),
+        );
+        let failed: usize = self
+            .meshed
+            .iter()
+            .map(|(p, r)| meshed::failures(*p, r))
+            .sum();
+        writeln!(
+            f,
+            "  Pod → Pod (mTLS)  {} HTTP/1.1 + {} HTTP/2 requests, {} TCP exchanges through both sidecars, {failed} failed",
+            h1.responses() + h1.errors,
+            h2.responses() + h2.errors,
+            tcp.echoed + tcp.errors,
         )?;
         writeln!(
             f,
@@ -205,7 +241,12 @@ impl std::fmt::Display for Report {
 }
 
 /// A one-line view of the release and the traffic, printed as it changes.
-fn progress_line(started: Instant, status: &serde_json::Value, traffic: &Counters) -> String {
+fn progress_line(
+    started: Instant,
+    status: &serde_json::Value,
+    traffic: &Counters,
+    mesh: &MeshTraffic,
+) -> String {
     let t = traffic.snapshot();
     let versions = status["versions"]
         .as_array()
@@ -217,13 +258,15 @@ fn progress_line(started: Instant, status: &serde_json::Value, traffic: &Counter
         })
         .unwrap_or_default();
     format!(
-        "  [{:>5.1}s] pods by version {versions:<12} updated {} in flight {} failed {} | traffic {} exchanges, {} failed",
+        "  [{:>5.1}s] pods by version {versions:<12} updated {} in flight {} failed {} | host → Pod {} exchanges, {} failed | Pod → Pod {}, {} failed",
         started.elapsed().as_secs_f64(),
         status["updated"],
         status["inFlight"],
         status["failed"],
         t.exchanges,
-        t.failures.len()
+        t.failures.len(),
+        mesh.sent.load(std::sync::atomic::Ordering::Relaxed),
+        mesh.failed.load(std::sync::atomic::Ordering::Relaxed),
     )
 }
 
@@ -236,8 +279,10 @@ async fn run(
     sidecar_cpu: Option<&str>,
     broken: bool,
 ) -> anyhow::Result<Report> {
+    let pods_total = replicas + CLIENTS;
     let mut report = Report {
         replicas,
+        pods: pods_total,
         ..Report::default()
     };
     step(&format!(
@@ -246,17 +291,40 @@ async fn run(
     let pki = pki();
     let _release = create_release(client, release, ns, "v1", max_unavailable, sidecar_cpu).await?;
     create_app(client, ns, ns, &pki, replicas).await?;
+    meshed::create(client, ns, ns, CLIENTS).await?;
     let pods = ready_pods(client, ns, "v1", replicas, Duration::from_secs(300)).await?;
     wait_targets_serve(&pods, &pki)
         .await
         .map_err(anyhow::Error::msg)?;
-    let restarts_before = restarts(&pods);
-    let uids: Vec<_> = pods.iter().map(|p| p.metadata.uid.clone()).collect();
+    let client_selector = format!("app={}", meshed::CLIENT_APP);
+    let clients = ready_pods_labelled(
+        client,
+        ns,
+        &client_selector,
+        "v1",
+        CLIENTS,
+        Duration::from_secs(300),
+    )
+    .await?;
+    let drivers: Vec<_> = clients
+        .iter()
+        .map(|p| std::net::SocketAddr::new(baton_e2e::wait::pod_ip(p), fetch::PORT))
+        .collect();
+    let service = meshed::service_ip(client, ns).await?;
     println!(
-        "  {} pods ready; starting continuous traffic to every pod on 4 protocols",
-        pods.len()
+        "  {CLIENTS} meshed client pods send to Service {} ({service}) through their own sidecar; TlsPolicy echo: mTLS Permissive",
+        meshed::SERVICE
+    );
+    meshed::wait_served(&drivers, service, Duration::from_secs(120)).await?;
+    let all_pods = [pods.clone(), clients.clone()].concat();
+    let restarts_before = restarts(&all_pods);
+    let uids: Vec<_> = all_pods.iter().map(|p| p.metadata.uid.clone()).collect();
+    println!(
+        "  {} pods ready; starting continuous traffic to every echo pod on 4 protocols from the host, and from the clients through the mesh on 3",
+        all_pods.len()
     );
     let traffic = Traffic::start(&pods, &pki);
+    let mesh = MeshTraffic::start(&drivers, service);
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     for to in ["v2", "v1"] {
@@ -271,9 +339,9 @@ async fn run(
             release,
             &format!("release Complete on {to}"),
             ROLLOUT_TIMEOUT,
-            |s| complete_on(s, to, replicas),
+            |s| complete_on(s, to, pods_total),
             |s| {
-                let line = progress_line(started, s, &traffic.counters);
+                let line = progress_line(started, s, &traffic.counters, &mesh);
                 // Print when the release moved, not every poll.
                 let key = line.split_once(']').map_or("", |x| x.1).to_owned();
                 if key != last {
@@ -284,7 +352,9 @@ async fn run(
         )
         .await?;
         let took = started.elapsed();
-        let durations = handoff_durations(client, ns, to).await?;
+        let mut durations = handoff_durations(client, ns, "app=echo", to).await?;
+        durations.extend(handoff_durations(client, ns, &client_selector, to).await?);
+        durations.sort_unstable();
         println!(
             "  Complete: {} in {:.1} s",
             condition(&status, "Complete")
@@ -330,9 +400,20 @@ async fn run(
     }
     // The pods must still all be on v1, the same pods, serving.
     let now = ready_pods(client, ns, "v1", replicas, Duration::from_secs(60)).await?;
+    let clients_now = ready_pods_labelled(
+        client,
+        ns,
+        &client_selector,
+        "v1",
+        CLIENTS,
+        Duration::from_secs(60),
+    )
+    .await?;
+    let now = [now, clients_now].concat();
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     let totals = traffic.stop().await;
+    report.meshed = mesh.stop().await;
     report.exchanges = totals.exchanges;
     report.failed = totals.failures.len();
     report.resets = totals.resets();
@@ -368,6 +449,20 @@ async fn run(
     );
     if totals.exchanges == 0 {
         report.problems.push("no traffic was sent".into());
+    }
+    for (p, r) in &report.meshed {
+        let failed = meshed::failures(*p, r);
+        if failed > 0 {
+            report.problems.push(format!(
+                "{failed} meshed {p:?} exchanges failed: {:?} {:?}",
+                r.error_samples, r.local_samples
+            ));
+        }
+        if r.responses() + r.echoed == 0 {
+            report
+                .problems
+                .push(format!("no meshed {p:?} traffic was served"));
+        }
     }
     Ok(report)
 }

@@ -29,7 +29,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
-use super::plan::{self, Action, FailureRecord, Observed, Slot};
+use super::plan::{self, Action, FailureRecord, HandoffRecord, Observed, Slot};
 use super::pods::{parse_kubelet_version, parse_observed, pod_state};
 use super::status::overlay;
 use crate::metrics::Metrics;
@@ -152,7 +152,12 @@ pub fn patch_for(
                 annotations::UPGRADE_FAILED: null,
             }),
         ),
-        Action::Finish { native, record, .. } => (
+        Action::Finish {
+            native,
+            record,
+            duration_ms,
+            ..
+        } => (
             *native,
             slot_container(record.slot.other()),
             record.idle_image.clone(),
@@ -160,6 +165,14 @@ pub fn patch_for(
                 annotations::UPGRADE: null,
                 annotations::ACTIVE_SLOT: record.slot.as_str(),
                 annotations::VERSION: record.version,
+                annotations::LAST_HANDOFF: serde_json::to_string(&HandoffRecord {
+                    version: record.version.clone(),
+                    slot: record.slot,
+                    from_version: record.from_version.clone(),
+                    started_at: record.started_at,
+                    finished_at: now,
+                    duration_ms: *duration_ms,
+                }).ok(),
             }),
         ),
         Action::Fail {
@@ -1026,5 +1039,41 @@ mod tests {
         let p = patch_for(&fail, None, 9).unwrap();
         assert!(p["metadata"].get("resourceVersion").is_none());
         assert_eq!(p["spec"]["containers"][0]["name"], containers::SLOT_B);
+    }
+
+    #[test]
+    fn a_finished_handoff_leaves_its_record_on_the_pod() {
+        let record: plan::UpgradeRecord =
+            serde_json::from_str(record(5).as_str().unwrap()).unwrap();
+        let finish = Action::Finish {
+            pod: "a/b".into(),
+            native: false,
+            record: record.clone(),
+            duration_ms: 812,
+        };
+        let p = patch_for(&finish, Some("7"), 42).unwrap();
+        let text = p["metadata"]["annotations"][annotations::LAST_HANDOFF]
+            .as_str()
+            .expect("the record is a JSON string");
+        let kept: plan::HandoffRecord = serde_json::from_str(text).unwrap();
+        assert_eq!(kept.version, record.version);
+        assert_eq!(kept.slot, record.slot);
+        assert_eq!((kept.started_at, kept.finished_at), (record.started_at, 42));
+        assert_eq!(kept.duration_ms, 812);
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        assert_eq!(v["durationMs"], 812, "camelCase, as the other records");
+        // A failed handoff leaves the last completed one in place.
+        let fail = Action::Fail {
+            pod: "a/b".into(),
+            native: false,
+            record,
+            reason: "r".into(),
+        };
+        let p = patch_for(&fail, None, 43).unwrap();
+        assert!(
+            p["metadata"]["annotations"]
+                .get(annotations::LAST_HANDOFF)
+                .is_none()
+        );
     }
 }

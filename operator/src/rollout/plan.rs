@@ -120,6 +120,21 @@ pub struct UpgradeRecord {
     pub idle_image: String,
 }
 
+/// The `baton.dev/last-handoff` annotation: a completed hot upgrade.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HandoffRecord {
+    pub version: String,
+    /// The slot that took over (serving now).
+    pub slot: Slot,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_version: Option<String>,
+    /// Unix seconds: the operator started the new slot / saw it serving.
+    pub started_at: i64,
+    pub finished_at: i64,
+    pub duration_ms: u64,
+}
+
 /// The `baton.dev/upgrade-failed` annotation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -369,18 +369,21 @@ impl MeshTls {
         Ok((Box::new(stream), peer))
     }
 
-    /// Installs the config hook, the outbound originator, the readiness
-    /// condition and the metrics on a started data plane.
-    pub fn attach(self: &Arc<Self>, running: &crate::server::Running) {
-        running
-            .shared
-            .store
-            .set_originator(Arc::new(Outbound(self.clone())));
+    /// Plugs this layer into a data plane about to start: the listeners'
+    /// TLS terminator, the clusters' mesh mTLS originator and the check of
+    /// every later snapshot's `tls` section. All three are in place before
+    /// the first connection is accepted, which matters for a process taking
+    /// over: adopted sockets are served from the moment it starts.
+    pub fn plug(self: &Arc<Self>, opts: &mut crate::server::StartOptions) {
+        opts.tls = Some(self.clone());
+        opts.originator = Some(Arc::new(Outbound(self.clone())));
         let me = self.clone();
-        running
-            .shared
-            .store
-            .set_tls_hook(Arc::new(move |section| Ok(me.apply(section)?)));
+        opts.tls_hook = Some(Arc::new(move |section| Ok(me.apply(section)?)));
+    }
+
+    /// Installs the readiness condition, the offload report and the metrics
+    /// on a started data plane (after [`MeshTls::plug`]).
+    pub fn attach(self: &Arc<Self>, running: &crate::server::Running) {
         let me = self.clone();
         running
             .admin
@@ -420,10 +423,30 @@ impl IdentityCarrier for MeshTls {
         })
     }
 
-    /// Used only while this process waits for its identity service (a
-    /// `files` source, or a certificate already issued, wins): the carried
-    /// certificate serves new handshakes until the bootstrap replaces it.
-    fn import(&self, pem: &IdentityPem) -> Result<bool, IdentityImportError> {
+    /// First the inherited snapshot's `tls` section (the policy the old
+    /// process served under), so this process's first connection is served
+    /// under it; then the carried certificate, used only while this process
+    /// waits for its identity service (a `files` source, or a certificate
+    /// already issued, wins): it serves new handshakes until the bootstrap
+    /// replaces it.
+    fn import(
+        &self,
+        config: &serde_json::Value,
+        pem: Option<&IdentityPem>,
+    ) -> Result<bool, IdentityImportError> {
+        // The process serves the inherited snapshot only when it reads as
+        // one (`process::inherited_snapshot`); otherwise it serves its own,
+        // whose policy is already in force here.
+        if let Ok(snapshot) = serde_json::from_value::<crate::config::Snapshot>(config.clone()) {
+            let Some(me) = self.me.upgrade() else {
+                return Err(IdentityImportError::Policy("the TLS layer is gone".into()));
+            };
+            me.apply(snapshot.tls.as_ref())
+                .map_err(|e| IdentityImportError::Policy(e.to_string()))?;
+        }
+        let Some(pem) = pem else {
+            return Ok(false);
+        };
         let applied = self.applied.lock().unwrap_or_else(|p| p.into_inner());
         let Some(settings) = applied.settings.as_ref() else {
             return Ok(false);

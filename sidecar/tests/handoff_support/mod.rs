@@ -244,7 +244,13 @@ clusters:
 
     /// Starts a sidecar process; `env` adds or overrides variables.
     pub fn spawn(&self, env: &[(&str, &str)]) -> Sidecar {
-        let (mut cmd, log) = self.command(Command::new(BIN), env);
+        self.spawn_with_config(&self.config, env)
+    }
+
+    /// [`World::spawn`] with another config file: a Pod's sidecar, say,
+    /// which starts with no policy of its own and serves what it inherits.
+    pub fn spawn_with_config(&self, config: &Path, env: &[(&str, &str)]) -> Sidecar {
+        let (mut cmd, log) = self.command(Command::new(BIN), config, env);
         Sidecar {
             child: cmd.spawn().expect("spawn baton-sidecar"),
             log,
@@ -260,7 +266,7 @@ clusters:
     pub fn prepare(&self, env: &[(&str, &str)]) -> Prepared {
         let mut sh = Command::new("/bin/sh");
         sh.args(["-c", "read go && exec \"$0\" \"$@\"", BIN]);
-        let (mut cmd, log) = self.command(sh, env);
+        let (mut cmd, log) = self.command(sh, &self.config, env);
         let mut child = cmd
             .stdin(Stdio::piped())
             .spawn()
@@ -274,12 +280,12 @@ clusters:
 
     /// `baton-sidecar run` with this world's config, socket, status file and
     /// log, run through `cmd` (the binary itself, or a launcher that execs it).
-    fn command(&self, mut cmd: Command, env: &[(&str, &str)]) -> (Command, PathBuf) {
+    fn command(&self, mut cmd: Command, config: &Path, env: &[(&str, &str)]) -> (Command, PathBuf) {
         let g = self.generation.fetch_add(1, Ordering::Relaxed);
         let log = self.dir.path().join(format!("sidecar-{g}.log"));
         let file = std::fs::File::create(&log).unwrap();
         cmd.args(["run", "--config"])
-            .arg(&self.config)
+            .arg(config)
             .env("BATON_HANDOFF_SOCKET", &self.socket)
             .env("BATON_HANDOFF_STATUS_FILE", &self.status)
             .env("BATON_LOG", "info")

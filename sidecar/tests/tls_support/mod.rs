@@ -289,13 +289,11 @@ pub async fn start_with_mesh_tls(text: &str) -> (baton_sidecar::server::Running,
     snap.admin.address = "127.0.0.1:0".parse().unwrap();
     let tls = MeshTls::new(TlsMetrics::default());
     tls.apply(snap.tls.as_ref()).unwrap();
-    let running = baton_sidecar::server::start(
-        snap,
-        baton_sidecar::server::StartOptions {
-            tls: Some(tls.clone()),
-            ..Default::default()
-        },
-    )
+    let running = baton_sidecar::server::start(snap, {
+        let mut opts = baton_sidecar::server::StartOptions::default();
+        tls.plug(&mut opts);
+        opts
+    })
     .await
     .unwrap();
     tls.attach(&running);
