@@ -604,7 +604,7 @@ pub async fn handoff_durations(
     let mut out: Vec<u64> = pods
         .items
         .iter()
-        .filter_map(|p| last_handoff(p))
+        .filter_map(last_handoff)
         .filter(|(v, _)| v == version)
         .map(|(_, ms)| ms)
         .collect();
