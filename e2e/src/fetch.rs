@@ -87,6 +87,12 @@ pub struct FetchReport {
     /// TCP exchanges whose bytes came back unchanged.
     #[serde(default)]
     pub echoed: usize,
+    /// Requests sent again on a new connection because the first attempt
+    /// was not processed (hyper: canceled — the connection closed, or an
+    /// HTTP/2 GOAWAY's last-stream-id excluded the stream, RFC 9113 §8.7),
+    /// as compliant clients do; counted, and only once per request.
+    #[serde(default)]
+    pub retried: usize,
     /// Requests that got no response (connect, I/O, timeout), or TCP
     /// exchanges that did not echo.
     pub errors: usize,
@@ -128,6 +134,7 @@ impl FetchReport {
             *self.servers.entry(k).or_default() += v;
         }
         self.echoed += other.echoed;
+        self.retried += other.retried;
         self.errors += other.errors;
         for e in other.error_samples {
             if self.error_samples.len() < 5 {
@@ -149,6 +156,12 @@ pub async fn run(spec: FetchSpec) -> Result<FetchReport, String> {
     if spec.count == 0 || spec.count > MAX_COUNT {
         return Err(format!("count must be 1..={MAX_COUNT}"));
     }
+    // A path or header that cannot form a request is refused here, once.
+    let mut check = Request::get(&spec.path);
+    for (k, v) in &spec.headers {
+        check = check.header(k.as_str(), v.as_str());
+    }
+    check.body(()).map_err(|e| format!("request: {e}"))?;
     let concurrency = spec.concurrency.clamp(1, 64);
     let deadline = Instant::now() + MAX_RUN;
     let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -163,8 +176,11 @@ pub async fn run(spec: FetchSpec) -> Result<FetchReport, String> {
                 && Instant::now() < deadline
             {
                 seq += 1;
-                match tokio::time::timeout(Duration::from_secs(5), once(&spec, &mut conn, seq))
-                    .await
+                match tokio::time::timeout(
+                    Duration::from_secs(5),
+                    once(&spec, &mut conn, seq, &mut report.retried),
+                )
+                .await
                 {
                     Ok(Ok(None)) => report.echoed += 1,
                     Ok(Ok(Some((resp, body)))) => {
@@ -271,10 +287,35 @@ async fn once(
     spec: &FetchSpec,
     conn: &mut Option<Conn>,
     seq: u64,
+    retried: &mut usize,
 ) -> Result<Option<(Response<()>, Bytes)>, String> {
     if conn.as_ref().is_none_or(Conn::is_closed) {
         *conn = Some(Conn::open(spec).await?);
     }
+    if let Some(Conn::Tcp(tcp)) = conn.as_mut() {
+        return echo_exchange(tcp, seq).await.map(|()| None);
+    }
+    let resp = match send(spec, conn.as_mut().expect("opened above")).await {
+        // Not processed: once more on a new connection.
+        Err(e) if e.is_canceled() => {
+            *retried += 1;
+            *conn = Some(Conn::open(spec).await?);
+            send(spec, conn.as_mut().expect("opened above")).await
+        }
+        r => r,
+    }
+    .map_err(|e| format!("request: {e}"))?;
+    let (parts, body) = resp.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map_err(|e| format!("response body: {e}"))?
+        .to_bytes();
+    Ok(Some((Response::from_parts(parts, ()), body)))
+}
+
+/// Sends the spec's request on an HTTP connection.
+async fn send(spec: &FetchSpec, conn: &mut Conn) -> Result<Response<Incoming>, hyper::Error> {
     let mut req = match spec.protocol {
         // h2 needs the scheme and authority in the URI (:scheme, :authority).
         FetchProtocol::Http2 => Request::get(format!("http://{}{}", spec.target, spec.path)),
@@ -285,26 +326,18 @@ async fn once(
     }
     let req = req
         .body(Full::new(Bytes::new()))
-        .map_err(|e| format!("request: {e}"))?;
-    let resp = match conn.as_mut().expect("opened above") {
-        Conn::Tcp(tcp) => return echo_exchange(tcp, seq).await.map(|()| None),
+        .expect("run() refused specs whose path or headers form no request");
+    match conn {
         Conn::Http1(send) => {
-            send.ready().await.map_err(|e| format!("connection: {e}"))?;
+            send.ready().await?;
             send.send_request(req).await
         }
         Conn::Http2(send) => {
-            send.ready().await.map_err(|e| format!("connection: {e}"))?;
+            send.ready().await?;
             send.send_request(req).await
         }
+        Conn::Tcp(_) => unreachable!("TCP exchanges are not requests"),
     }
-    .map_err(|e| format!("request: {e}"))?;
-    let (parts, body) = resp.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map_err(|e| format!("response body: {e}"))?
-        .to_bytes();
-    Ok(Some((Response::from_parts(parts, ()), body)))
 }
 
 /// Writes one numbered message and reads it back byte for byte.

@@ -788,9 +788,8 @@ async fn id_scene_with(client: Client, ns: String, scope: &str, servers: i32) ->
         .await
         .expect("service server");
     let mut ips = BTreeMap::new();
-    wait_servers(&client, &ns, "app=server", servers as usize).await;
-    for app in ["server", "client", "intruder"] {
-        wait_servers(&client, &ns, &format!("app={app}"), 1).await;
+    for (app, n) in [("server", servers as usize), ("client", 1), ("intruder", 1)] {
+        wait_servers(&client, &ns, &format!("app={app}"), n).await;
         let pod = Api::<Pod>::namespaced(client.clone(), &ns)
             .list(&kube::api::ListParams::default().labels(&format!("app={app}")))
             .await
@@ -1438,9 +1437,10 @@ async fn mesh_rollout_of_clients_and_servers_under_strict_mtls_fails_no_exchange
 
             for (p, r) in &reports {
                 eprintln!(
-                    "mesh rollout {p:?}: {} requests ({} not 200), {} TCP exchanges echoed, {} errors",
+                    "mesh rollout {p:?}: {} requests ({} not 200, {} re-sent after the connection closed unprocessed), {} TCP exchanges echoed, {} errors",
                     r.responses(),
                     r.responses() - r.status(200),
+                    r.retried,
                     r.echoed,
                     r.errors
                 );
