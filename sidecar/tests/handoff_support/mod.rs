@@ -913,21 +913,11 @@ async fn keepalive_client(
             seq += 1;
             let path = format!("/ka/{c}/{seq}");
             let (s, body) = stats
-                .exchange(&who, &format!("GET {path}"), async {
-                    sender.ready().await.map_err(|e| e.to_string())?;
-                    let req = Request::get(&path)
-                        .header("host", "upstream")
-                        .body(Full::new(Bytes::new()))
-                        .unwrap();
-                    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
-                    let status = resp.status();
-                    let body = resp
-                        .into_body()
-                        .collect()
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    Ok((status, body.to_bytes()))
-                })
+                .exchange(
+                    &who,
+                    &format!("GET {path}"),
+                    keepalive_get(&mut sender, &path),
+                )
                 .await?;
             if s != 200 || body != path.as_bytes() {
                 return Err(format!(
@@ -1348,22 +1338,11 @@ async fn https_client(
             seq += 1;
             let path = format!("/tls/{c}/{seq}");
             let (status, body) = stats
-                .exchange(&who, &format!("GET {path}"), async {
-                    sender.ready().await.map_err(|e| e.to_string())?;
-                    let req = Request::get(&path)
-                        .header("host", "upstream")
-                        .body(Full::new(Bytes::new()))
-                        .unwrap();
-                    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
-                    let status = resp.status();
-                    let body = resp
-                        .into_body()
-                        .collect()
-                        .await
-                        .map_err(|e| e.to_string())?
-                        .to_bytes();
-                    Ok((status, body))
-                })
+                .exchange(
+                    &who,
+                    &format!("GET {path}"),
+                    keepalive_get(&mut sender, &path),
+                )
                 .await?;
             if status != 200 || body != path.as_bytes() {
                 return Err(format!(
@@ -1409,4 +1388,25 @@ pub async fn get(sender: &mut Sender, path: &str) -> bool {
         Ok(r) => r.status() == 200 && r.into_body().collect().await.is_ok(),
         Err(_) => false,
     }
+}
+
+/// One `GET path` on a keep-alive HTTP/1.1 connection: status and body.
+async fn keepalive_get(
+    sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    path: &str,
+) -> Result<(hyper::StatusCode, Bytes), String> {
+    sender.ready().await.map_err(|e| e.to_string())?;
+    let req = Request::get(path)
+        .header("host", "upstream")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok((status, body))
 }
