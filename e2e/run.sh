@@ -16,31 +16,54 @@ cd "$REPO"
 
 T0=$(date +%s)
 stamp() { echo "$(( $(date +%s) - T0 ))s"; }
+# Stage seconds, for scripts/test.sh's table (BATON_STAGE_TIMES: a file it
+# collects; "seconds<TAB>result<TAB>name" lines).
+stage_t=$T0 stage_label=""
+stage() { # next-stage-label (empty: just close the current one)
+  local now rc=${2:-ok}
+  now=$(date +%s)
+  if [ -n "$stage_label" ] && [ -n "${BATON_STAGE_TIMES:-}" ]; then
+    printf '%s\t%s\t  e2e: %s\n' "$((now - stage_t))" "$rc" "$stage_label" >>"$BATON_STAGE_TIMES"
+  fi
+  stage_t=$now stage_label=$1
+}
 teardown() {
   local rc=$?
+  stage teardown "$([ "$rc" = 0 ] && echo ok || echo FAILED)"
   if [ "${BATON_E2E_KEEP:-0}" = 1 ]; then
     log "BATON_E2E_KEEP=1: cluster left up (KUBECONFIG=$KUBECONFIG_ADMIN); run e2e/cluster.sh down"
   else
     log "teardown"
-    if ! "$E2E_DIR/cluster.sh" down; then
-      log "teardown left something behind"
+    if ! "$E2E_DIR/scripts/teardown.sh" "$BASELINE"; then
+      log "teardown: this run left something behind"
       rc=1
     fi
-    "$E2E_DIR/scripts/check-clean.sh" || rc=1
   fi
+  rm -f "$BASELINE"
+  stage "" "$([ "$rc" = 0 ] && echo ok || echo FAILED)"
   log "e2e finished after $(stamp) with exit code $rc"
   exit "$rc"
 }
+# What an earlier run left behind: its provably own processes are stopped,
+# the rest is listed with the command that removes it and does not fail this
+# run (e2e/scripts/check-clean.sh).
+BASELINE="$(mktemp /tmp/baton-e2e-baseline.XXXXXX)"
 trap teardown EXIT
 trap 'exit 130' INT TERM
+log "leftovers of earlier runs"
+"$E2E_DIR/scripts/check-clean.sh" --before "$BASELINE"
 
+stage provision
 log "provision (cached after the first run)"
 "$E2E_DIR/scripts/provision.sh" >/dev/null
+stage "cluster up"
 log "cluster up"
 "$E2E_DIR/cluster.sh" up | tail -1
+stage images
 log "images"
 # Every image must build: a skipped image (exit 3) fails the suite too.
 "$E2E_DIR/images.sh" all
+stage "install Baton"
 log "install Baton"
 "$E2E_DIR/scripts/install.sh" || {
   rc=$?
@@ -51,6 +74,7 @@ log "install Baton"
 BATON_E2E_SKIPPED="$(cat "$CACHE/images/skipped" "$STATE/install-skipped" 2>/dev/null | tr '\n' ';' || true)"
 export BATON_E2E_SKIPPED
 
+stage tests
 log "e2e tests"
 export BATON_E2E_KUBECONFIG="$KUBECONFIG_ADMIN"
 cargo test --locked --no-fail-fast -p baton-e2e --tests -- --ignored --test-threads "${BATON_E2E_TEST_THREADS:-2}" "$@"

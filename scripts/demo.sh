@@ -26,16 +26,23 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/baton/target-$(rustc -
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 k8s_up=0
+baseline=""
 cleanup() {
   local rc=$?
   if [ "$k8s_up" = 1 ]; then
     if [ "${BATON_DEMO_KEEP:-0}" = 1 ]; then
       say "cluster left up (BATON_DEMO_KEEP=1): KUBECONFIG=${KUBECONFIG:-}; e2e/cluster.sh down removes it"
     else
-      say "tearing the local cluster down"
-      e2e/cluster.sh down >/dev/null || rc=1
+      # The same teardown and check as e2e/run.sh: down, then every process,
+      # mount, chain, ... verified gone (e2e/scripts/check-clean.sh).
+      say "tearing the local cluster down and checking nothing is left behind"
+      if ! e2e/scripts/teardown.sh "$baseline"; then
+        echo "the demo's teardown left something behind (above)" >&2
+        rc=1
+      fi
     fi
   fi
+  [ -n "$baseline" ] && rm -f "$baseline"
   exit "$rc"
 }
 trap cleanup EXIT
@@ -47,6 +54,10 @@ cargo build --release --locked -p baton-e2e --bin demo-rollout 2>&1 | tail -1
 e2e/cluster.sh provision
 
 say "bringing up a local Kubernetes"
+# What an earlier run left behind: stopped when provably this project's own
+# (recorded PID and start time), otherwise listed with its removal command.
+baseline="$(mktemp /tmp/baton-demo-baseline.XXXXXX)"
+e2e/scripts/check-clean.sh --before "$baseline"
 k8s_up=1
 KUBECONFIG=$(e2e/cluster.sh up | sed -n 's/^KUBECONFIG=//p' | tail -1)
 export KUBECONFIG BATON_E2E_KUBECONFIG="$KUBECONFIG"

@@ -9,7 +9,34 @@ export CARGO_TERM_COLOR=never
 # the same machine (cargo's fingerprints keep a shared target dir correct).
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/baton/target-$(rustc --version | awk '{print $2}')}"
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each stage's seconds, printed as a table at the end, pass or fail, so a
+# regression shows at once. e2e/run.sh adds its own stages (cluster up,
+# images, install, tests, teardown) to the same file.
+BATON_STAGE_TIMES="$(mktemp /tmp/baton-stage-times.XXXXXX)"
+export BATON_STAGE_TIMES
+T_START=$(date +%s)
+stage_name="" stage_t0=0
+stage_end() { # result
+  if [ -n "$stage_name" ]; then
+    printf '%s\t%s\t%s\n' "$(($(date +%s) - stage_t0))" "$1" "$stage_name" >>"$BATON_STAGE_TIMES"
+  fi
+  stage_name=""
+}
+step() {
+  stage_end ok
+  stage_name="$*" stage_t0=$(date +%s)
+  printf '\n==> %s\n' "$*"
+}
+stage_table() {
+  local rc=$?
+  stage_end "$([ "$rc" = 0 ] && echo ok || echo "FAILED (exit $rc)")"
+  printf '\n==> stage times (seconds)\n'
+  awk -F'\t' '{ printf "%7d  %-8s %s\n", $1, $2, $3 }' "$BATON_STAGE_TIMES"
+  printf '%7d  %-8s %s\n' "$(($(date +%s) - T_START))" "$([ "$rc" = 0 ] && echo ok || echo FAILED)" "total"
+  rm -f "$BATON_STAGE_TIMES"
+  exit "$rc"
+}
+trap stage_table EXIT
 
 step "system packages"
 scripts/deps.sh

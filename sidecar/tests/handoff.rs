@@ -55,13 +55,19 @@ async fn wait_phase(world: &World, phase: &str, within: Duration) {
     panic!("phase {phase} not reached within {within:?}");
 }
 
-fn assert_clean(stats: &handoff_support::Stats, logs: &[String]) {
+/// No load client failed; otherwise the failures and the log tails of the
+/// processes `pids` and of every process that held a stalled connection.
+fn assert_clean(world: &World, stats: &handoff_support::Stats, pids: &[u32]) {
     let failures = stats.failures.lock().unwrap().clone();
-    assert!(
-        failures.is_empty(),
+    if failures.is_empty() {
+        return;
+    }
+    let mut pids = pids.to_vec();
+    pids.extend(stats.stalled_pids.lock().unwrap().iter());
+    panic!(
         "{} failures: {failures:#?}\nlogs:\n{}",
         failures.len(),
-        logs.join("\n---\n")
+        world.log_tails_of(&pids)
     );
 }
 
@@ -119,9 +125,16 @@ async fn consecutive_handoffs_lose_no_request_no_byte_and_no_counter() {
     for round in 1..=rounds {
         tokio::time::sleep(Duration::from_millis(120)).await;
         let mut next = world.spawn(&env_for(round));
+        let (old_pid, new_pid) = (current.pid(), next.pid());
+        load.stats.set_phase(format!(
+            "during handoff #{round} (pid {old_pid} -> pid {new_pid})"
+        ));
         let status = world
             .wait_complete(next.pid(), Duration::from_secs(20))
             .await;
+        load.stats.set_phase(format!(
+            "after handoff #{round} completed (pid {new_pid} serving, pid {old_pid} draining)"
+        ));
         durations.push(status["durationMs"].as_u64().unwrap());
         moved_total += status["connections"].as_u64().unwrap();
         // The old process exits by itself once it holds nothing.
@@ -131,6 +144,9 @@ async fn consecutive_handoffs_lose_no_request_no_byte_and_no_counter() {
             "round {round}: old process did not exit cleanly: {exit:?}\n{}",
             current.log_tail()
         );
+        load.stats.set_phase(format!(
+            "after handoff #{round} (pid {new_pid} serving alone)"
+        ));
         assert!(
             next.alive(),
             "round {round}: new process died\n{}",
@@ -164,8 +180,12 @@ async fn consecutive_handoffs_lose_no_request_no_byte_and_no_counter() {
         current = next;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
+    load.stats.set_phase(format!(
+        "closing after {rounds} handoffs (pid {} serving)",
+        current.pid()
+    ));
     let stats = load.finish().await;
-    assert_clean(&stats, &[current.log_tail()]);
+    assert_clean(&world, &stats, &[current.pid()]);
     probe_stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (ready_ok, not_ready) = prober.await.unwrap();
     assert!(
@@ -256,7 +276,7 @@ async fn a_protocol_1_peer_leaves_originated_tls_connections_draining_on_the_old
         old.log_tail()
     );
     assert!(new.alive());
-    assert_clean(&stats, &[old.log_tail(), new.log_tail()]);
+    assert_clean(&world, &stats, &[old.pid(), new.pid()]);
 }
 
 /// Starts a sidecar under load, then a second one with `env` that must
@@ -304,7 +324,7 @@ async fn a_second_sidecar_is_turned_away(
         "no handoff may be reported complete"
     );
     let stats = load.finish().await;
-    assert_clean(&stats, &[old.log_tail()]);
+    assert_clean(world, &stats, &[old.pid()]);
     m
 }
 
@@ -427,7 +447,7 @@ async fn interrupted_handoffs(
         .await;
         tokio::time::sleep(Duration::from_millis(60)).await;
         let stats = fresh.finish().await;
-        assert_clean(&stats, &[old.log_tail()]);
+        assert_clean(&world, &stats, &[old.pid()]);
     }
     let m = metrics(&world).await;
     // (A cut before the new process even connected is no handoff at all.)

@@ -113,6 +113,8 @@ pub struct World {
     pub mtls_out: Option<SocketAddr>,
     pub upstream: Upstream,
     generation: AtomicU64,
+    /// Every process started in this world and its log (pid, path).
+    started: Mutex<Vec<(u32, PathBuf)>>,
 }
 
 /// The identity in the world's certificate.
@@ -239,16 +241,16 @@ clusters:
             mtls_out,
             upstream,
             generation: AtomicU64::new(0),
+            started: Mutex::default(),
         }
     }
 
     /// Starts a sidecar process; `env` adds or overrides variables.
     pub fn spawn(&self, env: &[(&str, &str)]) -> Sidecar {
         let (mut cmd, log) = self.command(Command::new(BIN), env);
-        Sidecar {
-            child: cmd.spawn().expect("spawn baton-sidecar"),
-            log,
-        }
+        let child = cmd.spawn().expect("spawn baton-sidecar");
+        self.started.lock().unwrap().push((child.id(), log.clone()));
+        Sidecar { child, log }
     }
 
     /// A sidecar forked now, as a shell waiting on its stdin, and exec'd by
@@ -266,6 +268,7 @@ clusters:
             .spawn()
             .expect("fork the launcher");
         let go = child.stdin.take().expect("the launcher's stdin");
+        self.started.lock().unwrap().push((child.id(), log.clone()));
         Prepared {
             sidecar: Sidecar { child, log },
             go,
@@ -324,6 +327,33 @@ clusters:
                 p.display(),
                 lines[lines.len().saturating_sub(25)..].join("\n")
             ));
+        }
+        out
+    }
+
+    /// The last 40 lines of the logs of the processes `pids` (those this
+    /// world started; others are named as unknown), for failure messages.
+    pub fn log_tails_of(&self, pids: &[u32]) -> String {
+        let started = self.started.lock().unwrap();
+        let mut out = String::new();
+        let mut seen = Vec::new();
+        for pid in pids {
+            if seen.contains(pid) {
+                continue;
+            }
+            seen.push(*pid);
+            match started.iter().find(|(p, _)| p == pid) {
+                Some((_, log)) => {
+                    let s = std::fs::read_to_string(log).unwrap_or_default();
+                    let lines: Vec<&str> = s.lines().collect();
+                    out.push_str(&format!(
+                        "== pid {pid}: {}\n{}\n",
+                        log.display(),
+                        lines[lines.len().saturating_sub(40)..].join("\n")
+                    ));
+                }
+                None => out.push_str(&format!("== pid {pid}: not a sidecar of this test\n")),
+            }
         }
         out
     }
@@ -478,6 +508,12 @@ impl Upstream {
 pub struct Stats {
     pub ok: AtomicU64,
     pub failures: Mutex<Vec<String>>,
+    /// Where the test's handoff sequence is ("handoff #3: pid 10 → pid 11",
+    /// set by the test): a stalled exchange names the handoff it began in.
+    phase: Mutex<String>,
+    /// Processes that held a stalled connection (their logs go into the
+    /// failure message).
+    pub stalled_pids: Mutex<Vec<u32>>,
     pub echo_bytes: AtomicU64,
     /// HTTP/2 requests retried after a GOAWAY said they were not processed.
     pub h2_retries: AtomicU64,
@@ -495,6 +531,165 @@ impl Stats {
     pub fn failure_count(&self) -> usize {
         self.failures.lock().unwrap().len()
     }
+
+    /// Records where the handoff sequence is, for stall messages.
+    pub fn set_phase(&self, phase: impl Into<String>) {
+        *self.phase.lock().unwrap() = phase.into();
+    }
+
+    fn phase(&self) -> String {
+        let p = self.phase.lock().unwrap();
+        if p.is_empty() {
+            "before any handoff".to_string()
+        } else {
+            p.clone()
+        }
+    }
+
+    /// Runs one exchange of `who` with its own time limit. A stall becomes
+    /// an error naming the exchange, the connection, the handoff phase when
+    /// it began and when it was given up, and the process(es) holding the
+    /// connection's far end at that moment (from /proc).
+    pub async fn exchange<T>(
+        &self,
+        who: &Who,
+        what: &str,
+        fut: impl std::future::Future<Output = Result<T, String>>,
+    ) -> Result<T, String> {
+        let began = self.phase();
+        match tokio::time::timeout(EXCHANGE_TIMEOUT, fut).await {
+            Ok(r) => r.map_err(|e| format!("{who}: {what}: {e} (began {began})")),
+            Err(_) => {
+                let holders = who.holders();
+                self.stalled_pids
+                    .lock()
+                    .unwrap()
+                    .extend(holders.iter().map(|(pid, _)| *pid));
+                let held = if holders.is_empty() {
+                    "no process holds its far end".to_string()
+                } else {
+                    holders
+                        .iter()
+                        .map(|(pid, comm)| format!("pid {pid} ({comm})"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                Err(format!(
+                    "STALL {who}: {what}: nothing within {EXCHANGE_TIMEOUT:?}; began {began}, \
+                     given up {}; far end held by {held}",
+                    self.phase()
+                ))
+            }
+        }
+    }
+}
+
+/// Each exchange of a load client (a request and its response, an echoed
+/// chunk, a connect, a handshake, the close) gets this long. Far above what
+/// one takes even on a saturated machine (milliseconds; a handoff pauses a
+/// connection for well under a second), so hitting it means a stall.
+pub const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One load client's connection, for failure messages: its kind and index,
+/// the sidecar address it talks to and its own local port (once connected).
+pub struct Who {
+    pub kind: &'static str,
+    pub index: u64,
+    pub target: SocketAddr,
+    pub local_port: std::sync::atomic::AtomicU16,
+}
+
+impl Who {
+    pub fn new(kind: &'static str, index: u64, target: SocketAddr) -> Self {
+        Self {
+            kind,
+            index,
+            target,
+            local_port: std::sync::atomic::AtomicU16::new(0),
+        }
+    }
+
+    pub fn connected(&self, s: &TcpStream) {
+        if let Ok(a) = s.local_addr() {
+            self.local_port.store(a.port(), Ordering::Relaxed);
+        }
+    }
+
+    /// The processes that hold the sidecar's end of this connection now.
+    pub fn holders(&self) -> Vec<(u32, String)> {
+        match self.local_port.load(Ordering::Relaxed) {
+            0 => Vec::new(),
+            port => socket_holders(self.target, port),
+        }
+    }
+}
+
+impl std::fmt::Display for Who {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.local_port.load(Ordering::Relaxed) {
+            0 => write!(
+                f,
+                "{} client #{} (not connected) -> {}",
+                self.kind, self.index, self.target
+            ),
+            p => write!(
+                f,
+                "{} client #{} (local port {p}) -> {}",
+                self.kind, self.index, self.target
+            ),
+        }
+    }
+}
+
+/// The processes (pid, name) that hold the socket whose local address is
+/// `server` and whose peer is 127.0.0.1:`client_port`: the TCP table gives
+/// the socket's inode, the processes' fd tables its holders. Read-only.
+pub fn socket_holders(server: SocketAddr, client_port: u16) -> Vec<(u32, String)> {
+    let port_of = |field: &str| {
+        field
+            .rsplit_once(':')
+            .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
+    };
+    let mut inodes = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() > 9
+                && port_of(f[1]) == Some(server.port())
+                && port_of(f[2]) == Some(client_port)
+                && f[9] != "0"
+            {
+                inodes.push(format!("socket:[{}]", f[9]));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    if inodes.is_empty() {
+        return out;
+    }
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        let holds = fds.flatten().any(|fd| {
+            std::fs::read_link(fd.path())
+                .is_ok_and(|l| inodes.iter().any(|i| l.as_os_str() == i.as_str()))
+        });
+        if holds {
+            let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
+            out.push((pid, comm.trim().to_string()));
+        }
+    }
+    out
 }
 
 /// Deterministic byte stream for echo checks (xorshift64*).
@@ -666,15 +861,16 @@ impl Load {
     pub async fn finish(self) -> Arc<Stats> {
         let _ = self.stop.send(true);
         let n = self.tasks.len();
-        for (i, t) in self.tasks.into_iter().enumerate() {
-            if tokio::time::timeout(Duration::from_secs(20), t)
-                .await
-                .is_err()
-            {
-                // Which one says which path held its exchange (clients are
-                // numbered in this order).
+        // Every exchange has its own limit (a stall is reported by the
+        // client itself, naming the exchange); this only catches a client
+        // that went on making progress too slowly to finish.
+        let limit = EXCHANGE_TIMEOUT * 3;
+        for (i, mut t) in self.tasks.into_iter().enumerate() {
+            if tokio::time::timeout(limit, &mut t).await.is_err() {
+                t.abort();
+                // Clients are numbered in this order.
                 self.stats.fail(format!(
-                    "load client #{i} of {n} did not finish within 20 s (order: {})",
+                    "load client #{i} of {n} did not finish within {limit:?} (order: {})",
                     self.order
                 ));
             }
@@ -690,49 +886,57 @@ async fn keepalive_client(
     stats: Arc<Stats>,
     stop: watch::Receiver<bool>,
 ) {
-    let Ok(stream) = TcpStream::connect(addr).await else {
-        stats.fail(format!("keepalive {c}: connect refused"));
-        return;
-    };
-    let Ok((mut sender, conn)) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
-    else {
-        stats.fail(format!("keepalive {c}: handshake"));
-        return;
-    };
-    tokio::spawn(conn);
-    let mut seq = 0u64;
-    while !*stop.borrow() {
-        seq += 1;
-        let path = format!("/ka/{c}/{seq}");
-        let r = async {
-            sender.ready().await?;
-            let req = Request::get(&path)
-                .header("host", "upstream")
-                .body(Full::new(Bytes::new()))
-                .unwrap();
-            let resp = sender.send_request(req).await?;
-            let status = resp.status();
-            let body = resp.into_body().collect().await?.to_bytes();
-            Ok::<_, hyper::Error>((status, body))
-        }
-        .await;
-        match r {
-            Ok((s, body)) if s == 200 && body == path.as_bytes() => {
-                stats.ok.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok((s, body)) => {
-                stats.fail(format!(
-                    "keepalive {path}: {s} {:?}",
+    let who = Who::new("keepalive", c as u64, addr);
+    let r = async {
+        let stream = stats
+            .exchange(&who, "connect", async {
+                TcpStream::connect(addr).await.map_err(|e| e.to_string())
+            })
+            .await?;
+        who.connected(&stream);
+        let (mut sender, conn) = stats
+            .exchange(&who, "handshake", async {
+                hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+            .await?;
+        tokio::spawn(conn);
+        let mut seq = 0u64;
+        while !*stop.borrow() {
+            seq += 1;
+            let path = format!("/ka/{c}/{seq}");
+            let (s, body) = stats
+                .exchange(&who, &format!("GET {path}"), async {
+                    sender.ready().await.map_err(|e| e.to_string())?;
+                    let req = Request::get(&path)
+                        .header("host", "upstream")
+                        .body(Full::new(Bytes::new()))
+                        .unwrap();
+                    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+                    let status = resp.status();
+                    let body = resp
+                        .into_body()
+                        .collect()
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    Ok((status, body.to_bytes()))
+                })
+                .await?;
+            if s != 200 || body != path.as_bytes() {
+                return Err(format!(
+                    "{who}: GET {path}: {s} {:?}",
                     String::from_utf8_lossy(&body)
                 ));
-                return;
             }
-            Err(e) => {
-                stats.fail(format!("keepalive {path}: {e}"));
-                return;
-            }
+            stats.ok.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(pace).await;
         }
-        tokio::time::sleep(pace).await;
+        Ok::<(), String>(())
+    }
+    .await;
+    if let Err(e) = r {
+        stats.fail(e);
     }
 }
 
@@ -747,39 +951,44 @@ async fn new_conn_client(
     while !*stop.borrow() {
         seq += 1;
         let path = format!("/nc/{c}/{seq}");
-        let r = async {
-            let stream = TcpStream::connect(addr)
-                .await
-                .map_err(|e| format!("connect: {e}"))?;
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .map_err(|e| e.to_string())?;
-            tokio::spawn(conn);
-            let req = Request::get(&path)
-                .header("host", "upstream")
-                .header("connection", "close")
-                .body(Full::new(Bytes::new()))
-                .unwrap();
-            let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
-            let status = resp.status();
-            let body = resp
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| e.to_string())?
-                .to_bytes();
-            Ok::<_, String>((status, body))
-        }
-        .await;
+        // A new connection each time: its own local port in the messages.
+        let who = Who::new("new-conn", c as u64, addr);
+        let r = stats
+            .exchange(&who, &format!("connect + GET {path}"), async {
+                let stream = TcpStream::connect(addr)
+                    .await
+                    .map_err(|e| format!("connect: {e}"))?;
+                who.connected(&stream);
+                let (mut sender, conn) =
+                    hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                tokio::spawn(conn);
+                let req = Request::get(&path)
+                    .header("host", "upstream")
+                    .header("connection", "close")
+                    .body(Full::new(Bytes::new()))
+                    .unwrap();
+                let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+                let status = resp.status();
+                let body = resp
+                    .into_body()
+                    .collect()
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .to_bytes();
+                Ok((status, body))
+            })
+            .await;
         match r {
             Ok((s, body)) if s == 200 && body == path.as_bytes() => {
                 stats.ok.fetch_add(1, Ordering::Relaxed);
             }
             Ok((s, body)) => stats.fail(format!(
-                "new-conn {path}: {s} {:?}",
+                "{who}: GET {path}: {s} {:?}",
                 String::from_utf8_lossy(&body)
             )),
-            Err(e) => stats.fail(format!("new-conn {path}: {e}")),
+            Err(e) => stats.fail(e),
         }
         tokio::time::sleep(pace).await;
     }
@@ -793,10 +1002,12 @@ async fn h2_client(
     stop: watch::Receiver<bool>,
 ) {
     // A pooling client: after GOAWAY it opens a new connection (to whichever
-    // process accepts it), as compliant HTTP/2 clients do.
+    // process accepts it), as compliant HTTP/2 clients do. Its connections'
+    // local ports come from the responses (the last one is the one in use).
     let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
         .http2_only(true)
         .build_http::<Full<Bytes>>();
+    let who = Who::new("h2", c as u64, addr);
     let mut seq = 0u64;
     while !*stop.borrow() {
         seq += 1;
@@ -805,21 +1016,29 @@ async fn h2_client(
         let mut attempts = 0;
         let r = loop {
             attempts += 1;
-            let r = async {
-                let req = Request::get(uri.clone())
-                    .body(Full::new(Bytes::new()))
-                    .unwrap();
-                let resp = client.request(req).await.map_err(|e| format!("{e:?}"))?;
-                let status = resp.status();
-                let body = resp
-                    .into_body()
-                    .collect()
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .to_bytes();
-                Ok::<_, String>((status, body))
-            }
-            .await;
+            let r = stats
+                .exchange(&who, &format!("GET {path} (attempt {attempts})"), async {
+                    let req = Request::get(uri.clone())
+                        .body(Full::new(Bytes::new()))
+                        .unwrap();
+                    let resp = client.request(req).await.map_err(|e| format!("{e:?}"))?;
+                    if let Some(info) = resp
+                        .extensions()
+                        .get::<hyper_util::client::legacy::connect::HttpInfo>()
+                    {
+                        who.local_port
+                            .store(info.local_addr().port(), Ordering::Relaxed);
+                    }
+                    let status = resp.status();
+                    let body = resp
+                        .into_body()
+                        .collect()
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .to_bytes();
+                    Ok((status, body))
+                })
+                .await;
             // RFC 9113 §6.8: a stream above the GOAWAY's last-stream-id was
             // not processed, so a client retries it on a new connection
             // (the upstream's duplicate check proves it was not processed).
@@ -837,10 +1056,10 @@ async fn h2_client(
                 stats.ok.fetch_add(1, Ordering::Relaxed);
             }
             Ok((s, body)) => stats.fail(format!(
-                "h2 {path}: {s} {:?}",
+                "{who}: GET {path}: {s} {:?}",
                 String::from_utf8_lossy(&body)
             )),
-            Err(e) => stats.fail(format!("h2 {path}: {e}")),
+            Err(e) => stats.fail(e),
         }
         tokio::time::sleep(pace).await;
     }
@@ -857,26 +1076,41 @@ async fn echo_client(
     stats: Arc<Stats>,
     stop: watch::Receiver<bool>,
 ) {
-    let Ok(stream) = TcpStream::connect(addr).await else {
-        stats.fail(format!("echo {c}: connect refused"));
-        return;
-    };
-    match echo_session(stream, c, pace, &stats, stop).await {
+    let kind = if c >= 200 { "mtls-echo" } else { "echo" };
+    let who = Who::new(kind, c, addr);
+    let r = async {
+        let stream = stats
+            .exchange(&who, "connect", async {
+                TcpStream::connect(addr).await.map_err(|e| e.to_string())
+            })
+            .await?;
+        who.connected(&stream);
+        echo_session(stream, &who, c, pace, &stats, stop).await
+    }
+    .await;
+    match r {
         Ok(n) => {
             stats.echo_bytes.fetch_add(n, Ordering::Relaxed);
         }
-        Err(e) => stats.fail(format!("echo {c}: {e}")),
+        Err(e) => stats.fail(e),
     }
 }
 
+/// The echo stream of [`echo_client`]. Every write and every read has its
+/// own time limit: the writer sends a chunk every `pace`, so a read that
+/// waits [`EXCHANGE_TIMEOUT`] for bytes (or, after the half-close, for the
+/// EOF) is a stall, and so is a write that long (the flow stopped and the
+/// buffers filled).
 pub async fn echo_session(
     stream: TcpStream,
+    who: &Who,
     seed: u64,
     pace: Duration,
     stats: &Stats,
     mut stop: watch::Receiver<bool>,
 ) -> Result<u64, String> {
     let (mut r, mut w) = stream.into_split();
+    let sent_so_far = AtomicU64::new(0);
     let writer = async {
         let mut p = Pattern::new(seed);
         let mut sent = 0u64;
@@ -889,16 +1123,23 @@ pub async fn echo_session(
             let len = 1 + ((round * 7919 + seed * 104_729) % 8192) as usize;
             let mut buf = vec![0u8; len];
             p.fill(&mut buf);
-            w.write_all(&buf)
-                .await
-                .map_err(|e| format!("write after {sent} bytes: {e}"))?;
+            stats
+                .exchange(who, &format!("write {len} B after {sent} B"), async {
+                    w.write_all(&buf).await.map_err(|e| e.to_string())
+                })
+                .await?;
             sent += len as u64;
+            sent_so_far.store(sent, Ordering::Relaxed);
             tokio::select! {
                 _ = tokio::time::sleep(pace) => {}
                 _ = stop.changed() => {}
             }
         }
-        w.shutdown().await.map_err(|e| format!("shutdown: {e}"))?;
+        stats
+            .exchange(who, &format!("half-close after {sent} B"), async {
+                w.shutdown().await.map_err(|e| e.to_string())
+            })
+            .await?;
         Ok::<u64, String>(sent)
     };
     let reader = async {
@@ -907,16 +1148,21 @@ pub async fn echo_session(
         let mut buf = vec![0u8; 16 * 1024];
         let mut want = vec![0u8; 16 * 1024];
         loop {
-            let n = r
-                .read(&mut buf)
-                .await
-                .map_err(|e| format!("read after {got} bytes: {e}"))?;
+            let what = format!(
+                "read echo after {got} of {} B sent",
+                sent_so_far.load(Ordering::Relaxed)
+            );
+            let n = stats
+                .exchange(who, &what, async {
+                    r.read(&mut buf).await.map_err(|e| e.to_string())
+                })
+                .await?;
             if n == 0 {
                 return Ok::<u64, String>(got);
             }
             p.fill(&mut want[..n]);
             if buf[..n] != want[..n] {
-                return Err(format!("byte mismatch at offset {got}"));
+                return Err(format!("{who}: byte mismatch at offset {got}"));
             }
             got += n as u64;
         }
@@ -924,9 +1170,8 @@ pub async fn echo_session(
     let (sent, got) = tokio::join!(writer, reader);
     let (sent, got) = (sent?, got?);
     if sent != got {
-        return Err(format!("sent {sent} bytes, echoed {got}"));
+        return Err(format!("{who}: sent {sent} bytes, echoed {got}"));
     }
-    let _ = stats;
     Ok(sent)
 }
 
@@ -947,6 +1192,12 @@ async fn tls_echo_client(
     stats: Arc<Stats>,
     stop: watch::Receiver<bool>,
 ) {
+    let kind = if version.version == rustls::ProtocolVersion::TLSv1_3 {
+        "tls13-echo"
+    } else {
+        "tls12-echo"
+    };
+    let who = Who::new(kind, c, addr);
     let r = async {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(ca).map_err(|e| e.to_string())?;
@@ -957,18 +1208,25 @@ async fn tls_echo_client(
         .map_err(|e| e.to_string())?
         .with_root_certificates(roots)
         .with_no_client_auth();
-        let tcp = TcpStream::connect(addr)
-            .await
-            .map_err(|e| format!("connect: {e}"))?;
+        let tcp = stats
+            .exchange(&who, "connect", async {
+                TcpStream::connect(addr).await.map_err(|e| e.to_string())
+            })
+            .await?;
+        who.connected(&tcp);
         // The mesh marker (SNI): these clients stand in for a peer sidecar;
         // a ClientHello without it is the application's own TLS.
         let name =
             rustls_pki_types::ServerName::try_from(baton_sidecar::client_hello::MESH_SERVER_NAME)
                 .unwrap();
-        let mut s = tokio_rustls::TlsConnector::from(Arc::new(cfg))
-            .connect(name, tcp)
-            .await
-            .map_err(|e| format!("handshake: {e}"))?;
+        let mut s = stats
+            .exchange(&who, "TLS handshake", async {
+                tokio_rustls::TlsConnector::from(Arc::new(cfg))
+                    .connect(name, tcp)
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+            .await?;
         let tls13 = s.get_ref().1.protocol_version() == Some(rustls::ProtocolVersion::TLSv1_3);
         let (mut tx, mut rx) = (Pattern::new(c + 7), Pattern::new(c + 7));
         let mut total = 0u64;
@@ -984,33 +1242,43 @@ async fn tls_echo_client(
             let len = 1 + ((round * 6007 + c * 31) % 4096) as usize;
             let mut out = vec![0u8; len];
             tx.fill(&mut out);
-            s.write_all(&out)
-                .await
-                .map_err(|e| format!("write after {total} B: {e}"))?;
-            s.flush().await.map_err(|e| format!("flush: {e}"))?;
             let mut back = vec![0u8; len];
-            tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut back))
-                .await
-                .map_err(|_| format!("echo stalled after {total} B"))?
-                .map_err(|e| format!("read after {total} B: {e}"))?;
+            stats
+                .exchange(&who, &format!("echo {len} B after {total} B"), async {
+                    s.write_all(&out).await.map_err(|e| format!("write: {e}"))?;
+                    s.flush().await.map_err(|e| format!("flush: {e}"))?;
+                    s.read_exact(&mut back)
+                        .await
+                        .map_err(|e| format!("read: {e}"))?;
+                    Ok(())
+                })
+                .await?;
             let mut want = vec![0u8; len];
             rx.fill(&mut want);
             if back != want {
-                return Err(format!("byte mismatch after {total} B"));
+                return Err(format!("{who}: byte mismatch after {total} B"));
             }
             total += len as u64;
             tokio::time::sleep(pace).await;
         }
-        s.shutdown()
-            .await
-            .map_err(|e| format!("close_notify: {e}"))?;
-        let mut rest = Vec::new();
-        tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest))
-            .await
-            .map_err(|_| "no close after close_notify".to_string())?
-            .map_err(|e| format!("close: {e}"))?;
+        let rest = stats
+            .exchange(
+                &who,
+                &format!("close_notify both ways after {total} B"),
+                async {
+                    s.shutdown()
+                        .await
+                        .map_err(|e| format!("close_notify: {e}"))?;
+                    let mut rest = Vec::new();
+                    s.read_to_end(&mut rest)
+                        .await
+                        .map_err(|e| format!("close: {e}"))?;
+                    Ok(rest)
+                },
+            )
+            .await?;
         if !rest.is_empty() {
-            return Err(format!("{} unexpected bytes at close", rest.len()));
+            return Err(format!("{who}: {} unexpected bytes at close", rest.len()));
         }
         Ok::<u64, String>(total)
     }
@@ -1020,7 +1288,7 @@ async fn tls_echo_client(
             stats.echo_bytes.fetch_add(n, Ordering::Relaxed);
             stats.tls_bytes.fetch_add(n, Ordering::Relaxed);
         }
-        Err(e) => stats.fail(format!("tls {c}: {e}")),
+        Err(e) => stats.fail(e),
     }
 }
 
@@ -1034,6 +1302,7 @@ async fn https_client(
     stats: Arc<Stats>,
     stop: watch::Receiver<bool>,
 ) {
+    let who = Who::new("https", c as u64, addr);
     let r = async {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(ca).map_err(|e| e.to_string())?;
@@ -1045,45 +1314,54 @@ async fn https_client(
         .with_root_certificates(roots)
         .with_no_client_auth();
         cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let tcp = TcpStream::connect(addr)
-            .await
-            .map_err(|e| format!("connect: {e}"))?;
+        let tcp = stats
+            .exchange(&who, "connect", async {
+                TcpStream::connect(addr).await.map_err(|e| e.to_string())
+            })
+            .await?;
+        who.connected(&tcp);
         // The mesh marker (SNI): these clients stand in for a peer sidecar;
         // a ClientHello without it is the application's own TLS.
         let name =
             rustls_pki_types::ServerName::try_from(baton_sidecar::client_hello::MESH_SERVER_NAME)
                 .unwrap();
-        let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
-            .connect(name, tcp)
-            .await
-            .map_err(|e| format!("handshake: {e}"))?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-            .await
-            .map_err(|e| e.to_string())?;
+        let (mut sender, conn) = stats
+            .exchange(&who, "TLS + HTTP/1.1 handshake", async {
+                let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+                    .connect(name, tcp)
+                    .await
+                    .map_err(|e| format!("TLS: {e}"))?;
+                hyper::client::conn::http1::handshake(TokioIo::new(tls))
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+            .await?;
         tokio::spawn(conn);
         let mut seq = 0u64;
         while !*stop.borrow() {
             seq += 1;
             let path = format!("/tls/{c}/{seq}");
-            sender.ready().await.map_err(|e| format!("{path}: {e}"))?;
-            let req = Request::get(&path)
-                .header("host", "upstream")
-                .body(Full::new(Bytes::new()))
-                .unwrap();
-            let resp = sender
-                .send_request(req)
-                .await
-                .map_err(|e| format!("{path}: {e}"))?;
-            let status = resp.status();
-            let body = resp
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| format!("{path}: {e}"))?
-                .to_bytes();
+            let (status, body) = stats
+                .exchange(&who, &format!("GET {path}"), async {
+                    sender.ready().await.map_err(|e| e.to_string())?;
+                    let req = Request::get(&path)
+                        .header("host", "upstream")
+                        .body(Full::new(Bytes::new()))
+                        .unwrap();
+                    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+                    let status = resp.status();
+                    let body = resp
+                        .into_body()
+                        .collect()
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .to_bytes();
+                    Ok((status, body))
+                })
+                .await?;
             if status != 200 || body != path.as_bytes() {
                 return Err(format!(
-                    "{path}: {status} {:?}",
+                    "{who}: GET {path}: {status} {:?}",
                     String::from_utf8_lossy(&body)
                 ));
             }
@@ -1095,7 +1373,7 @@ async fn https_client(
     }
     .await;
     if let Err(e) = r {
-        stats.fail(format!("https {c}: {e}"));
+        stats.fail(e);
     }
 }
 
