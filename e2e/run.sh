@@ -7,7 +7,8 @@
 #   e2e/run.sh [extra args for the test binaries, e.g. a test name filter]
 #
 # Env: BATON_E2E_KEEP=1 leaves the cluster up for debugging (then run
-# `e2e/cluster.sh down` yourself); BATON_E2E_TEST_THREADS (default 2).
+# `e2e/cluster.sh down` yourself); BATON_E2E_JOBS (test binaries at once,
+# default 4), BATON_E2E_TEST_THREADS (default 2).
 set -euo pipefail
 E2E_DIR="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=e2e/scripts/common.sh
@@ -77,5 +78,7 @@ export BATON_E2E_SKIPPED
 stage tests
 log "e2e tests"
 export BATON_E2E_KUBECONFIG="$KUBECONFIG_ADMIN"
-cargo test --locked --no-fail-fast -p baton-e2e --tests -- --ignored --test-threads "${BATON_E2E_TEST_THREADS:-2}" "$@"
+# Every test binary at once, then the ones that must run alone
+# (e2e/scripts/run-tests.sh, e2e/exclusive-tests).
+"$E2E_DIR/scripts/run-tests.sh" "$@"
 log "e2e tests passed after $(stamp)"

@@ -50,7 +50,9 @@ trap 'exit 130' INT TERM
 
 say "installing packages and building (release; the first run also builds Kubernetes, ~10 min)"
 scripts/deps.sh
-cargo build --release --locked -p baton-e2e --bin demo-rollout 2>&1 | tail -1
+# The same build as e2e/images.sh (every workspace binary, release): one
+# build serves the demo and the images, and e2e/run.sh after the demo.
+cargo build --release --locked --workspace --bins 2>&1 | tail -1
 e2e/cluster.sh provision
 
 say "bringing up a local Kubernetes"

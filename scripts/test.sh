@@ -70,11 +70,24 @@ step "workspace tests"
 cargo test --workspace --locked
 
 if [ "${BATON_SKIP_FUZZ:-0}" != 1 ]; then
-  step "fuzz the HTTP/1 request-head parser and validation (bounded: 60 s per target)"
+  step "fuzz the HTTP/1 request-head parser and validation (bounded: ${BATON_FUZZ_BUDGET:-60} s for all targets)"
   scripts/fuzz.sh
 fi
 
 if [ "${BATON_SKIP_E2E:-0}" != 1 ]; then
+  # One release build of every binary: the images (e2e/images.sh) and the
+  # demo use it as it is (the same cargo command is then a no-op).
+  step "release build of every workspace binary (images, demo)"
+  cargo build --release --locked --workspace --bins
+
+  if [ "${BATON_SKIP_DEMO:-0}" != 1 ]; then
+    # The README's first command as a newcomer runs it, then the suite on the
+    # same machine: the demo's teardown must leave nothing that fails it.
+    step "the README's demo (BATON_DEMO_REPLICAS=${BATON_DEMO_REPLICAS:-2}), then the suite on the same machine"
+    BATON_DEMO_REPLICAS="${BATON_DEMO_REPLICAS:-2}" scripts/demo.sh
+  fi
+
   step "end-to-end suite on a local cluster"
-  e2e/run.sh
+  # The e2e test binaries of the workspace test build above, as they are.
+  BATON_E2E_BUILD=--workspace e2e/run.sh
 fi
