@@ -44,6 +44,7 @@ log "building demo-rollout (release)"
 build_release baton-e2e >/dev/null 2>&1 || build_release baton-e2e
 "$BENCH_ROOT/e2e/cluster.sh" provision
 log "cluster up, images, install"
+cluster_lock   # held to the end of the teardown: one cluster run at a time
 "$BENCH_ROOT/e2e/scripts/check-clean.sh" --before "$baseline" >&2
 cluster_up=1
 "$BENCH_ROOT/e2e/cluster.sh" up >/dev/null

@@ -45,6 +45,10 @@ teardown() {
   log "e2e finished after $(stamp) with exit code $rc"
   exit "$rc"
 }
+# One run at a time: the whole run holds the cluster lock (up, install and
+# down, called from here, run under it), so another run cannot find this
+# cluster "already up", use it, and tear it down under this one.
+cluster_lock
 # What an earlier run left behind: its provably own processes are stopped,
 # the rest is listed with the command that removes it and does not fail this
 # run (e2e/scripts/check-clean.sh).

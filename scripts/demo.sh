@@ -24,6 +24,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/baton/target-$(rustc --version | awk '{print $2}')}"
 
+# One cluster run at a time on the machine: the demo holds the cluster lock
+# from `up` to the end of its teardown (e2e/scripts/common.sh).
+E2E_DIR="$PWD/e2e"
+# shellcheck source=e2e/scripts/common.sh
+. e2e/scripts/common.sh
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 k8s_up=0
 baseline=""
@@ -58,6 +63,7 @@ e2e/cluster.sh provision
 say "bringing up a local Kubernetes"
 # What an earlier run left behind: stopped when provably this project's own
 # (recorded PID and start time), otherwise listed with its removal command.
+cluster_lock
 baseline="$(mktemp /tmp/baton-demo-baseline.XXXXXX)"
 e2e/scripts/check-clean.sh --before "$baseline"
 k8s_up=1

@@ -96,6 +96,7 @@ cmd() { printf '%s\n' "${1#*$'\t'}"; }
 
 if [ "$mode" = before ]; then
   : >"$baseline"
+  [ "${#found[@]}" = 0 ] && echo "clean: nothing left by an earlier run"
   for f in "${found[@]}"; do
     k="$(key "$f")"
     pid="$(printf '%s\n' "$k" | sed -n 's/^process \([0-9]*\) .*(started by this project as .*$/\1/p')"
