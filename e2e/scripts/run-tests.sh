@@ -32,12 +32,12 @@ out="$(mktemp -d /tmp/baton-e2e-tests.XXXXXX)"
 trap 'rm -rf "$out"' EXIT
 
 # shellcheck disable=SC2086
-mapfile -t bins < <(cargo test --locked ${BATON_E2E_BUILD:--p baton-e2e} --no-run --message-format=json 2>"$out/build.log" |
-  jq -r 'select(.reason == "compiler-artifact" and .target.kind == ["test"] and (.target.src_path | test("/e2e/tests/"))) | .executable')
-if [ "${#bins[@]}" = 0 ]; then
+if ! cargo test --locked ${BATON_E2E_BUILD:--p baton-e2e} --no-run --message-format=json >"$out/build.json" 2>"$out/build.log"; then
   cat "$out/build.log" >&2
-  die "no e2e test binaries were built"
+  die "building the e2e test binaries failed"
 fi
+mapfile -t bins < <(jq -r 'select(.reason == "compiler-artifact" and .target.kind == ["test"] and (.target.src_path | test("/e2e/tests/"))) | .executable' "$out/build.json")
+[ "${#bins[@]}" -gt 0 ] || die "no e2e test binaries were built"
 
 mapfile -t exclusive < <(sed -e 's/#.*//' -e 's/[[:space:]]//g' "$E2E_DIR/exclusive-tests" | grep .)
 skip=()
