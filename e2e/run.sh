@@ -35,13 +35,14 @@ teardown() {
     log "BATON_E2E_KEEP=1: cluster left up (KUBECONFIG=$KUBECONFIG_ADMIN); run e2e/cluster.sh down"
   else
     log "teardown"
+    td=ok
     if ! "$E2E_DIR/scripts/teardown.sh" "$BASELINE"; then
       log "teardown: this run left something behind"
-      rc=1
+      rc=1 td=FAILED
     fi
   fi
   rm -f "$BASELINE"
-  stage "" "$([ "$rc" = 0 ] && echo ok || echo FAILED)"
+  stage "" "${td:-kept}"
   log "e2e finished after $(stamp) with exit code $rc"
   exit "$rc"
 }
