@@ -92,8 +92,11 @@ done
 # --- phase 2: the exclusive tests, alone, one at a time ----------------------
 for t in "${exclusive[@]}"; do
   for b in "${sorted[@]}"; do
-    # Listed by this binary, and selected by the caller's filter?
-    "$b" --ignored --list "$@" 2>/dev/null | grep -qxF "$t: test" || continue
+    # Listed by this binary, and selected by the caller's filter? (The list
+    # is read whole first: `grep -q` closing the pipe early would fail the
+    # pipeline under pipefail.)
+    list="$("$b" --ignored --list "$@" 2>/dev/null)"
+    grep -qxF "$t: test" <<<"$list" || continue
     name="$(basename "$b" | sed 's/-[0-9a-f]*$//')::$t"
     log "phase 2 (alone): $name"
     t0=$(date +%s)
