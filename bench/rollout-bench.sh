@@ -27,9 +27,16 @@ SIZES=${SIZES:-10 50}
 SIDECAR_CPU=${SIDECAR_CPU:-10m}
 
 cluster_up=0
+baseline="$WORK/leftovers-before"
 teardown() {
+  local rc=$?
   bench_cleanup
-  if [ "$cluster_up" = 1 ]; then "$BENCH_ROOT/e2e/cluster.sh" down >/dev/null || true; fi
+  # The same teardown and check as e2e/run.sh (down, then check-clean.sh).
+  if [ "$cluster_up" = 1 ] && ! "$BENCH_ROOT/e2e/scripts/teardown.sh" "$baseline" >&2; then
+    log "the bench's teardown left something behind (above)"
+    rc=1
+  fi
+  exit "$rc"
 }
 trap teardown EXIT
 
@@ -37,6 +44,8 @@ log "building demo-rollout (release)"
 build_release baton-e2e >/dev/null 2>&1 || build_release baton-e2e
 "$BENCH_ROOT/e2e/cluster.sh" provision
 log "cluster up, images, install"
+cluster_lock   # held to the end of the teardown: one cluster run at a time
+"$BENCH_ROOT/e2e/scripts/check-clean.sh" --before "$baseline" >&2
 cluster_up=1
 "$BENCH_ROOT/e2e/cluster.sh" up >/dev/null
 "$BENCH_ROOT/e2e/cluster.sh" images >/dev/null

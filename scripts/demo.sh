@@ -24,18 +24,30 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/baton/target-$(rustc --version | awk '{print $2}')}"
 
+# One cluster run at a time on the machine: the demo holds the cluster lock
+# from `up` to the end of its teardown (e2e/scripts/common.sh).
+E2E_DIR="$PWD/e2e"
+# shellcheck source=e2e/scripts/common.sh
+. e2e/scripts/common.sh
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 k8s_up=0
+baseline=""
 cleanup() {
   local rc=$?
   if [ "$k8s_up" = 1 ]; then
     if [ "${BATON_DEMO_KEEP:-0}" = 1 ]; then
       say "cluster left up (BATON_DEMO_KEEP=1): KUBECONFIG=${KUBECONFIG:-}; e2e/cluster.sh down removes it"
     else
-      say "tearing the local cluster down"
-      e2e/cluster.sh down >/dev/null || rc=1
+      # The same teardown and check as e2e/run.sh: down, then every process,
+      # mount, chain, ... verified gone (e2e/scripts/check-clean.sh).
+      say "tearing the local cluster down and checking nothing is left behind"
+      if ! e2e/scripts/teardown.sh "$baseline"; then
+        echo "the demo's teardown left something behind (above)" >&2
+        rc=1
+      fi
     fi
   fi
+  [ -n "$baseline" ] && rm -f "$baseline"
   exit "$rc"
 }
 trap cleanup EXIT
@@ -43,10 +55,17 @@ trap 'exit 130' INT TERM
 
 say "installing packages and building (release; the first run also builds Kubernetes, ~10 min)"
 scripts/deps.sh
-cargo build --release --locked -p baton-e2e --bin demo-rollout 2>&1 | tail -1
+# The same build as e2e/images.sh (every workspace binary, release): one
+# build serves the demo and the images, and e2e/run.sh after the demo.
+cargo build --release --locked --workspace --bins 2>&1 | tail -1
 e2e/cluster.sh provision
 
 say "bringing up a local Kubernetes"
+# What an earlier run left behind: stopped when provably this project's own
+# (recorded PID and start time), otherwise listed with its removal command.
+cluster_lock
+baseline="$(mktemp /tmp/baton-demo-baseline.XXXXXX)"
+e2e/scripts/check-clean.sh --before "$baseline"
 k8s_up=1
 KUBECONFIG=$(e2e/cluster.sh up | sed -n 's/^KUBECONFIG=//p' | tail -1)
 export KUBECONFIG BATON_E2E_KUBECONFIG="$KUBECONFIG"

@@ -4,7 +4,9 @@
 # repository's pinned stable toolchain. Fails on the first crash or failed
 # assertion; the crashing input is left in sidecar/fuzz/artifacts/<target>/.
 #
-#   BATON_FUZZ_SECONDS  seconds per target (default 60)
+#   BATON_FUZZ_BUDGET   seconds of fuzzing for the whole run, shared evenly
+#                       by the targets (default 60; at least 10 per target)
+#   BATON_FUZZ_SECONDS  seconds per target instead (overrides the budget)
 #   BATON_FUZZ_TARGETS  targets to run (default: h1_head h1_framing)
 #
 # Why `--sanitizer none` (docs/decisions/0022-h1-fuzzing-in-ci.md): with it
@@ -14,8 +16,12 @@
 # AddressSanitizer finds nothing that panics and assertions do not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-seconds="${BATON_FUZZ_SECONDS:-60}"
 targets="${BATON_FUZZ_TARGETS:-h1_head h1_framing}"
+# One budget for the run, not per target: a new target must not add a
+# minute to every CI run (docs/decisions/0043-ci-time-budget.md).
+n_targets=$(wc -w <<<"$targets")
+seconds="${BATON_FUZZ_SECONDS:-$(( ${BATON_FUZZ_BUDGET:-60} / n_targets ))}"
+[ "$seconds" -ge 10 ] || seconds=10
 
 # cargo-fuzz from the crates registry, pinned (the README's version).
 if ! cargo fuzz --version 2>/dev/null | grep -q '0\.13\.'; then

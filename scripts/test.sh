@@ -9,7 +9,34 @@ export CARGO_TERM_COLOR=never
 # the same machine (cargo's fingerprints keep a shared target dir correct).
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/baton/target-$(rustc --version | awk '{print $2}')}"
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each stage's seconds, printed as a table at the end, pass or fail, so a
+# regression shows at once. e2e/run.sh adds its own stages (cluster up,
+# images, install, tests, teardown) to the same file.
+BATON_STAGE_TIMES="$(mktemp /tmp/baton-stage-times.XXXXXX)"
+export BATON_STAGE_TIMES
+T_START=$(date +%s)
+stage_name="" stage_t0=0
+stage_end() { # result
+  if [ -n "$stage_name" ]; then
+    printf '%s\t%s\t%s\n' "$(($(date +%s) - stage_t0))" "$1" "$stage_name" >>"$BATON_STAGE_TIMES"
+  fi
+  stage_name=""
+}
+step() {
+  stage_end ok
+  stage_name="$*" stage_t0=$(date +%s)
+  printf '\n==> %s\n' "$*"
+}
+stage_table() {
+  local rc=$?
+  stage_end "$([ "$rc" = 0 ] && echo ok || echo "FAILED (exit $rc)")"
+  printf '\n==> stage times (seconds)\n'
+  awk -F'\t' '{ printf "%7d  %-8s %s\n", $1, $2, $3 }' "$BATON_STAGE_TIMES"
+  printf '%7d  %-8s %s\n' "$(($(date +%s) - T_START))" "$([ "$rc" = 0 ] && echo ok || echo FAILED)" "total"
+  rm -f "$BATON_STAGE_TIMES"
+  exit "$rc"
+}
+trap stage_table EXIT
 
 step "system packages"
 scripts/deps.sh
@@ -43,11 +70,24 @@ step "workspace tests"
 cargo test --workspace --locked
 
 if [ "${BATON_SKIP_FUZZ:-0}" != 1 ]; then
-  step "fuzz the HTTP/1 request-head parser and validation (bounded: 60 s per target)"
+  step "fuzz the HTTP/1 request-head parser and validation (bounded: ${BATON_FUZZ_BUDGET:-60} s for all targets)"
   scripts/fuzz.sh
 fi
 
 if [ "${BATON_SKIP_E2E:-0}" != 1 ]; then
+  # One release build of every binary: the images (e2e/images.sh) and the
+  # demo use it as it is (the same cargo command is then a no-op).
+  step "release build of every workspace binary (images, demo)"
+  cargo build --release --locked --workspace --bins
+
+  if [ "${BATON_SKIP_DEMO:-0}" != 1 ]; then
+    # The README's first command as a newcomer runs it, then the suite on the
+    # same machine: the demo's teardown must leave nothing that fails it.
+    step "the README's demo (BATON_DEMO_REPLICAS=${BATON_DEMO_REPLICAS:-2}), then the suite on the same machine"
+    BATON_DEMO_REPLICAS="${BATON_DEMO_REPLICAS:-2}" scripts/demo.sh
+  fi
+
   step "end-to-end suite on a local cluster"
-  e2e/run.sh
+  # The e2e test binaries of the workspace test build above, as they are.
+  BATON_E2E_BUILD=--workspace e2e/run.sh
 fi

@@ -74,6 +74,47 @@ k8s_bin() { "$E2E_DIR/scripts/provision.sh"; }
 pid_alive() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null; }
 recorded_pid() { cat "$PIDS/$1.pid" 2>/dev/null || true; }
 
+# The ledger: every process the harness starts, and every container shim
+# `down` finds, as "pid starttime name" in a file OUTSIDE the run dir (which
+# `down` removes). A process that outlives its run is provably this
+# project's own only when its PID *and* its start time (clock ticks since
+# boot, /proc/PID/stat field 22: a reused PID has another) match a line; a
+# later run may stop such a process by PID. Anything else is only reported.
+LEDGER="$CACHE/started-pids"
+pid_starttime() { sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | awk '{ print $20 }'; }
+ledger_add() { # name pid
+  local st
+  st="$(pid_starttime "$2")"
+  [ -n "$st" ] || return 0
+  mkdir -p "$CACHE"
+  printf '%s %s %s\n' "$2" "$st" "$1" >>"$LEDGER"
+}
+ledger_name() { # pid: the recorded name when the live process is the one recorded
+  local st
+  st="$(pid_starttime "$1")"
+  [ -n "$st" ] && [ -f "$LEDGER" ] || return 1
+  awk -v p="$1" -v s="$st" '$1 == p && $2 == s { print $3; found = 1; exit } END { exit !found }' "$LEDGER"
+}
+ledger_prune() { # keep only lines whose process still runs as recorded
+  [ -f "$LEDGER" ] || return 0
+  local pid st name tmp="$LEDGER.$$"
+  : >"$tmp"
+  while read -r pid st name; do
+    [ "$(pid_starttime "$pid")" = "$st" ] && printf '%s %s %s\n' "$pid" "$st" "$name" >>"$tmp"
+  done <"$LEDGER"
+  mv "$tmp" "$LEDGER"
+}
+# Container shims of THIS cluster's containerd: the shim's command line names
+# the containerd socket in the run dir (-address), which no other containerd
+# uses. Read-only; the caller stops them by PID.
+our_shims() {
+  local pid
+  for pid in $(ls /proc | grep -E '^[0-9]+$'); do
+    [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = /usr/bin/containerd-shim-runc-v2 ] || continue
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "-address $CONTAINERD_SOCK " && echo "$pid"
+  done
+}
+
 # One cluster operation at a time: up, install and down serialise on a lock
 # outside the run dir (a `down` racing an `up` would let the `up` recreate
 # what the `down` just removed). Held until the calling script exits.

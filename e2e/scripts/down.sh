@@ -60,28 +60,44 @@ if [ -d "$RUN" ]; then
     n="$(basename "$f" .pid)"
     stop_recorded "$n" 5
   done
+  # Container shims, found BEFORE anything is stopped: the shim.pid files
+  # containerd wrote, and the shims whose command line names this cluster's
+  # containerd socket. They used to be read from the shim.pid files only,
+  # after the container processes were killed: by then containerd had
+  # already handled some of the exits and deleted those tasks' bundles (the
+  # shim.pid with them) while their shims still ran, and those shims
+  # outlived `down` (five after the demo). Each is recorded in the ledger so
+  # a later run can still prove it ours if it survives.
+  task_root="$RUN/containerd/state/io.containerd.runtime.v2.task"
+  shims=()
+  if [ -d "$task_root" ]; then
+    while IFS= read -r f; do
+      p="$(cat "$f" 2>/dev/null)"
+      pid_alive "$p" && shims+=("$p")
+    done < <(find "$task_root" -name shim.pid 2>/dev/null)
+  fi
+  mapfile -t -O "${#shims[@]}" shims < <(our_shims)
+  mapfile -t shims < <(printf '%s\n' "${shims[@]:-}" | grep -E '^[0-9]+$' | sort -un)
+  for p in "${shims[@]:-}"; do [ -n "$p" ] && ledger_add containerd-shim "$p"; done
+
   # kube-proxy first: once stopped it cannot re-create the chains removed below.
   stop_recorded kube-proxy 5
   stop_recorded kubelet 10
 
-  # Containers: kill every container process, then its shim. containerd wrote
-  # init.pid / shim.pid for each task under its state dir.
-  task_root="$RUN/containerd/state/io.containerd.runtime.v2.task"
+  # Containers: kill every container process (by the init.pid files
+  # containerd wrote for each task), then containerd, then the shims.
   if [ -d "$task_root" ]; then
     while IFS= read -r f; do
       p="$(cat "$f" 2>/dev/null)"
       pid_alive "$p" && kill -KILL "$p" 2>/dev/null
     done < <(find "$task_root" -name init.pid 2>/dev/null)
-    sleep 0.5
-    shims=()
-    while IFS= read -r f; do
-      p="$(cat "$f" 2>/dev/null)"
-      [ -n "$p" ] && shims+=("$p")
-    done < <(find "$task_root" -name shim.pid 2>/dev/null)
   fi
   stop_recorded containerd 10
-  for p in "${shims[@]:-}"; do
-    [ -n "$p" ] && stop_pid containerd-shim "$p" 3
+  # Shims started after the list above (none once the kubelet is stopped,
+  # but a sandbox being created at that moment could add one).
+  mapfile -t -O "${#shims[@]}" shims < <(our_shims)
+  for p in $(printf '%s\n' "${shims[@]:-}" | grep -E '^[0-9]+$' | sort -un); do
+    stop_pid containerd-shim "$p" 3
   done
 fi
 
@@ -185,8 +201,12 @@ if [ -d "$RUN" ]; then
   rm -rf "$RUN" 2>/dev/null || problem "run dir $RUN"
 fi
 
+ledger_prune
 if [ "$problems" -gt 0 ]; then
   log "down finished with $problems thing(s) left behind"
   exit 1
 fi
-log "down: nothing left behind (logs of the run: $CACHE/last-run-logs)"
+# What down itself stopped is gone; e2e/scripts/check-clean.sh checks the
+# whole machine (the teardown of every script that brings a cluster up runs
+# it: e2e/scripts/teardown.sh).
+log "down: everything it stopped is gone (logs of the run: $CACHE/last-run-logs)"

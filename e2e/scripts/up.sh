@@ -102,6 +102,7 @@ start() {
   # 9>&-: daemons must not inherit the cluster lock's descriptor.
   setsid "$@" >"$LOGS/$name.log" 2>&1 </dev/null 9>&- &
   echo $! >"$PIDS/$name.pid"
+  ledger_add "$name" $!
 }
 
 wait_until() { # seconds description command...
