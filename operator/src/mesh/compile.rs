@@ -39,7 +39,7 @@ use baton_crds::tls_policy::{
 };
 use baton_crds::{Route, TlsPolicy};
 
-use super::index::{Index, ObjKey, ServiceInfo, creation};
+use super::index::{EndpointInfo, Index, ObjKey, ServiceInfo, creation};
 
 /// Cluster-wide settings the compiled snapshots depend on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -481,8 +481,8 @@ impl Outbound<'_> {
     }
 
     /// The cluster for `namespace/name:port`, created on first use: the
-    /// Service's ready endpoints on the port the endpoints name after the
-    /// Service port. A missing Service or port yields an empty cluster
+    /// Service's ready endpoints (and those whose Pods serve through a slot
+    /// swap) on the port the endpoints name after the Service port. A missing Service or port yields an empty cluster
     /// (requests get 503; the Route reports ResolvedRefs=False).
     fn cluster(&mut self, namespace: &str, name: &str, port: u16) -> String {
         let key = ObjKey::new(namespace, name);
@@ -501,7 +501,7 @@ impl Outbound<'_> {
                 .index
                 .service_endpoints(&key)
                 .into_iter()
-                .filter(|e| e.ready)
+                .filter(|e| e.ready || self.serving_through_swap(e))
                 .filter_map(|e| Some((e, *e.ports.get(port_name)?)))
                 .collect(),
             None => Vec::new(),
@@ -522,6 +522,15 @@ impl Outbound<'_> {
             },
         );
         cluster
+    }
+
+    /// A not-ready address whose Pod serves through a sidecar slot's image
+    /// swap (see [`super::index::serving_through_swap`]).
+    fn serving_through_swap(&self, e: &EndpointInfo) -> bool {
+        e.pod
+            .as_ref()
+            .and_then(|p| self.index.pods.get(p))
+            .is_some_and(|p| p.serving_through_swap)
     }
 
     /// mTLS for a cluster when this client can originate it and every

@@ -368,6 +368,130 @@ fn endpoints_follow_pods_as_they_come_go_and_change_readiness() {
     assert_eq!(eps(&ix), addrs(&["10.1.1.2:8080"]));
 }
 
+/// `pod()` mid hot upgrade: `status` of each slot and of the app
+/// container, the active slot and the upgrade record's target slot.
+fn upgrading_pod(
+    name: &str,
+    ip: &str,
+    app_ready: bool,
+    slots: (bool, bool),
+    active: &str,
+    upgrade_to: Option<&str>,
+) -> Pod {
+    let mut p = pod(name, ip, "server", json!({"app": "server"}));
+    let mut ann = json!({"baton.dev/active-slot": active});
+    if let Some(slot) = upgrade_to {
+        ann["baton.dev/upgrade"] = json!(format!(r#"{{"version":"2","slot":"{slot}"}}"#));
+    }
+    p.metadata.annotations = Some(from(ann));
+    p.status = Some(from(json!({
+        "podIP": ip,
+        "conditions": [{"type": "Ready", "status": "False"}],
+        "containerStatuses": [
+            {"name": "app", "ready": app_ready, "restartCount": 0, "image": "app", "imageID": ""},
+            {"name": "baton-sidecar-a", "ready": slots.0, "restartCount": 0, "image": "s", "imageID": ""},
+            {"name": "baton-sidecar-b", "ready": slots.1, "restartCount": 1, "image": "s", "imageID": ""},
+        ]
+    })));
+    p
+}
+
+#[test]
+fn a_pod_whose_sidecar_slot_restarts_for_an_upgrade_stays_an_endpoint() {
+    let mut ix = shop();
+    let eps = |ix: &Index| {
+        compiled(ix, &client())
+            .snapshot
+            .clusters
+            .into_iter()
+            .find(|c| c.name == "shop/server:80")
+            .unwrap()
+            .endpoints
+    };
+    // Both server Pods are not Ready to the API: their standby slots restart.
+    ix.apply_endpoint_slice(&slice(
+        "server",
+        "server-abc",
+        &[
+            ("server-v1", "10.1.1.1", false),
+            ("server-v2", "10.1.1.2", false),
+        ],
+        &[("http", 8080)],
+    ));
+    let both = addrs(&["10.1.1.1:8080", "10.1.1.2:8080"]);
+    // v1: upgrade a → b under way, b restarting, a serving.
+    ix.apply_pod(&upgrading_pod(
+        "server-v1",
+        "10.1.1.1",
+        true,
+        (true, false),
+        "a",
+        Some("b"),
+    ));
+    // v2: upgrade finished (no record), the retired slot a restarting to the
+    // idle image, b active and serving.
+    ix.apply_pod(&upgrading_pod(
+        "server-v2",
+        "10.1.1.2",
+        true,
+        (false, true),
+        "b",
+        None,
+    ));
+    assert_eq!(eps(&ix), both);
+
+    // During the takeover the old slot may stop being ready while the new
+    // one (the upgrade's target) is: still serving.
+    ix.apply_pod(&upgrading_pod(
+        "server-v1",
+        "10.1.1.1",
+        true,
+        (false, true),
+        "a",
+        Some("b"),
+    ));
+    assert_eq!(eps(&ix), both);
+
+    // An application container not ready: the API's verdict stands.
+    ix.apply_pod(&upgrading_pod(
+        "server-v1",
+        "10.1.1.1",
+        false,
+        (true, false),
+        "a",
+        Some("b"),
+    ));
+    assert_eq!(eps(&ix), addrs(&["10.1.1.2:8080"]));
+
+    // The serving slot not ready (only the idle standby is): not serving.
+    ix.apply_pod(&upgrading_pod(
+        "server-v2",
+        "10.1.1.2",
+        true,
+        (false, true),
+        "a",
+        None,
+    ));
+    assert_eq!(eps(&ix), Vec::<SocketAddr>::new());
+
+    // A terminating Pod is gone whatever its slots say.
+    let mut leaving = upgrading_pod("server-v1", "10.1.1.1", true, (true, false), "a", Some("b"));
+    leaving.metadata.deletion_timestamp = Some(from(json!("2026-12-06T00:00:00Z")));
+    ix.apply_pod(&leaving);
+    assert_eq!(eps(&ix), Vec::<SocketAddr>::new());
+
+    // Not Ready with every slot ready and no upgrade: the API's verdict.
+    ix.apply_pod(&upgrading_pod(
+        "server-v1",
+        "10.1.1.1",
+        true,
+        (true, true),
+        "a",
+        None,
+    ));
+    assert_eq!(eps(&ix), Vec::<SocketAddr>::new());
+}
+
 #[test]
 fn core_v1_endpoints_give_the_same_endpoints_as_slices() {
     let mut ix = shop();
