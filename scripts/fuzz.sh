@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Bounded fuzz run for CI (scripts/test.sh calls it): libFuzzer over the
-# sidecar's HTTP/1 request-head parsing and validation (sidecar/fuzz), on the
+# sidecar's HTTP/1 request-head parsing and validation and tls-record's state
+# and record parsing (sidecar/fuzz), on the
 # repository's pinned stable toolchain. Fails on the first crash or failed
 # assertion; the crashing input is left in sidecar/fuzz/artifacts/<target>/.
 #
 #   BATON_FUZZ_SECONDS  seconds per target (default 60)
-#   BATON_FUZZ_TARGETS  targets to run (default: h1_head h1_framing)
+#   BATON_FUZZ_TARGETS  targets to run (default: h1_head h1_framing tls_record)
 #
 # Why `--sanitizer none` (docs/decisions/0022-h1-fuzzing-in-ci.md): with it
 # cargo-fuzz passes only stable rustc flags (SanitizerCoverage through
@@ -15,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${BATON_FUZZ_SECONDS:-60}"
-targets="${BATON_FUZZ_TARGETS:-h1_head h1_framing}"
+targets="${BATON_FUZZ_TARGETS:-h1_head h1_framing tls_record}"
 
 # cargo-fuzz from the crates registry, pinned (the README's version).
 if ! cargo fuzz --version 2>/dev/null | grep -q '0\.13\.'; then

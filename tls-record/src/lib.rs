@@ -38,9 +38,12 @@
 //!
 //! A leaf crate: it depends on no other Baton crate, and both the sidecar's
 //! TLS layer and the handoff (`baton-handoff`, which carries
-//! [`TlsWireState`] on its wire) use it. Its tests move real rustls sessions
-//! through the handoff's wire format, so they live in `baton-handoff`
-//! (`handoff/tests/tls_session_moves.rs`).
+//! [`TlsWireState`] on its wire) use it. Its own tests (`tests.rs`) seal
+//! and open records for every version and AEAD and feed it malformed
+//! states and records; the tests that move real rustls sessions through
+//! the handoff's wire format live in `baton-handoff`
+//! (`handoff/tests/tls_session_moves.rs`), and the `tls_record` fuzz target
+//! (`sidecar/fuzz`) runs its state and record parsing on arbitrary input.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -1058,3 +1061,6 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for RecordAlignedIo<T> {
         Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }
+
+#[cfg(test)]
+mod tests;
