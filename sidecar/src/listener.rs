@@ -16,22 +16,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
-use crate::body::InFlight;
 use crate::client_hello::{AppTls, Hello, peek_client_hello};
 use crate::config::{Capture, Direction, ListenerProtocol, TlsTermination};
-use crate::conn::{
-    BoxIo, ConnGuard, ConnKind, FramingGuard, H1Framing, H1Refusal, ParkRequest, ParkableIo,
-    Parked, PrefixedIo,
-};
+use crate::conn::{BoxIo, ConnGuard, ConnKind, ParkRequest, ParkableIo, PrefixedIo};
 use crate::detect::{Detection, MAX_DETECT_BYTES, Protocol, detect};
 use crate::filters::{ConnMeta, NetworkFilter};
 use crate::http_conn;
-use crate::http_proxy::{HttpService, Shared};
+use crate::http_proxy::Shared;
 use crate::metrics::ConnLabels;
 
 /// Result of the TLS layer accepting a connection: the decrypted stream and

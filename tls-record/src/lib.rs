@@ -1062,5 +1062,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for RecordAlignedIo<T> {
     }
 }
 
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 #[cfg(test)]
 mod tests;
