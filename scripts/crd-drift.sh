@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-cargo run -q --locked -p baton-crds --features kube --bin crdgen -- --out "$tmp"
+cargo run -q --locked -p baton-crds --bin crdgen -- --out "$tmp"
 if ! diff -ru manifests/crds "$tmp"; then
   echo "manifests/crds is stale: run 'cargo run -p baton-crds --bin crdgen -- --out manifests/crds'" >&2
   exit 1

@@ -7,7 +7,7 @@
 //! Service objects into them and pushes them to sidecars. Both must agree on
 //! every field and default, so the type lives once, below both, and stays
 //! kube-free (the sidecar never links kube; it depends only on the
-//! `baton_crds::contract` names).
+//! `baton_contract` names).
 //!
 //! Why one type: a snapshot is the unit of change. It is parsed (from YAML in
 //! standalone mode, from the operator's push stream), validated and compiled
@@ -27,7 +27,7 @@ pub mod yaml;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
-use baton_crds::contract::ports;
+use baton_contract::ports;
 use serde::{Deserialize, Serialize};
 
 pub use tls::TlsSettings;

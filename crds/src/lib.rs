@@ -1,12 +1,12 @@
-//! `baton-crds`: Baton's Kubernetes API (group `baton.dev`, version `v1alpha1`)
-//! and the kube-free [`contract`] of names shared by every part.
+//! `baton-crds`: Baton's Kubernetes API (group `baton.dev`, version `v1alpha1`),
+//! re-exporting the kube-free [`contract`] of names shared by every part.
 //!
 //! The CRD types are the single source of truth for `manifests/crds/`: the
 //! `crdgen` binary renders them and CI fails when the committed YAML drifts.
-//! The sidecar depends only on the `contract` module (build this crate with
-//! `default-features = false` to drop kube entirely).
+//! The sidecar, its config model and the handoff never depend on this crate:
+//! they use the `baton-contract` crate alone.
 //!
-//! Layout (with the `kube` feature):
+//! Layout:
 //!
 //! ```text
 //! sidecar_release  SidecarRelease  cluster  which sidecar version runs where, rollout knobs
@@ -23,40 +23,25 @@
 //! yaml             the one place that talks YAML
 //! ```
 
-pub mod contract;
+/// The kube-free names, re-exported from `baton-contract` so the control
+/// plane keeps one import path for names and types.
+pub use baton_contract as contract;
 
-#[cfg(feature = "kube")]
 pub mod accelerator;
-#[cfg(feature = "kube")]
 pub mod accelerator_pool;
-#[cfg(feature = "kube")]
 pub mod common;
-#[cfg(feature = "kube")]
 pub mod conditions;
-#[cfg(feature = "kube")]
 pub mod objects;
-#[cfg(feature = "kube")]
 pub mod route;
-#[cfg(feature = "kube")]
 pub mod schema;
-#[cfg(feature = "kube")]
 pub mod selector;
-#[cfg(feature = "kube")]
 pub mod sidecar_release;
-#[cfg(feature = "kube")]
 pub mod tls_policy;
-#[cfg(feature = "kube")]
 pub mod validation;
-#[cfg(feature = "kube")]
 pub mod yaml;
 
-#[cfg(feature = "kube")]
 pub use accelerator_pool::{AcceleratorPool, AcceleratorPoolSpec, AcceleratorPoolStatus};
-#[cfg(feature = "kube")]
 pub use route::{Route, RouteSpec, RouteStatus};
-#[cfg(feature = "kube")]
 pub use sidecar_release::{SidecarRelease, SidecarReleaseSpec, SidecarReleaseStatus};
-#[cfg(feature = "kube")]
 pub use tls_policy::{TlsPolicy, TlsPolicySpec, TlsPolicyStatus};
-#[cfg(feature = "kube")]
 pub use validation::{FieldError, Validate};

@@ -1,8 +1,6 @@
 //! The `crdgen` binary itself: `--out DIR` writes exactly the committed
 //! manifests, and stdout carries the same documents as one stream.
 
-#![cfg(feature = "kube")]
-
 use std::path::Path;
 use std::process::Command;
 

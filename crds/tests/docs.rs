@@ -3,8 +3,6 @@
 //! row names it. Embedded Kubernetes types (selectors, resources,
 //! conditions) are documented by reference and not descended into.
 
-#![cfg(feature = "kube")]
-
 mod support;
 
 use serde_json::Value;

@@ -4,8 +4,6 @@
 //! to the objects the code touches, hardened pods, and examples that both
 //! enforcers accept.
 
-#![cfg(feature = "kube")]
-
 mod support;
 
 use std::collections::BTreeMap;

@@ -5,8 +5,6 @@
 //! columns that point at real fields, short names, and CEL rules that
 //! compile.
 
-#![cfg(feature = "kube")]
-
 mod support;
 
 use std::path::Path;

@@ -4,8 +4,6 @@
 //! `kubectl apply`). Each case states which errors it expects from each, so
 //! the two cannot drift apart silently.
 
-#![cfg(feature = "kube")]
-
 mod support;
 
 use serde_json::{Value, json};

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_crds::contract;
+use baton_contract as contract;
 
 use crate::conn::SessionDetach;
 use crate::plane::IdentityCarrier;

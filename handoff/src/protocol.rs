@@ -52,7 +52,7 @@ impl VersionRange {
     /// What this build speaks: its own version and the one before it, so that
     /// N→N+1 (upgrade) and N+1→N (rollback) both negotiate N.
     pub fn this_build() -> Self {
-        let v = baton_crds::contract::HANDOFF_PROTOCOL_VERSION;
+        let v = baton_contract::HANDOFF_PROTOCOL_VERSION;
         Self {
             min: v.saturating_sub(1).max(1),
             max: v,

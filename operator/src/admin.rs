@@ -7,15 +7,13 @@
 //! refused (405), so nothing here can ever change state. See the ports
 //! table in docs/operations.md.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use http::{Method, Request, Response, StatusCode};
+use baton_serving::accept::Connections;
+use http::{Method, Response, StatusCode};
 use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper::body::Bytes;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -55,7 +53,8 @@ pub fn respond_to(
     respond(path, metrics, ready)
 }
 
-/// Serves until the task is dropped.
+/// Serves until the task is dropped (the accept loop and connection
+/// handling are [`baton_serving::admin`]'s, shared by every Baton process).
 pub async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
@@ -63,24 +62,13 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let listener = TcpListener::bind(addr).await?;
     tracing::info!(%addr, "admin listening");
-    loop {
-        let (stream, _) = listener.accept().await?;
-        let metrics = metrics.clone();
-        let ready = ready.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |req: Request<Incoming>| {
-                let response =
-                    respond_to(req.method(), req.uri().path(), &metrics, *ready.borrow());
-                async move { Ok::<_, Infallible>(response) }
-            });
-            if let Err(error) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(%error, "admin connection");
-            }
-        });
-    }
+    let never = tokio_util::sync::CancellationToken::new();
+    baton_serving::admin::serve(listener, never, Connections::Owned, move |req, _peer| {
+        let response = respond_to(req.method(), req.uri().path(), &metrics, *ready.borrow());
+        std::future::ready(response)
+    })
+    .await;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -19,15 +19,15 @@
 //! decision uses the socket's peer address only, never a header, and lives in
 //! the handler, so it holds on an admin socket the handoff passed in from the
 //! previous process as much as on one bound here.
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use baton_serving::accept::Connections;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::yaml::redacted_json;
 // Also used by the config compiler (an endpoint on the admin port), so it
@@ -120,24 +120,27 @@ pub fn access(path: &str) -> Option<(Access, &'static str)> {
 }
 
 impl Admin {
+    /// Serves until the lifecycle reaches `Stopped` (the mechanics are
+    /// [`baton_serving::admin`]'s, shared by every Baton process).
+    /// Connections are detached: after a handoff the accept loop is aborted
+    /// (the successor answers on the shared socket) while requests already
+    /// accepted here finish.
     pub async fn serve(self, listener: TcpListener) {
+        let stop = CancellationToken::new();
         let mut phase = self.shared.lifecycle.subscribe();
-        loop {
-            let (stream, peer) = tokio::select! {
-                r = listener.accept() => match r { Ok(x) => x, Err(_) => continue },
-                _ = crate::lifecycle::wait_until(&mut phase, |p| *p == Phase::Stopped) => return,
-            };
-            let admin = self.clone();
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req| {
-                    let admin = admin.clone();
-                    async move { Ok::<_, Infallible>(admin.handle(req, peer).await) }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
+        let stopped = {
+            let stop = stop.clone();
+            async move {
+                crate::lifecycle::wait_until(&mut phase, |p| *p == Phase::Stopped).await;
+                stop.cancel();
+            }
+        };
+        let serve =
+            baton_serving::admin::serve(listener, stop, Connections::Detached, move |req, peer| {
+                let admin = self.clone();
+                async move { admin.handle(req, peer).await }
             });
-        }
+        tokio::join!(stopped, serve);
     }
 
     /// Answers one admin request from `peer` (the connection's remote
@@ -172,9 +175,7 @@ impl Admin {
                 let mut r = text(StatusCode::OK, self.shared.metrics.encode());
                 r.headers_mut().insert(
                     header::CONTENT_TYPE,
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8"
-                        .parse()
-                        .expect("static"),
+                    baton_serving::http::OPENMETRICS.parse().expect("static"),
                 );
                 r
             }

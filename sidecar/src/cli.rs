@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_crds::contract;
+use baton_contract as contract;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{

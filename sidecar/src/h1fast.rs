@@ -214,7 +214,7 @@ async fn fall_back<I: ParkableIo>(
     tracing::trace!(conn = meta.id, ?why, "h1 fast path: hyper takes over");
     shared.metrics.h1_fast_path_fallback(why.label());
     let io = PrefixedIo::new(buf.freeze(), down);
-    Box::pin(crate::listener::serve_http1(io, meta, shared, park)).await
+    Box::pin(crate::http_conn::serve_http1(io, meta, shared, park)).await
 }
 
 /// Length of the request head in `buf`, `None` while incomplete, `Err` for

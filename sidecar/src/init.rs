@@ -148,7 +148,7 @@ pub fn rules(o: &InitOptions) -> Vec<Vec<String>> {
             "-j",
             CHAIN_INBOUND,
         ]);
-        let admin = baton_crds::contract::ports::ADMIN.to_string();
+        let admin = baton_contract::ports::ADMIN.to_string();
         for p in o
             .exclude_inbound_ports
             .iter()

@@ -5,7 +5,7 @@
 //! faults, mirroring and header rewrites, pooled upstreams with outlier
 //! ejection, ordered filter chains, an admin port, and a config snapshot
 //! that is validated and swapped atomically. It never depends on kube: only
-//! on the kube-free `baton_crds::contract` names.
+//! on the kube-free `baton_contract` names.
 //!
 //! Layout (each module's docs say why it is shaped that way; a module is
 //! public only where another crate uses it: the binaries, the operator's
@@ -16,7 +16,7 @@
 //! * [`detect`], [`client_hello`], [`listener`], [`conn`] — accepting and
 //!   classifying connections (mesh TLS vs the application's own TLS by the
 //!   ClientHello), the live-connection registry used by the handoff;
-//! * [`http_proxy`], [`h1fast`], [`tcp_proxy`], [`upstream`], [`body`] — proxying;
+//! * [`http_proxy`], [`h1fast`], [`http_conn`], [`tcp_proxy`], [`upstream`], [`body`] — proxying;
 //! * [`h1valid`] — the HTTP/1.1 request-head validation both HTTP/1 paths run;
 //! * [`admin`], [`metrics`], [`loop_lag`], [`lifecycle`] — operating it;
 //! * [`init`], [`orig_dst`] — transparent capture;
@@ -41,6 +41,7 @@ pub mod detect;
 mod filters;
 mod h1fast;
 pub mod h1valid;
+mod http_conn;
 mod http_proxy;
 mod init;
 pub mod lifecycle;

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use baton_crds::contract;
+use baton_contract as contract;
 use tokio::sync::watch;
 
 use crate::metrics::Metrics;

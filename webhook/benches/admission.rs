@@ -258,7 +258,7 @@ fn main() {
     client_rt.block_on(async move {
         let mut senders = Vec::new();
         for _ in 0..conns {
-            senders.push(connect(servers.addr, &ca.bundle_pem).await);
+            senders.push(connect(servers.addr, &ca.bundle).await);
         }
         // Warm-up (connections, allocator, caches), not measured.
         open_loop(&senders, names::MUTATE_PODS_PATH, rate, (rate as u64).min(200), 200).await;

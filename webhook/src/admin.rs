@@ -90,11 +90,7 @@ impl Admin {
                 let _ = self.not_ready_reason();
                 let mut text = String::new();
                 match prometheus_client::encoding::text::encode(&mut text, &self.registry) {
-                    Ok(()) => response(
-                        StatusCode::OK,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        text,
-                    ),
+                    Ok(()) => response(StatusCode::OK, baton_serving::http::OPENMETRICS, text),
                     Err(_) => response(
                         StatusCode::INTERNAL_SERVER_ERROR,
                         "text/plain",

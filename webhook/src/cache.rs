@@ -6,9 +6,6 @@
 //! [`Snapshot`] of these stores. Readiness (`/ready`) waits until every
 //! store has received its initial list, so a fresh replica never answers
 //! "no SidecarRelease selects this pod" just because it has not listed yet.
-//!
-//! Watchers use the default `watcher::Config` (list then watch), not
-//! streaming lists, which the 1.20 API server of the e2e suite lacks.
 
 use std::{
     collections::BTreeMap,
@@ -21,16 +18,12 @@ use std::{
 };
 
 use arc_swap::ArcSwapOption;
+use baton_controlplane::reflect::{self, trim_managed_fields};
 use baton_crds::{AcceleratorPool, Route, SidecarRelease, TlsPolicy, tls_policy::OffloadMode};
-use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::{
     Api, Client, Resource,
-    runtime::{
-        WatchStreamExt,
-        reflector::{self, ObjectRef, Store},
-        watcher,
-    },
+    runtime::reflector::{ObjectRef, Store},
 };
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
@@ -129,35 +122,13 @@ impl Debug for Caches {
     }
 }
 
+/// A reflector that stops with the webhook (the setup is
+/// [`baton_controlplane::reflect`]'s, shared with the operator).
 fn spawn_reflector<K>(api: Api<K>, trim: fn(&mut K), stop: CancellationToken) -> Store<K>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let (reader, writer) = reflector::store();
-    let stream = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .map_ok(move |ev| ev.modify(trim));
-    let stream = reflector::reflector(writer, stream);
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            tokio::select! {
-                () = stop.cancelled() => return,
-                item = stream.next() => match item {
-                    None => return,
-                    Some(Err(error)) => tracing::warn!(
-                        kind = %K::kind(&()), %error, "watch failed; retrying with backoff"
-                    ),
-                    Some(Ok(_)) => {}
-                },
-            }
-        }
-    });
-    reader
-}
-
-fn trim_meta(meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
-    meta.managed_fields = None;
+    reflect::spawn(api, trim, || {}, stop.cancelled_owned())
 }
 
 impl Caches {
@@ -166,28 +137,28 @@ impl Caches {
         let caches = Self {
             releases: spawn_reflector(
                 Api::all(client.clone()),
-                |o: &mut SidecarRelease| trim_meta(&mut o.metadata),
+                |o: &mut SidecarRelease| trim_managed_fields(&mut o.metadata),
                 stop.clone(),
             ),
             tls_policies: spawn_reflector(
                 Api::all(client.clone()),
-                |o: &mut TlsPolicy| trim_meta(&mut o.metadata),
+                |o: &mut TlsPolicy| trim_managed_fields(&mut o.metadata),
                 stop.clone(),
             ),
             pools: spawn_reflector(
                 Api::all(client.clone()),
-                |o: &mut AcceleratorPool| trim_meta(&mut o.metadata),
+                |o: &mut AcceleratorPool| trim_managed_fields(&mut o.metadata),
                 stop.clone(),
             ),
             routes: spawn_reflector(
                 Api::all(client.clone()),
-                |o: &mut Route| trim_meta(&mut o.metadata),
+                |o: &mut Route| trim_managed_fields(&mut o.metadata),
                 stop.clone(),
             ),
             namespaces: spawn_reflector(
                 Api::all(client.clone()),
                 |n: &mut Namespace| {
-                    trim_meta(&mut n.metadata);
+                    trim_managed_fields(&mut n.metadata);
                     n.metadata.annotations = None;
                 },
                 stop.clone(),
@@ -197,7 +168,7 @@ impl Caches {
                 |n: &mut Node| {
                     // Only labels and allocatable are read: drop the bulk
                     // (images alone can be tens of kilobytes per node).
-                    trim_meta(&mut n.metadata);
+                    trim_managed_fields(&mut n.metadata);
                     n.metadata.annotations = None;
                     if let Some(s) = n.status.as_mut() {
                         s.images = None;

@@ -50,4 +50,34 @@ impl Error {
     }
 }
 
+/// A serving certificate that does not load keeps its old messages and
+/// labels (`pem`, `tls`).
+impl From<baton_serving::tls::CertError> for Error {
+    fn from(e: baton_serving::tls::CertError) -> Self {
+        match e {
+            baton_serving::tls::CertError::Pem(m) => Error::Pem(m),
+            baton_serving::tls::CertError::Tls(e) => Error::Tls(e),
+        }
+    }
+}
+
+/// The CA Secret's errors, as the webhook has always reported them.
+impl From<baton_controlplane::ca_secret::SecretError<Error>> for Error {
+    fn from(e: baton_controlplane::ca_secret::SecretError<Error>) -> Self {
+        use baton_controlplane::ca_secret::SecretError;
+        match e {
+            SecretError::Material { source, .. } => source,
+            SecretError::Api(e) => Error::Kube(e),
+            SecretError::MissingKey(secret, key) => {
+                Error::CaSecret(secret, format!("key {key} missing"))
+            }
+            SecretError::Conflict(secret) => Error::CaSecret(
+                secret,
+                "kept conflicting with concurrent writers".to_owned(),
+            ),
+            SecretError::Missing(secret, ..) => Error::CaSecret(secret, "not found".to_owned()),
+        }
+    }
+}
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -8,6 +8,7 @@ use std::{
 };
 
 use baton_crds::contract::{SYSTEM_NAMESPACE, webhook as names};
+use baton_serving::accept::Connections;
 use clap::{Parser, ValueEnum};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use tokio::{net::TcpListener, task::JoinHandle};
@@ -214,14 +215,23 @@ pub fn spawn_servers(
         },
         stop.clone(),
     ));
-    let admin = tokio::spawn(server::serve(
+    // The admin port every Baton process serves the same way; its routes
+    // read no body, so the request is handed over as it is.
+    let admin = tokio::spawn(baton_serving::admin::serve(
         admin_listener,
-        None,
-        move |req| {
-            let a = admin.clone();
-            async move { a.handle(req).await }
-        },
         stop,
+        Connections::Drained,
+        move |req, _peer| {
+            let a = admin.clone();
+            async move {
+                a.handle(server::SimpleRequest {
+                    method: req.method().clone(),
+                    path: req.uri().path().to_owned(),
+                    body: bytes::Bytes::new(),
+                })
+                .await
+            }
+        },
     ));
     Ok(Servers {
         addr,

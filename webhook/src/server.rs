@@ -1,27 +1,28 @@
-//! The HTTP plumbing: an HTTPS listener for admission and a plain listener
-//! for the admin port, both hyper 1 (HTTP/1.1 and HTTP/2) with graceful
-//! shutdown. Request handling lives in [`crate::handler`] and
-//! [`crate::admin`]; this module only accepts, terminates TLS and frames.
+//! The HTTP plumbing of admission: what the handlers see (method, path and
+//! the whole body, read with a limit) and the listener that feeds them.
+//! Accepting, the TLS handshake and the connection itself are
+//! [`baton_serving`]'s, shared with the operator and the sidecar; request
+//! handling lives in [`crate::handler`] and [`crate::admin`].
 
-use std::{convert::Infallible, future::Future, sync::Arc, time::Duration};
+use std::{future::Future, net::SocketAddr, sync::Arc};
 
+use baton_serving::accept::{self, Connections};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper_util::{
-    rt::{TokioExecutor, TokioIo},
-    server::conn::auto,
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    net::TcpListener,
 };
-use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
-use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tokio_util::sync::CancellationToken;
+
+pub use baton_serving::http::response;
 
 /// Largest body accepted. An AdmissionReview carries the object and, on
 /// UPDATE, the old object; etcd caps objects at 1.5 MiB.
 pub const MAX_BODY: usize = 8 * 1024 * 1024;
-/// A client that has not finished its TLS handshake by then is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the handlers see: method, path and the whole body.
 #[derive(Debug)]
@@ -33,16 +34,9 @@ pub struct SimpleRequest {
 
 pub type SimpleResponse = Response<Full<Bytes>>;
 
-pub fn response(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> SimpleResponse {
-    let mut r = Response::new(Full::new(body.into()));
-    *r.status_mut() = status;
-    if let Ok(v) = http::HeaderValue::from_str(content_type) {
-        r.headers_mut().insert(http::header::CONTENT_TYPE, v);
-    }
-    r
-}
-
-async fn read<F, Fut>(req: Request<Incoming>, handler: Arc<F>) -> Result<SimpleResponse, Infallible>
+/// Reads `req`'s body (at most [`MAX_BODY`]: 413 beyond, 400 when it
+/// cannot be read) and hands the whole request to `handler`.
+pub async fn read<F, Fut>(req: Request<Incoming>, handler: Arc<F>) -> SimpleResponse
 where
     F: Fn(SimpleRequest) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = SimpleResponse> + Send,
@@ -59,23 +53,20 @@ where
             } else {
                 StatusCode::BAD_REQUEST
             };
-            return Ok(response(
-                status,
-                "text/plain",
-                format!("cannot read body: {e}\n"),
-            ));
+            return response(status, "text/plain", format!("cannot read body: {e}\n"));
         }
     };
-    Ok(handler(SimpleRequest {
+    handler(SimpleRequest {
         method: parts.method,
         path: parts.uri.path().to_owned(),
         body,
     })
-    .await)
+    .await
 }
 
 /// Serves `handler` on `listener` until `stop`, over TLS if `tls` is set.
-/// In-flight requests finish before this returns (bounded by the caller).
+/// In-flight requests finish before this returns (bounded by the caller);
+/// the listening socket closes at `stop`, so new connections are refused.
 pub async fn serve<F, Fut>(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
@@ -86,65 +77,47 @@ pub async fn serve<F, Fut>(
     Fut: Future<Output = SimpleResponse> + Send + 'static,
 {
     let handler = Arc::new(handler);
-    let tracker = TaskTracker::new();
-    loop {
-        let (tcp, peer) = tokio::select! {
-            () = stop.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(error) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let _ = tcp.set_nodelay(true);
-        let handler = handler.clone();
-        let tls = tls.clone();
-        let stop = stop.clone();
-        tracker.spawn(async move {
-            match tls {
-                Some(acceptor) => {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                        Ok(Ok(stream)) => serve_io(stream, handler, stop).await,
-                        Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    }
-                }
-                None => serve_io(tcp, handler, stop).await,
-            }
-        });
+    let conn_stop = stop.clone();
+    match tls {
+        Some(acceptor) => {
+            let serve_conn =
+                move |io, peer| connection(io, handler.clone(), conn_stop.clone(), peer);
+            accept::serve_tls(
+                listener,
+                acceptor,
+                "admission",
+                stop,
+                Connections::Drained,
+                serve_conn,
+            )
+            .await;
+        }
+        None => {
+            let serve_conn =
+                move |io, peer| connection(io, handler.clone(), conn_stop.clone(), peer);
+            accept::serve_plain(
+                listener,
+                "admission",
+                stop,
+                Connections::Drained,
+                serve_conn,
+            )
+            .await;
+        }
     }
-    // Close the socket now: a connection the kernel would queue from here on
-    // could never be served (and would be reset at exit); refused, the
-    // client's next attempt goes to another replica.
-    drop(listener);
-    tracker.close();
-    tracker.wait().await;
 }
 
-async fn serve_io<I, F, Fut>(io: I, handler: Arc<F>, stop: CancellationToken)
+fn connection<I, F, Fut>(
+    io: I,
+    handler: Arc<F>,
+    stop: CancellationToken,
+    peer: SocketAddr,
+) -> impl Future<Output = ()> + Send + 'static
 where
-    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     F: Fn(SimpleRequest) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = SimpleResponse> + Send + 'static,
 {
-    let service = hyper::service::service_fn(move |req| read(req, handler.clone()));
-    let builder = auto::Builder::new(TokioExecutor::new());
-    let mut conn = std::pin::pin!(builder.serve_connection(TokioIo::new(io), service));
-    tokio::select! {
-        result = conn.as_mut() => {
-            if let Err(error) = result {
-                tracing::debug!(%error, "connection ended with an error");
-            }
-        }
-        () = stop.cancelled() => {
-            conn.as_mut().graceful_shutdown();
-            if let Err(error) = conn.await {
-                tracing::debug!(%error, "connection ended with an error during shutdown");
-            }
-        }
-    }
+    let handle = move |req| read(req, handler.clone());
+    baton_serving::http::serve_connection(io, handle, stop, "admission", peer)
 }

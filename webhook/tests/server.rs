@@ -28,7 +28,7 @@ const SNI: &str = "baton-webhook.baton-system.svc";
 struct Harness {
     addr: std::net::SocketAddr,
     admin_addr: std::net::SocketAddr,
-    ca: ca::CaMaterial,
+    ca: ca::CaPem,
     store: Arc<CertStore>,
     stop: CancellationToken,
 }
@@ -61,7 +61,7 @@ fn snapshot() -> Snapshot {
     }
 }
 
-fn issue(ca: &ca::CaMaterial) -> ca::ServingCert {
+fn issue(ca: &ca::CaPem) -> ca::ServingCert {
     ca::issue_serving(
         ca,
         &ca::service_dns_names("baton-webhook", "baton-system"),
@@ -132,7 +132,7 @@ type Tls = tokio_rustls::client::TlsStream<TcpStream>;
 
 async fn connect(h: &Harness, alpn: &[u8]) -> Tls {
     let tcp = TcpStream::connect(h.addr).await.unwrap();
-    tokio_rustls::TlsConnector::from(client_config(&h.ca.bundle_pem, alpn))
+    tokio_rustls::TlsConnector::from(client_config(&h.ca.bundle, alpn))
         .connect(ServerName::try_from(SNI).unwrap(), tcp)
         .await
         .unwrap()
@@ -504,11 +504,7 @@ async fn a_rotated_certificate_is_served_to_new_connections_without_restart() {
 async fn a_rotated_ca_is_trusted_through_the_merged_bundle() {
     let h = start().await;
     let new_ca = ca::generate_ca(OffsetDateTime::now_utc(), Duration::from_secs(86_400)).unwrap();
-    let bundle = ca::merge_bundle(
-        &new_ca.cert_pem,
-        &h.ca.bundle_pem,
-        OffsetDateTime::now_utc(),
-    );
+    let bundle = ca::merge_bundle(&new_ca.cert, &h.ca.bundle, OffsetDateTime::now_utc());
     let cert = issue(&new_ca);
     h.store
         .store_pem(cert.cert_pem.as_bytes(), cert.key_pem.as_bytes())
@@ -516,7 +512,7 @@ async fn a_rotated_ca_is_trusted_through_the_merged_bundle() {
     // A client holding only the old bundle is refused; the merged bundle
     // verifies the new chain.
     let tcp = TcpStream::connect(h.addr).await.unwrap();
-    let old = tokio_rustls::TlsConnector::from(client_config(&h.ca.bundle_pem, b"http/1.1"))
+    let old = tokio_rustls::TlsConnector::from(client_config(&h.ca.bundle, b"http/1.1"))
         .connect(ServerName::try_from(SNI).unwrap(), tcp)
         .await;
     assert!(old.is_err());

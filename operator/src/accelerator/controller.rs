@@ -26,17 +26,16 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 
+use baton_controlplane::reflect;
 use baton_crds::AcceleratorPool;
 use baton_crds::conditions::Time;
 use baton_crds::contract::{self, annotations};
-use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Container, Node, ObjectReference, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -271,29 +270,14 @@ fn trim_node(node: &mut Node) {
     }
 }
 
+/// A reflector that wakes the loop on every change (the setup is
+/// [`baton_controlplane::reflect`]'s, shared with the webhook's caches);
+/// it runs as long as the runtime.
 fn reflect<K>(api: Api<K>, trim: fn(&mut K), wake: Arc<Notify>) -> Store<K>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let (reader, writer) = reflector::store();
-    // Default watcher config (list + watch): older API servers (1.20 in
-    // e2e) refuse streaming lists.
-    let stream = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .map_ok(move |ev| ev.modify(trim));
-    let stream = reflector::reflector(writer, stream);
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(item) = stream.next().await {
-            match item {
-                Ok(_) => wake.notify_one(),
-                Err(error) => {
-                    tracing::warn!(kind = %K::kind(&()), %error, "watch failed; retrying with backoff");
-                }
-            }
-        }
-    });
-    reader
+    reflect::spawn(api, trim, move || wake.notify_one(), std::future::pending())
 }
 
 /// Runs the controller until the process stops (dropping the future stops

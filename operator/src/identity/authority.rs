@@ -72,22 +72,7 @@ impl CaError {
 }
 
 /// The PEM texts of a CA (the Secret's three keys). `Debug` redacts the key.
-#[derive(Clone, PartialEq, Eq)]
-pub struct CaPem {
-    pub cert: String,
-    pub key: String,
-    pub bundle: String,
-}
-
-impl fmt::Debug for CaPem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CaPem")
-            .field("cert", &self.cert)
-            .field("key", &"<redacted>")
-            .field("bundle", &self.bundle)
-            .finish()
-    }
-}
+pub use baton_controlplane::ca_secret::CaPem;
 
 /// Loaded, checked CA material, ready to sign.
 pub struct Authority {

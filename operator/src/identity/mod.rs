@@ -107,7 +107,7 @@ async fn load_authority(api: &Api<Secret>, cfg: &IdentityConfig) -> (Authority, 
             .and_then(|(pem, rv)| {
                 Authority::from_pem(&pem, OffsetDateTime::now_utc())
                     .map(|a| (a, rv))
-                    .map_err(|source| store::StoreError::Invalid {
+                    .map_err(|source| store::StoreError::Material {
                         secret: cfg.source.secret().to_owned(),
                         source,
                     })
@@ -115,7 +115,7 @@ async fn load_authority(api: &Api<Secret>, cfg: &IdentityConfig) -> (Authority, 
         match outcome {
             Ok(loaded) => return loaded,
             Err(error) => {
-                tracing::error!(%error, reason = error.metric_label(), "mesh CA not usable; retrying");
+                tracing::error!(%error, reason = store::error_label(&error), "mesh CA not usable; retrying");
                 tokio::time::sleep(cfg.reload_interval).await;
             }
         }
@@ -133,7 +133,7 @@ fn issue_serving(
         .map_err(|e| IdentityError::Serving(e.to_string()))?;
     serving
         .store_pem(&chain, &key)
-        .map_err(IdentityError::Serving)?;
+        .map_err(|e| IdentityError::Serving(e.to_string()))?;
     // Renew at two thirds of the lifetime, like every certificate here.
     Ok(now + cfg.serving_lifetime.mul_f64(2.0 / 3.0))
 }
@@ -192,7 +192,7 @@ pub async fn run_with_serving(
                 return Err(IdentityError::Serving(format!("server task ended: {result:?}")));
             }
         }
-        match store::reload(&api, &cfg.source, rv.as_deref()).await {
+        match store::reload(&api, &cfg.source, &cfg.namespace, rv.as_deref()).await {
             Ok(None) => {}
             Ok(Some((pem, new_rv))) => match Authority::from_pem(&pem, OffsetDateTime::now_utc()) {
                 Ok(next) => {

@@ -7,22 +7,18 @@
 //! a swappable resolver: a CA change or renewal applies to the next
 //! handshake.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
-use arc_swap::ArcSwapOption;
+use baton_serving::accept::{self, Connections};
+use baton_serving::http::serve_connection;
+use baton_serving::tls;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls::server::{ClientHello, ResolvesServerCert};
-use rustls::sign::CertifiedKey;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
 
 use super::cluster::Cluster;
 use super::issue::Refusal;
@@ -31,62 +27,9 @@ use super::service::{IdentityService, RefusalBody, SignResponse};
 /// Largest request body accepted.
 const MAX_BODY: usize = 64 * 1024;
 
-/// The serving certificate, swapped in place.
-#[derive(Debug, Default)]
-pub struct ServingCert {
-    current: ArcSwapOption<CertifiedKey>,
-}
-
-impl ServingCert {
-    /// Parses PEM chain + key and serves them from the next handshake on.
-    pub fn store_pem(&self, chain_pem: &str, key_pem: &str) -> Result<(), String> {
-        let chain = CertificateDer::pem_slice_iter(chain_pem.as_bytes())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("serving chain: {e}"))?;
-        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
-            .map_err(|_| "serving key does not parse".to_owned())?;
-        let signing = provider()
-            .key_provider
-            .load_private_key(key)
-            .map_err(|e| format!("serving key: {e}"))?;
-        self.current
-            .store(Some(Arc::new(CertifiedKey::new(chain, signing))));
-        Ok(())
-    }
-
-    pub fn is_loaded(&self) -> bool {
-        self.current.load().is_some()
-    }
-}
-
-impl ResolvesServerCert for ServingCert {
-    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        self.current.load_full()
-    }
-}
-
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// The provider with the SHA-256 suites first: the handshake's transcript
-/// and key schedule hash with the suite's hash, and SHA-256 runs on the
-/// CPU's SHA extensions where SHA-384 cannot (decision 0019: SHA-384 was a
-/// fifth of the endpoint's handshake CPU).
-fn provider_sha256_first() -> Arc<rustls::crypto::CryptoProvider> {
-    let mut provider = rustls::crypto::ring::default_provider();
-    use rustls::CipherSuite as S;
-    // Stable sort: the provider's order otherwise.
-    provider.cipher_suites.sort_by_key(|s| {
-        matches!(
-            s.suite(),
-            S::TLS13_AES_256_GCM_SHA384
-                | S::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384
-                | S::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384
-        )
-    });
-    Arc::new(provider)
-}
+/// The serving certificate, swapped in place (the identity endpoint's and
+/// the config push's: both present the same one).
+pub use baton_serving::tls::CertStore as ServingCert;
 
 /// A TLS acceptor serving whatever `cert` holds (HTTP/1.1 and h2 by ALPN).
 ///
@@ -95,12 +38,8 @@ fn provider_sha256_first() -> Arc<rustls::crypto::CryptoProvider> {
 /// sidecar asks again only after hours, when any ticket would be useless,
 /// and each ticket costs key-schedule work on every handshake.
 pub fn acceptor(cert: Arc<ServingCert>) -> TlsAcceptor {
-    let mut config = rustls::ServerConfig::builder_with_provider(provider_sha256_first())
-        .with_safe_default_protocol_versions()
-        .expect("ring supports the default protocol versions")
-        .with_no_client_auth()
-        .with_cert_resolver(cert);
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let mut config = tls::server_config(cert, tls::provider_sha256_first())
+        .expect("ring supports the default protocol versions");
     config.ignore_client_order = true;
     config.send_tls13_tickets = 0;
     TlsAcceptor::from(Arc::new(config))
@@ -185,80 +124,32 @@ fn json<T: serde::Serialize>(status: StatusCode, body: &T) -> Response<Full<Byte
     response
 }
 
-/// Accepts TLS connections on `listener` until the task is dropped.
+/// Accepts TLS connections on `listener` until the task is dropped: the
+/// connections are owned by this future, so dropping it (aborting its
+/// task) closes every one, as a process exit would.
 pub async fn serve<C: Cluster>(
     listener: TcpListener,
     acceptor: TlsAcceptor,
     service: Arc<IdentityService<C>>,
     path: &'static str,
 ) -> std::io::Result<()> {
-    accept_tls(listener, acceptor, "identity", move |tls, peer| {
-        let service = service.clone();
-        async move {
-            let svc = service_fn(move |req: Request<Incoming>| {
+    let never = CancellationToken::new();
+    let conn_stop = never.clone();
+    accept::serve_tls(
+        listener,
+        acceptor,
+        "identity",
+        never,
+        Connections::Owned,
+        move |tls, peer| {
+            let service = service.clone();
+            let handler = move |req: Request<Incoming>| {
                 let service = service.clone();
-                async move { Ok::<_, Infallible>(respond(&service, path, req).await) }
-            });
-            if let Err(error) = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(tls), svc)
-                .await
-            {
-                tracing::debug!(%peer, %error, "identity connection ended");
-            }
-        }
-    })
-    .await
-}
-
-/// The accept loop of the operator's TLS endpoints (identity, config
-/// push): accepts on `listener`, completes the TLS handshake within 10 s in
-/// the connection's own task and hands the stream to `serve_conn`. A failed
-/// accept (out of descriptors) or handshake costs only that connection. The
-/// connections are owned by this future: dropping it (aborting its task)
-/// closes every one, as a process exit would.
-pub async fn accept_tls<F, Fut>(
-    listener: TcpListener,
-    acceptor: TlsAcceptor,
-    what: &'static str,
-    serve_conn: F,
-) -> std::io::Result<()>
-where
-    F: Fn(tokio_rustls::server::TlsStream<tokio::net::TcpStream>, std::net::SocketAddr) -> Fut
-        + Send
-        + Sync
-        + 'static,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let serve_conn = Arc::new(serve_conn);
-    let mut connections = tokio::task::JoinSet::new();
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            Some(_) = connections.join_next() => continue,
-        };
-        let (tcp, peer) = match accepted {
-            Ok(conn) => conn,
-            // Out of descriptors or similar: keep serving the rest.
-            Err(error) => {
-                tracing::warn!(%error, endpoint = what, "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let acceptor = acceptor.clone();
-        let serve_conn = serve_conn.clone();
-        connections.spawn(async move {
-            match tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(tcp))
-                .await
-            {
-                Ok(Ok(tls)) => serve_conn(tls, peer).await,
-                Ok(Err(error)) => {
-                    tracing::debug!(%peer, %error, endpoint = what, "TLS handshake failed");
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, endpoint = what, "TLS handshake timed out");
-                }
-            }
-        });
-    }
+                async move { respond(&service, path, req).await }
+            };
+            serve_connection(tls, handler, conn_stop.clone(), "identity", peer)
+        },
+    )
+    .await;
+    Ok(())
 }

@@ -27,7 +27,6 @@ use super::hub::{Hub, StreamId};
 use super::index::ObjKey;
 use crate::identity::cluster::{Cluster, PodState};
 use crate::identity::issue::{Refusal, caller_from_review};
-use crate::identity::server::accept_tls;
 
 /// Why a stream was not opened.
 #[derive(Debug, thiserror::Error)]
@@ -235,32 +234,42 @@ async fn read_replies(mut body: Incoming, stream: Arc<Disconnect>) {
     stream.hub.disconnect(stream.id);
 }
 
-/// Accepts TLS connections and serves HTTP/2 on each (the identity
-/// endpoint's accept loop, [`accept_tls`]). The connections are owned by
-/// this future: dropping it (aborting its task) closes every stream, as a
-/// process exit would.
+/// Accepts TLS connections and serves HTTP/2 on each (the accept loop every
+/// endpoint shares, [`baton_serving::accept`]). The connections are owned
+/// by this future: dropping it (aborting its task) closes every stream, as
+/// a process exit would.
 pub async fn serve<C: Cluster>(
     listener: TcpListener,
     acceptor: TlsAcceptor,
     server: Arc<PushServer<C>>,
 ) -> std::io::Result<()> {
-    accept_tls(listener, acceptor, "config push", move |tls, peer| {
-        let server = server.clone();
-        async move {
-            let service = hyper::service::service_fn(move |req| {
-                let server = server.clone();
-                async move { Ok::<_, Infallible>(server.respond(req).await) }
-            });
-            let mut h2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-            // Idle sidecars must not look dead to middleboxes, and dead
-            // sidecars must not hold a stream forever.
-            h2.keep_alive_interval(Some(std::time::Duration::from_secs(30)))
-                .keep_alive_timeout(std::time::Duration::from_secs(20))
-                .timer(hyper_util::rt::TokioTimer::new());
-            if let Err(error) = h2.serve_connection(TokioIo::new(tls), service).await {
-                tracing::debug!(%peer, %error, "config push connection ended");
+    let never = tokio_util::sync::CancellationToken::new();
+    let owned = baton_serving::accept::Connections::Owned;
+    baton_serving::accept::serve_tls(
+        listener,
+        acceptor,
+        "config push",
+        never,
+        owned,
+        move |tls, peer| {
+            let server = server.clone();
+            async move {
+                let service = hyper::service::service_fn(move |req| {
+                    let server = server.clone();
+                    async move { Ok::<_, Infallible>(server.respond(req).await) }
+                });
+                let mut h2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+                // Idle sidecars must not look dead to middleboxes, and dead
+                // sidecars must not hold a stream forever.
+                h2.keep_alive_interval(Some(std::time::Duration::from_secs(30)))
+                    .keep_alive_timeout(std::time::Duration::from_secs(20))
+                    .timer(hyper_util::rt::TokioTimer::new());
+                if let Err(error) = h2.serve_connection(TokioIo::new(tls), service).await {
+                    tracing::debug!(%peer, %error, "config push connection ended");
+                }
             }
-        }
-    })
-    .await
+        },
+    )
+    .await;
+    Ok(())
 }

@@ -20,7 +20,7 @@ fn main() {
     // image carries this binary under the sidecar's name too: an idle slot
     // is ready at once, so the hook returns at once instead of failing and
     // putting the slot into CrashLoopBackOff.
-    if std::env::args().nth(1).as_deref() == Some(baton_crds::contract::commands::WAIT_READY) {
+    if std::env::args().nth(1).as_deref() == Some(baton_contract::commands::WAIT_READY) {
         return;
     }
     // This slot is idle again: it may host the next upgrade, so the marker a

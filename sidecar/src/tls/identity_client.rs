@@ -175,8 +175,8 @@ impl IdentityClient {
             https,
             configured_roots,
             token_path: token_path.unwrap_or_else(|| {
-                Path::new(baton_crds::contract::volumes::TOKEN_MOUNT_PATH)
-                    .join(baton_crds::contract::volumes::TOKEN_FILE)
+                Path::new(baton_contract::volumes::TOKEN_MOUNT_PATH)
+                    .join(baton_contract::volumes::TOKEN_FILE)
             }),
             identity,
             key_type,

@@ -684,7 +684,7 @@ impl Offload {
         env: &dyn Fn(&str) -> Option<String>,
         metrics: TlsMetrics,
     ) -> Self {
-        use baton_crds::contract::env as cenv;
+        use baton_contract::env as cenv;
         let mut s = settings.clone();
         let mut notes = Vec::new();
         if let Some(v) = env(cenv::OFFLOAD_MODE) {

@@ -1,10 +1,14 @@
-//! Every name shared between Baton's parts: labels, annotations, env vars,
-//! ports, paths on the shared volume, container and volume names.
+//! `baton-contract`: every name shared between Baton's parts: labels,
+//! annotations, env vars, ports, paths on the shared volume, container and
+//! volume names.
 //!
-//! This module is deliberately kube-free (plain `&str`/`u16` constants) so the
-//! sidecar can depend on it without pulling in kube: the webhook writes these
-//! names into pods, the sidecar reads them back, and the operator watches them.
-//! Changing a value here is a wire-compatibility change between versions.
+//! This crate is deliberately kube-free and dependency-free (plain
+//! `&str`/`u16` constants) so the sidecar, its config model and the handoff
+//! can depend on it without pulling in kube or the CRD types: the webhook
+//! writes these names into pods, the sidecar reads them back, and the
+//! operator watches them. `baton_crds::contract` re-exports it for the
+//! control plane. Changing a value here is a wire-compatibility change
+//! between versions.
 
 /// API group of every Baton CRD.
 pub const GROUP: &str = "baton.dev";
