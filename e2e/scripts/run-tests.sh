@@ -2,7 +2,7 @@
 # Runs the e2e test binaries against the cluster that is up (e2e/run.sh
 # calls it), in two phases:
 #
-#  1. every test binary at once (at most BATON_E2E_JOBS, default 4, started
+#  1. the test binaries, BATON_E2E_JOBS at once (default 1: see below; started
 #     longest first), each with --test-threads BATON_E2E_TEST_THREADS
 #     (default 2), skipping the tests listed in e2e/exclusive-tests. The
 #     tests share the one cluster by namespace (each makes its own and
@@ -26,7 +26,12 @@ E2E_DIR="$(cd "$(dirname "$0")/.." && pwd)"
 . "$E2E_DIR/scripts/common.sh"
 cd "$REPO"
 
-jobs_max="${BATON_E2E_JOBS:-4}"
+# One binary at a time by default: with 4 at once (e2e 714 s instead of
+# ~1,800 s) one run answered 1 of 200 allowed HTTP/2 requests 403 in
+# mesh.rs's identity test, which never failed one binary at a time; until
+# that is understood, CI does not trade a possible flake for time
+# (docs/decisions/0043-ci-time-budget.md).
+jobs_max="${BATON_E2E_JOBS:-1}"
 threads="${BATON_E2E_TEST_THREADS:-2}"
 out="$(mktemp -d /tmp/baton-e2e-tests.XXXXXX)"
 trap 'rm -rf "$out"' EXIT
