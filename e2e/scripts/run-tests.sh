@@ -26,10 +26,10 @@ E2E_DIR="$(cd "$(dirname "$0")/.." && pwd)"
 . "$E2E_DIR/scripts/common.sh"
 cd "$REPO"
 
-# One binary at a time by default: with 4 at once (e2e 714 s instead of
-# ~1,800 s) one run answered 1 of 200 allowed HTTP/2 requests 403 in
-# mesh.rs's identity test, which never failed one binary at a time; until
-# that is understood, CI does not trade a possible flake for time
+# One binary at a time by default: the exclusive tests dominate (573 s in
+# all one at a time, of which 464 s exclusive), and the one run with 4 at
+# once answered 1 of 200 allowed HTTP/2 requests 403 in mesh.rs's identity
+# test, which never failed one binary at a time
 # (docs/decisions/0043-ci-time-budget.md).
 jobs_max="${BATON_E2E_JOBS:-1}"
 threads="${BATON_E2E_TEST_THREADS:-2}"
