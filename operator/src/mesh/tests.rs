@@ -480,6 +480,48 @@ fn a_pod_whose_sidecar_slot_restarts_for_an_upgrade_stays_an_endpoint() {
     ix.apply_pod(&leaving);
     assert_eq!(eps(&ix), Vec::<SocketAddr>::new());
 
+    // After the takeover: the old slot a no longer ready, the new slot b
+    // running but its first readiness probe not passed yet: still serving.
+    let mut taking_over = upgrading_pod(
+        "server-v1",
+        "10.1.1.1",
+        true,
+        (false, false),
+        "a",
+        Some("b"),
+    );
+    let running = json!({"running": {"startedAt": "2026-12-06T00:00:00Z"}});
+    taking_over
+        .status
+        .as_mut()
+        .unwrap()
+        .container_statuses
+        .as_mut()
+        .unwrap()[2]
+        .state = Some(from(running.clone()));
+    ix.apply_pod(&taking_over);
+    assert_eq!(eps(&ix), addrs(&["10.1.1.1:8080"]));
+    // Finished (b active, no record in progress), a restarting to the idle
+    // image, b running but not ready yet: kept only with a handoff record,
+    // so a Pod that is still starting keeps the API's verdict.
+    let mut finished = upgrading_pod("server-v1", "10.1.1.1", true, (false, false), "b", None);
+    finished
+        .status
+        .as_mut()
+        .unwrap()
+        .container_statuses
+        .as_mut()
+        .unwrap()[2]
+        .state = Some(from(running));
+    ix.apply_pod(&finished);
+    assert_eq!(eps(&ix), Vec::<SocketAddr>::new());
+    finished.metadata.annotations.as_mut().unwrap().insert(
+        "baton.dev/last-handoff".into(),
+        r#"{"version":"2","slot":"b"}"#.into(),
+    );
+    ix.apply_pod(&finished);
+    assert_eq!(eps(&ix), addrs(&["10.1.1.1:8080"]));
+
     // Not Ready with every slot ready and no upgrade: the API's verdict.
     ix.apply_pod(&upgrading_pod(
         "server-v1",
