@@ -320,18 +320,21 @@ fn unnamed_ports_headless_services_and_udp_ports_compile_as_expected() {
 
 // ------------------------------------------------------------ endpoints
 
+/// The endpoints the client's sidecar gets for `shop/server:80`.
+fn server_endpoints(ix: &Index) -> Vec<SocketAddr> {
+    compiled(ix, &client())
+        .snapshot
+        .clusters
+        .into_iter()
+        .find(|c| c.name == "shop/server:80")
+        .unwrap()
+        .endpoints
+}
+
 #[test]
 fn endpoints_follow_pods_as_they_come_go_and_change_readiness() {
     let mut ix = shop();
-    let eps = |ix: &Index| {
-        compiled(ix, &client())
-            .snapshot
-            .clusters
-            .into_iter()
-            .find(|c| c.name == "shop/server:80")
-            .unwrap()
-            .endpoints
-    };
+    let eps = server_endpoints;
     assert_eq!(eps(&ix), addrs(&["10.1.1.1:8080", "10.1.1.2:8080"]));
     // v2 turns not ready.
     ix.apply_endpoint_slice(&slice(
@@ -399,15 +402,7 @@ fn upgrading_pod(
 #[test]
 fn a_pod_whose_sidecar_slot_restarts_for_an_upgrade_stays_an_endpoint() {
     let mut ix = shop();
-    let eps = |ix: &Index| {
-        compiled(ix, &client())
-            .snapshot
-            .clusters
-            .into_iter()
-            .find(|c| c.name == "shop/server:80")
-            .unwrap()
-            .endpoints
-    };
+    let eps = server_endpoints;
     // Both server Pods are not Ready to the API: their standby slots restart.
     ix.apply_endpoint_slice(&slice(
         "server",
