@@ -108,9 +108,13 @@ pub struct PodInfo {
 /// 15,500 requests were answered 503 "no endpoints" that way (#33). So the
 /// mesh keeps such a Pod while every application container is ready and the
 /// slot that serves (the active one, or the one an upgrade in progress
-/// moves to) is ready, and a slot restarts or an upgrade is under way.
+/// moves to) is ready — or, on a Pod a hot upgrade has touched, running:
+/// after a takeover the old slot's probe turns false before the new slot's
+/// first probe passes — and a slot restarts or an upgrade is under way.
 /// Anything else — an application container not ready, a terminating Pod,
-/// no serving slot ready — follows the API's readiness.
+/// no serving slot — follows the API's readiness. (The slot and record are
+/// read here, not with `rollout::plan`'s types: `mesh` must not depend on
+/// `rollout`, whose status reaches back into it.)
 pub fn serving_through_swap(pod: &Pod) -> bool {
     use contract::{annotations, containers};
     if pod.metadata.deletion_timestamp.is_some() {
