@@ -854,8 +854,34 @@ impl IdScene {
     }
 
     /// Waits until the client is served over Strict mTLS in all three
-    /// protocols.
+    /// protocols. Being served alone says nothing of mTLS: before the policy
+    /// reaches the sidecars the client is served in plaintext. Nor does a
+    /// certificate: a sidecar also gets one to originate mTLS to another
+    /// test's Strict server. The client's sidecar originates mTLS to this
+    /// server only once its config carries the policy, so the first
+    /// handshake the server's sidecar counts says the client switched (on a
+    /// fresh pool: a cluster whose mTLS changed drops its plaintext
+    /// connections). Without this wait the next requests raced the policy:
+    /// a request on a pooled plaintext connection met the server's new
+    /// allow-list and was refused 403 (no identity), 1 to 38 of 200 in 9 of
+    /// 53 runs beside a root rotation (docs/crds.md, allowedClients).
     async fn meshed(&self) {
+        let (driver, spec) = (self.driver, self.spec(FetchProtocol::Http1, 5));
+        let (server, spec) = (self.server_pod, &spec);
+        wait_for(
+            "the client's sidecar originates mTLS to the server",
+            PROPAGATION,
+            || async move {
+                // Traffic opens the connection whose handshake is counted.
+                let r = fetch::fetch_via(driver, spec).await;
+                match server_handshakes(server).await {
+                    0 => Check::NotYet(format!("no handshake yet; last batch {r:?}")),
+                    n => Check::Done(n),
+                }
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
         for p in [FetchProtocol::Http1, FetchProtocol::Http2] {
             until_via(
                 self.driver,

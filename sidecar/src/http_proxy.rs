@@ -374,6 +374,13 @@ impl HttpService {
                 FilterAction::Delay(d) => tokio::time::sleep(d).await,
                 FilterAction::Respond(status, body) => {
                     let reason = if matches!(filter, StreamFilter::Rbac(_)) {
+                        // Who was refused, as the TCP path logs it: a
+                        // refusal of a client the list names is a bug to see.
+                        tracing::info!(conn = self.conn.id, listener = %self.conn.listener,
+                            peer = %self.conn.peer, tls = self.conn.tls,
+                            identity = self.conn.peer_identity.as_deref().unwrap_or("-"),
+                            method = %req.method(), path = req.uri().path(),
+                            "request denied by rbac policy");
                         "rbac_denied"
                     } else {
                         "fault_abort"

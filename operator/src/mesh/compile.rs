@@ -482,8 +482,9 @@ impl Outbound<'_> {
 
     /// The cluster for `namespace/name:port`, created on first use: the
     /// Service's ready endpoints (and those whose Pods serve through a slot
-    /// swap) on the port the endpoints name after the Service port. A missing Service or port yields an empty cluster
-    /// (requests get 503; the Route reports ResolvedRefs=False).
+    /// swap) on the port the endpoints name after the Service port. A
+    /// missing Service or port yields an empty cluster (requests get 503;
+    /// the Route reports ResolvedRefs=False).
     fn cluster(&mut self, namespace: &str, name: &str, port: u16) -> String {
         let key = ObjKey::new(namespace, name);
         let cluster = cluster_name(&key, port);

@@ -108,9 +108,13 @@ pub struct PodInfo {
 /// 15,500 requests were answered 503 "no endpoints" that way (#33). So the
 /// mesh keeps such a Pod while every application container is ready and the
 /// slot that serves (the active one, or the one an upgrade in progress
-/// moves to) is ready, and a slot restarts or an upgrade is under way.
+/// moves to) is ready — or, on a Pod a hot upgrade has touched, running:
+/// after a takeover the old slot's probe turns false before the new slot's
+/// first probe passes — and a slot restarts or an upgrade is under way.
 /// Anything else — an application container not ready, a terminating Pod,
-/// no serving slot ready — follows the API's readiness.
+/// no serving slot — follows the API's readiness. (The slot and record are
+/// read here, not with `rollout::plan`'s types: `mesh` must not depend on
+/// `rollout`, whose status reaches back into it.)
 pub fn serving_through_swap(pod: &Pod) -> bool {
     use contract::{annotations, containers};
     if pod.metadata.deletion_timestamp.is_some() {
@@ -139,11 +143,19 @@ pub fn serving_through_swap(pod: &Pod) -> bool {
         .iter()
         .filter(|c| !is_slot(&c.name))
         .all(|c| c.ready);
-    let serving_slot_ready = statuses.iter().any(|c| {
-        c.ready && (Some(c.name.as_str()) == active_slot || Some(c.name.as_str()) == upgrade_slot)
+    // Running, not ready: after a takeover the old slot's probe turns
+    // false before the new slot's first probe passes, while the new
+    // process already serves the moved listeners. Only for Pods a hot
+    // upgrade has touched (a record in progress or a finished one), so a
+    // Pod that is still starting keeps Kubernetes' readiness.
+    let upgraded = upgrade.is_some() || ann.contains_key(annotations::LAST_HANDOFF);
+    let serving_slot_running = statuses.iter().any(|c| {
+        let serving = Some(c.name.as_str()) == active_slot || Some(c.name.as_str()) == upgrade_slot;
+        let running = c.state.as_ref().is_some_and(|s| s.running.is_some());
+        serving && (c.ready || (upgraded && running))
     });
     let slot_restarting = statuses.iter().any(|c| is_slot(&c.name) && !c.ready);
-    apps_ready && serving_slot_ready && (slot_restarting || upgrade.is_some())
+    apps_ready && serving_slot_running && (slot_restarting || upgrade.is_some())
 }
 
 /// Everything the compiler reads, keyed for lookups by the compiler.

@@ -320,18 +320,21 @@ fn unnamed_ports_headless_services_and_udp_ports_compile_as_expected() {
 
 // ------------------------------------------------------------ endpoints
 
+/// The endpoints the client's sidecar gets for `shop/server:80`.
+fn server_endpoints(ix: &Index) -> Vec<SocketAddr> {
+    compiled(ix, &client())
+        .snapshot
+        .clusters
+        .into_iter()
+        .find(|c| c.name == "shop/server:80")
+        .unwrap()
+        .endpoints
+}
+
 #[test]
 fn endpoints_follow_pods_as_they_come_go_and_change_readiness() {
     let mut ix = shop();
-    let eps = |ix: &Index| {
-        compiled(ix, &client())
-            .snapshot
-            .clusters
-            .into_iter()
-            .find(|c| c.name == "shop/server:80")
-            .unwrap()
-            .endpoints
-    };
+    let eps = server_endpoints;
     assert_eq!(eps(&ix), addrs(&["10.1.1.1:8080", "10.1.1.2:8080"]));
     // v2 turns not ready.
     ix.apply_endpoint_slice(&slice(
@@ -399,15 +402,7 @@ fn upgrading_pod(
 #[test]
 fn a_pod_whose_sidecar_slot_restarts_for_an_upgrade_stays_an_endpoint() {
     let mut ix = shop();
-    let eps = |ix: &Index| {
-        compiled(ix, &client())
-            .snapshot
-            .clusters
-            .into_iter()
-            .find(|c| c.name == "shop/server:80")
-            .unwrap()
-            .endpoints
-    };
+    let eps = server_endpoints;
     // Both server Pods are not Ready to the API: their standby slots restart.
     ix.apply_endpoint_slice(&slice(
         "server",
@@ -479,6 +474,48 @@ fn a_pod_whose_sidecar_slot_restarts_for_an_upgrade_stays_an_endpoint() {
     leaving.metadata.deletion_timestamp = Some(from(json!("2026-12-06T00:00:00Z")));
     ix.apply_pod(&leaving);
     assert_eq!(eps(&ix), Vec::<SocketAddr>::new());
+
+    // After the takeover: the old slot a no longer ready, the new slot b
+    // running but its first readiness probe not passed yet: still serving.
+    let mut taking_over = upgrading_pod(
+        "server-v1",
+        "10.1.1.1",
+        true,
+        (false, false),
+        "a",
+        Some("b"),
+    );
+    let running = json!({"running": {"startedAt": "2026-12-06T00:00:00Z"}});
+    taking_over
+        .status
+        .as_mut()
+        .unwrap()
+        .container_statuses
+        .as_mut()
+        .unwrap()[2]
+        .state = Some(from(running.clone()));
+    ix.apply_pod(&taking_over);
+    assert_eq!(eps(&ix), addrs(&["10.1.1.1:8080"]));
+    // Finished (b active, no record in progress), a restarting to the idle
+    // image, b running but not ready yet: kept only with a handoff record,
+    // so a Pod that is still starting keeps the API's verdict.
+    let mut finished = upgrading_pod("server-v1", "10.1.1.1", true, (false, false), "b", None);
+    finished
+        .status
+        .as_mut()
+        .unwrap()
+        .container_statuses
+        .as_mut()
+        .unwrap()[2]
+        .state = Some(from(running));
+    ix.apply_pod(&finished);
+    assert_eq!(eps(&ix), Vec::<SocketAddr>::new());
+    finished.metadata.annotations.as_mut().unwrap().insert(
+        "baton.dev/last-handoff".into(),
+        r#"{"version":"2","slot":"b"}"#.into(),
+    );
+    ix.apply_pod(&finished);
+    assert_eq!(eps(&ix), addrs(&["10.1.1.1:8080"]));
 
     // Not Ready with every slot ready and no upgrade: the API's verdict.
     ix.apply_pod(&upgrading_pod(
