@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use baton_crds::SidecarRelease;
 use baton_crds::contract::labels;
 use baton_e2e::fetch::{self, FetchProtocol, FetchReport};
 use baton_e2e::meshed::{self, MeshTraffic};
@@ -26,8 +27,9 @@ use baton_e2e::rollout::{
     ready_pods_labelled, restarts, set_version, wait_targets_serve,
 };
 use clap::Parser;
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{DeleteParams, PostParams};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 
 #[derive(Parser)]
@@ -56,6 +58,12 @@ struct Args {
     /// Also write the report as JSON to this file (bench/rollout-bench.sh).
     #[arg(long)]
     report_json: Option<std::path::PathBuf>,
+    /// At the end, upgrade the echo Pods' sidecars the way other meshes do
+    /// — the release paused on v2, `kubectl rollout restart deployment/echo`
+    /// — under the same meshed traffic, and report it beside the hot
+    /// upgrades (bench/rollout-bench.sh).
+    #[arg(long)]
+    compare_restart: bool,
 }
 
 /// Time allowed for one rollout to reach Complete.
@@ -66,23 +74,13 @@ const CLIENTS: usize = 2;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let replicas = usize::from(args.replicas);
     let client = baton_e2e::client().await;
     let ns = args.namespace.clone();
     let release = ns.clone();
 
     make_versions(&["v1", "v2"], &["v3"]).map_err(anyhow::Error::msg)?;
     create_namespace(&client, &ns).await?;
-    let outcome = run(
-        &client,
-        &ns,
-        &release,
-        replicas,
-        &args.max_unavailable,
-        args.sidecar_cpu.as_deref(),
-        !args.no_broken,
-    )
-    .await;
+    let outcome = run(&client, &ns, &release, &args).await;
     if !args.keep {
         step("cleaning up the demo namespace and release");
         let _ = Api::<Namespace>::all(client.clone())
@@ -138,7 +136,36 @@ struct Report {
     retried: usize,
     app_restarts: Vec<String>,
     sidecar_restarts: i32,
+    /// The `kubectl rollout restart` comparison (`--compare-restart`).
+    restart: Option<RestartReport>,
     problems: Vec<String>,
+}
+
+/// Sidecars upgraded by recreating the Pods, as other meshes do.
+struct RestartReport {
+    pods: usize,
+    /// Patch of the Deployment → every live echo Pod Ready on the new version.
+    took: Duration,
+    /// Per new Pod: creation → Ready, in ms (the API's timestamps have
+    /// second resolution).
+    replaced_ms: Vec<u64>,
+    meshed: BTreeMap<FetchProtocol, FetchReport>,
+}
+
+impl RestartReport {
+    fn failed(&self) -> usize {
+        self.meshed
+            .iter()
+            .map(|(p, r)| meshed::failures(*p, r))
+            .sum()
+    }
+
+    fn exchanges(&self) -> usize {
+        self.meshed
+            .values()
+            .map(|r| r.responses() + r.echoed + r.errors)
+            .sum()
+    }
 }
 
 impl Report {
@@ -156,8 +183,23 @@ impl Report {
                 "handoffs": d.len(),
                 "handoff_ms_p50": quantile(d, 0.5),
                 "handoff_ms_p90": quantile(d, 0.9),
+                "handoff_ms_p99": quantile(d, 0.99),
                 "handoff_ms_max": d.last(),
             })).collect::<Vec<_>>(),
+            "restart": self.restart.as_ref().map(|r| serde_json::json!({
+                "pods": r.pods,
+                "seconds": r.took.as_secs_f64(),
+                "replace_ms_p50": quantile(&r.replaced_ms, 0.5),
+                "replace_ms_p99": quantile(&r.replaced_ms, 0.99),
+                "replace_ms_max": r.replaced_ms.last(),
+                "exchanges": r.exchanges(),
+                "failed": r.failed(),
+                "errors": r.meshed.iter().map(|(p, r)| (format!("{p:?}").to_lowercase(), serde_json::json!({
+                    "failed": meshed::failures(*p, r),
+                    "statuses": r.statuses.iter().map(|(k, v)| (k.to_string(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
+                    "samples": r.error_samples,
+                }))).collect::<serde_json::Map<_, _>>(),
+            })),
             "exchanges": self.exchanges,
             "failed": self.failed,
             "resets": self.resets,
@@ -225,6 +267,18 @@ impl std::fmt::Display for Report {
             self.app_restarts.len(),
             self.sidecar_restarts
         )?;
+        if let Some(r) = &self.restart {
+            let p50 = quantile(&r.replaced_ms, 0.5).map_or("-".into(), |v| format!("{v} ms"));
+            let p99 = quantile(&r.replaced_ms, 0.99).map_or("-".into(), |v| format!("{v} ms"));
+            writeln!(
+                f,
+                "  for comparison    kubectl rollout restart (how other meshes upgrade): {} Pods recreated in {:.1} s, per-Pod creation → Ready p50 {p50}, p99 {p99}; Pod → Pod (mTLS) {} exchanges, {} failed",
+                r.pods,
+                r.took.as_secs_f64(),
+                r.exchanges(),
+                r.failed()
+            )?;
+        }
         if self.problems.is_empty() {
             write!(
                 f,
@@ -270,15 +324,10 @@ fn progress_line(
     )
 }
 
-async fn run(
-    client: &Client,
-    ns: &str,
-    release: &str,
-    replicas: usize,
-    max_unavailable: &str,
-    sidecar_cpu: Option<&str>,
-    broken: bool,
-) -> anyhow::Result<Report> {
+async fn run(client: &Client, ns: &str, release: &str, args: &Args) -> anyhow::Result<Report> {
+    let replicas = usize::from(args.replicas);
+    let max_unavailable = args.max_unavailable.as_str();
+    let sidecar_cpu = args.sidecar_cpu.as_deref();
     let pods_total = replicas + CLIENTS;
     let mut report = Report {
         replicas,
@@ -365,7 +414,7 @@ async fn run(
         report.rollouts.push((to.to_owned(), took, durations));
     }
 
-    if broken {
+    if !args.no_broken {
         step(&format!(
             "a broken sidecar v3 (exits at once): kubectl patch sidecarrelease {release} ... v3"
         ));
@@ -464,7 +513,110 @@ async fn run(
                 .push(format!("no meshed {p:?} traffic was served"));
         }
     }
+    if args.compare_restart {
+        report.restart =
+            Some(rollout_restart(client, ns, release, replicas, &drivers, service).await?);
+    }
     Ok(report)
+}
+
+/// Upgrades the echo Pods' sidecars to v2 the way other meshes do: hot
+/// upgrades paused, the release on v2 (the webhook injects new Pods with
+/// it), `kubectl rollout restart deployment/echo`, under the same meshed
+/// client traffic as the hot upgrades. Its failures are measured, not
+/// judged: they are what Baton's handoff avoids.
+async fn rollout_restart(
+    client: &Client,
+    ns: &str,
+    release: &str,
+    replicas: usize,
+    drivers: &[std::net::SocketAddr],
+    service: std::net::IpAddr,
+) -> anyhow::Result<RestartReport> {
+    step(&format!(
+        "for comparison, how other meshes upgrade sidecars: kubectl patch sidecarrelease {release} (paused, v2); kubectl rollout restart deployment/echo"
+    ));
+    let releases: Api<SidecarRelease> = Api::all(client.clone());
+    releases
+        .patch(
+            release,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"upgrade": {"paused": true}}})),
+        )
+        .await
+        .context("pausing the release")?;
+    set_version(client, release, "v2").await?;
+    let mesh = MeshTraffic::start(drivers, service);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let started = Instant::now();
+    let restarted_at = k8s_openapi::jiff::Timestamp::now().to_string();
+    Api::<Deployment>::namespaced(client.clone(), ns)
+        .patch(
+            "echo",
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"spec": {"template": {"metadata": {"annotations": {
+                    "kubectl.kubernetes.io/restartedAt": restarted_at
+                }}}}}),
+            ),
+        )
+        .await
+        .context("restarting deployment/echo")?;
+    let mut last = String::new();
+    let pods = loop {
+        // Every live echo Pod recreated, Ready and on v2 (terminating old
+        // Pods are not live).
+        match ready_pods(client, ns, "v2", replicas, Duration::from_secs(1)).await {
+            Ok(pods) => break pods,
+            Err(_) if started.elapsed() < ROLLOUT_TIMEOUT => {
+                let line = format!(
+                    "  [{:>5.1}s] Pod → Pod {}, {} failed",
+                    started.elapsed().as_secs_f64(),
+                    mesh.sent.load(std::sync::atomic::Ordering::Relaxed),
+                    mesh.failed.load(std::sync::atomic::Ordering::Relaxed),
+                );
+                let key = line.split_once(']').map_or("", |x| x.1).to_owned();
+                if key != last && started.elapsed().as_secs().is_multiple_of(5) {
+                    println!("{line}");
+                    last = key;
+                }
+            }
+            Err(e) => bail!("kubectl rollout restart did not finish: {e}"),
+        }
+    };
+    let took = started.elapsed();
+    println!(
+        "  every echo Pod recreated on v2 in {:.1} s",
+        took.as_secs_f64()
+    );
+    // The old Pods' termination grace (5 s) and the clients' endpoint
+    // updates end inside this window.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let meshed = mesh.stop().await;
+    let mut replaced_ms: Vec<u64> = pods.iter().filter_map(created_to_ready_ms).collect();
+    replaced_ms.sort_unstable();
+    Ok(RestartReport {
+        pods: pods.len(),
+        took,
+        replaced_ms,
+        meshed,
+    })
+}
+
+/// A Pod's creation → Ready time in ms (second resolution).
+fn created_to_ready_ms(p: &Pod) -> Option<u64> {
+    let created = p.metadata.creation_timestamp.as_ref()?.0;
+    let ready = p
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == "True")?
+        .last_transition_time
+        .as_ref()?
+        .0;
+    u64::try_from(ready.duration_since(created).as_millis()).ok()
 }
 
 fn sorted<T: Ord>(mut v: Vec<T>) -> Vec<T> {
