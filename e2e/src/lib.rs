@@ -14,6 +14,7 @@
 //! cluster up, runs them with `--ignored` and always tears it down. They read
 //! the cluster's kubeconfig from `BATON_E2E_KUBECONFIG` only.
 
+pub mod admin;
 pub mod admission;
 pub mod cluster;
 pub mod demo;

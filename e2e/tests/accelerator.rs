@@ -157,7 +157,7 @@ async fn offload_of(api: &Api<Pod>, name: &str) -> OffloadReport {
                     return Check::NotYet("no pod IP yet".into());
                 };
                 let addr = std::net::SocketAddr::new(ip, ports::ADMIN);
-                match admin_get(addr, "/offload").await {
+                match baton_e2e::admin::get_ok(addr, "/offload").await {
                     Ok(body) => match serde_json::from_str::<OffloadReport>(&body) {
                         Ok(r) if r.configured => Check::Done(r),
                         Ok(r) => Check::NotYet(format!("{r:?}")),
@@ -170,27 +170,6 @@ async fn offload_of(api: &Api<Pod>, name: &str) -> OffloadReport {
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// The body of `GET path` on a sidecar's admin port.
-async fn admin_get(addr: std::net::SocketAddr, path: &str) -> Result<String, String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| e.to_string())?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut out = String::new();
-    tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut out))
-        .await
-        .map_err(|_| "timed out".to_string())?
-        .map_err(|e| e.to_string())?;
-    match out.split_once("\r\n\r\n") {
-        Some((head, body)) if head.starts_with("HTTP/1.1 200") => Ok(body.to_owned()),
-        _ => Err(out),
-    }
 }
 
 /// The Event with `reason` about the object named `about`, in namespace

@@ -97,34 +97,12 @@ fn slot_container(slot: &str) -> &'static str {
     }
 }
 
-/// The body of `GET path` on a pod's admin port (public endpoints only).
-async fn admin_get(addr: SocketAddr, path: &str) -> Result<String, String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::time::timeout(Duration::from_secs(3), tokio::net::TcpStream::connect(addr))
-        .await
-        .map_err(|_| "connect timed out".to_string())?
-        .map_err(|e| e.to_string())?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut out = String::new();
-    tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut out))
-        .await
-        .map_err(|_| "timed out".to_string())?
-        .map_err(|e| e.to_string())?;
-    match out.split_once("\r\n\r\n") {
-        Some((head, body)) if head.starts_with("HTTP/1.1 200") => Ok(body.to_owned()),
-        _ => Err(out),
-    }
-}
-
 /// Completed handoffs this pod's sidecars took part in as the new process:
 /// the counter travels from process to process (docs/upgrade.md, G8), so
 /// the serving one reports the pod's whole history.
 async fn handoffs(pod: &Pod) -> u64 {
     let addr = SocketAddr::new(pod_ip(pod), ports::ADMIN);
-    let metrics = admin_get(addr, "/metrics")
+    let metrics = baton_e2e::admin::get_ok(addr, "/metrics")
         .await
         .unwrap_or_else(|e| panic!("{}: /metrics: {e}", name(pod)));
     let series = r#"baton_sidecar_handoffs_total{role="new",result="complete"}"#;

@@ -211,7 +211,7 @@ impl TestWebhook {
             "baton-webhook /ready",
             Duration::from_secs(90),
             || async move {
-                match admin_get(admin, "/ready").await {
+                match baton_e2e::admin::get(admin, "/ready").await {
                     Ok((200, _)) => Check::Done(()),
                     Ok((code, body)) => Check::NotYet(format!("{code} {body}")),
                     Err(e) => Check::NotYet(e),
@@ -273,7 +273,7 @@ impl TestWebhook {
                         field_manager: None,
                     };
                     let created = api.create(&dry, &probe).await;
-                    match admin_get(admin, "/metrics").await {
+                    match baton_e2e::admin::get(admin, "/metrics").await {
                         Ok((200, m))
                             if m.contains(
                                 r#"baton_webhook_admissions_total{endpoint="mutate-pods""#,
@@ -319,33 +319,6 @@ impl Drop for TestWebhook {
             }
         }
     }
-}
-
-async fn admin_get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr))
-        .await
-        .map_err(|_| "connect timeout".to_owned())?
-        .map_err(|e| e.to_string())?;
-    s.write_all(
-        format!("GET {path} HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n").as_bytes(),
-    )
-    .await
-    .map_err(|e| e.to_string())?;
-    let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut buf))
-        .await
-        .map_err(|_| "read timeout".to_owned())?
-        .map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let code = text
-        .get(9..12)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("bad response: {text}"))?;
-    Ok((
-        code,
-        text.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned(),
-    ))
 }
 
 fn scope_id() -> String {
@@ -449,7 +422,7 @@ async fn a_deployment_in_a_labelled_namespace_gets_injected_pods() {
             assert_eq!(annotation(pod, "kubectl.kubernetes.io/default-container"), Some("app"));
         }
         // The webhook counted the injections.
-        let (_, metrics) = admin_get(webhook.admin, "/metrics").await.unwrap();
+        let (_, metrics) = baton_e2e::admin::get(webhook.admin, "/metrics").await.unwrap();
         assert!(metrics.contains(r#"baton_webhook_injection_decisions_total{decision="injected"}"#), "{metrics}");
     })
     .await;
@@ -505,7 +478,9 @@ async fn an_opted_out_pod_is_left_untouched_and_an_injected_pod_is_not_injected_
             readmitted.metadata.annotations,
             injected.metadata.annotations
         );
-        let (_, metrics) = admin_get(webhook.admin, "/metrics").await.unwrap();
+        let (_, metrics) = baton_e2e::admin::get(webhook.admin, "/metrics")
+            .await
+            .unwrap();
         assert!(
             metrics.contains(r#"decision="skip_already_injected""#),
             "{metrics}"
