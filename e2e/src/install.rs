@@ -141,6 +141,12 @@ pub fn injected_namespace_labels(scope: &str) -> std::collections::BTreeMap<Stri
 /// A cluster-scoped SidecarRelease named `name` that governs the namespaces
 /// labelled `RELEASE_SCOPE_LABEL=<scope>` (ahead of any other release). The
 /// caller deletes it ([`delete_release`]).
+///
+/// Each slot requests 10m CPU instead of the webhook's default 50m: both
+/// slots carry the release's requests (docs/decisions/0035), and the suite's
+/// test binaries run at once on a 2-CPU node, where 100m per meshed Pod
+/// would leave later Pods Pending. The tests that are about the defaults or
+/// the rollout's resources create their own releases (`rollout.rs`).
 pub async fn create_release(
     client: &Client,
     name: &str,
@@ -155,6 +161,10 @@ pub async fn create_release(
             "emptyImage": crate::pods::image("empty"),
             "namespaceSelector": {"matchLabels": {RELEASE_SCOPE_LABEL: scope}},
             "priority": 1000,
+            "resources": {
+                "requests": {"cpu": "10m", "memory": "32Mi"},
+                "limits": {"memory": "128Mi"}
+            },
         },
     }))
     .expect("release");
