@@ -88,9 +88,9 @@ pub struct FetchReport {
     #[serde(default)]
     pub echoed: usize,
     /// Requests sent again on a new connection because the first attempt
-    /// was not processed (hyper: canceled — the connection closed, or an
-    /// HTTP/2 GOAWAY's last-stream-id excluded the stream, RFC 9113 §8.7),
-    /// as compliant clients do; counted, and only once per request.
+    /// provably was not processed (RFC 9113 §8.7: hyper never sent it, the
+    /// stream was refused, or a graceful GOAWAY's last-stream-id excluded
+    /// it), as compliant clients do; counted, and only once per request.
     #[serde(default)]
     pub retried: usize,
     /// Requests that got no response (connect, I/O, timeout), or TCP
@@ -296,22 +296,34 @@ async fn once(
         return echo_exchange(tcp, seq).await.map(|()| None);
     }
     let resp = match send(spec, conn.as_mut().expect("opened above")).await {
-        // Not processed: once more on a new connection.
-        Err(e) if e.is_canceled() => {
+        // Not processed (RFC 9113 §8.7): once more on a new connection.
+        Err(e) if crate::traffic::h2_unprocessed(&e) => {
             *retried += 1;
             *conn = Some(Conn::open(spec).await?);
             send(spec, conn.as_mut().expect("opened above")).await
         }
         r => r,
     }
-    .map_err(|e| format!("request: {e}"))?;
+    .map_err(|e| format!("request: {}", error_chain(&e)))?;
     let (parts, body) = resp.into_parts();
     let body = body
         .collect()
         .await
-        .map_err(|e| format!("response body: {e}"))?
+        .map_err(|e| format!("response body: {}", error_chain(&e)))?
         .to_bytes();
     Ok(Some((Response::from_parts(parts, ()), body)))
+}
+
+/// An error with its sources (hyper's own text is one word: "http2 error").
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut out = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        source = e.source();
+    }
+    out
 }
 
 /// Sends the spec's request on an HTTP connection.

@@ -608,7 +608,7 @@ impl H2Pool {
 /// (RFC 9113 §8.7): the stream was refused (REFUSED_STREAM), or it was above
 /// the last-stream-id of a graceful GOAWAY (NO_ERROR), or hyper never
 /// handed it to the connection.
-fn h2_unprocessed(error: &hyper::Error) -> bool {
+pub(crate) fn h2_unprocessed(error: &hyper::Error) -> bool {
     if error.is_canceled() {
         return true;
     }
