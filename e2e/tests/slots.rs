@@ -407,9 +407,27 @@ async fn slots_a_pod_deleted_while_its_handoff_is_in_flight_is_reported_and_the_
         );
         let after = ready_pods(&client, &ns, "v2", REPLICAS).await;
         assert!(after.iter().all(|p| name(p) != victim));
-        let described = kubectl_ok(&["describe", "sidecarrelease", &ns]);
-        assert!(described.contains("HandoffInterrupted"), "{described}");
-        assert!(described.contains(&victim), "{described}");
+        // The Warning Event on the release, as a user lists it (the
+        // release is cluster-scoped: its Events are in `default`; kubectl
+        // 1.20's `describe` of a cluster-scoped custom resource shows none).
+        let selector = format!(
+            "reason=HandoffInterrupted,involvedObject.kind=SidecarRelease,involvedObject.name={ns}"
+        );
+        let events = wait_for(
+            "the HandoffInterrupted Event",
+            Duration::from_secs(30),
+            || async {
+                let out = kubectl_ok(&["get", "events", "-A", "--field-selector", &selector]);
+                if out.contains(&victim) {
+                    Check::Done(out)
+                } else {
+                    Check::NotYet(out)
+                }
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        eprintln!("slots e2e: {events}");
     })
     .await;
 }
