@@ -16,10 +16,10 @@
 #   bench/rollout-bench.sh [OUTDIR]
 #
 # Env: SIZES (default "10 50"; at most 50 each), MAX_UNAVAILABLE (25%),
-# SIDECAR_CPU (the serving slot's CPU request; default: the release's
-# default, as users get it). A size that does not fit the node's free CPU
-# with that request (the standby slot's 1m, the restart's 25 % surge and the
-# 2 clients counted) is lowered to the most that fit, and the summary says so.
+# SIDECAR_CPU (each slot's CPU request; default: the release's default, as
+# users get it). A size that does not fit the node's free CPU with that
+# request (both slots, the restart's 25 % surge and the 2 clients counted)
+# is lowered to the most that fit, and the summary says so.
 # Brings the local cluster up and always tears it down (e2e/cluster.sh).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -89,21 +89,21 @@ bench_header >"$OUT/summary.txt"
 ticks=$(getconf CLK_TCK)
 # millicores MILLI_OR_CORES: "50m" -> 50, "1" -> 1000, "1.5" -> 1500.
 millicores() { case "$1" in *m) echo "${1%m}" ;; *) awk -v c="$1" 'BEGIN { printf "%d", c * 1000 }' ;; esac; }
-# The most echo Pods that fit the node's free CPU: each Pod's serving slot
-# and 1m standby slot, the restart's surge (25 %) and the 2 meshed clients.
+# The most echo Pods that fit the node's free CPU: each Pod's two slots, the
+# restart's surge (25 %, rounded up) and the 2 meshed clients on top.
 most_that_fit() {
   local alloc used per
   alloc=$(millicores "$(kc get nodes -o jsonpath='{.items[0].status.allocatable.cpu}')")
   used=$(kc get pods -A --field-selector=status.phase!=Succeeded,status.phase!=Failed -o json \
     | jq '[.items[].spec.containers[].resources.requests.cpu // "0"
            | if endswith("m") then (.[:-1] | tonumber) else (tonumber * 1000) end] | add // 0 | floor')
-  per=$(($(millicores "${SIDECAR_CPU:-${DEFAULT_SIDECAR_CPU_M}m}") + 1))
+  per=$((2 * $(millicores "${SIDECAR_CPU:-${DEFAULT_SIDECAR_CPU_M}m}")))
   echo $(( ((alloc - used) / per - 2) * 4 / 5 ))
 }
 for n in $SIZES; do
   fit=$(most_that_fit)
   if [ "$n" -gt "$fit" ]; then
-    echo "$n pods do not fit the node with ${SIDECAR_CPU:-the default ${DEFAULT_SIDECAR_CPU_M}m} CPU per sidecar (standby slot, restart surge and clients counted): $fit pods instead" >>"$OUT/summary.txt"
+    echo "$n pods do not fit the node with ${SIDECAR_CPU:-the default ${DEFAULT_SIDECAR_CPU_M}m} CPU per sidecar slot (both slots, restart surge and clients counted): $fit pods instead" >>"$OUT/summary.txt"
     log "$n pods do not fit; running $fit"
     n=$fit
   fi

@@ -87,6 +87,11 @@ pub struct OffloadInput<'a> {
     /// `spec.nodeName` when the pod is created already bound (static or
     /// DaemonSet-style pods): only that node counts.
     pub pinned_node: Option<&'a str>,
+    /// Sidecar containers of the pod that each request the pool's
+    /// `devicesPerSidecar`: 2 with a standby slot (both slots carry the
+    /// device, so a hot upgrade into either keeps it), 1 without. Values
+    /// below 1 count as 1.
+    pub slots: i64,
 }
 
 /// The outcome for one sidecar.
@@ -94,7 +99,8 @@ pub struct OffloadInput<'a> {
 pub enum OffloadDecision {
     /// No offload asked for: software keys, no annotation of a fallback.
     Disabled,
-    /// Request `count` devices of `resource` on the sidecar container.
+    /// Request `count` devices of `resource` on each sidecar container
+    /// (`count` × [`OffloadInput::slots`] for the pod).
     Grant {
         resource: String,
         count: i64,
@@ -251,7 +257,8 @@ pub fn decide_offload(input: &OffloadInput<'_>) -> OffloadDecision {
             wanted: offload.resource.clone(),
         });
     }
-    let needed = i64::from(pool.spec.devices_per_sidecar.max(1));
+    let per_sidecar = i64::from(pool.spec.devices_per_sidecar.max(1));
+    let needed = per_sidecar * input.slots.max(1);
     let eligible: Vec<&NodeInventory> = input
         .nodes
         .iter()
@@ -273,7 +280,7 @@ pub fn decide_offload(input: &OffloadInput<'_>) -> OffloadDecision {
     }
     OffloadDecision::Grant {
         resource: pool.spec.resource_name.clone(),
-        count: needed,
+        count: per_sidecar,
         pool: pool_name,
     }
 }
@@ -334,6 +341,7 @@ mod tests {
             nodes,
             pending,
             pinned_node: pinned,
+            slots: 1,
         })
     }
 
@@ -354,6 +362,7 @@ mod tests {
             nodes: &[node("n1", true, 4, 0)],
             pending: 0,
             pinned_node: None,
+            slots: 1,
         });
         assert_eq!(d, OffloadDecision::Disabled);
         assert_eq!(d.annotation(), Some("disabled"));
@@ -384,6 +393,41 @@ mod tests {
         );
         assert_eq!(d, grant("qat", 2));
         assert_eq!(d.annotation(), Some("qat"));
+    }
+
+    #[test]
+    fn a_pod_with_two_slots_needs_devices_for_both_on_one_node() {
+        let p = pool("qat", DEFAULT_QAT_RESOURCE, 2, false);
+        let two_slots = |nodes: &[NodeInventory], pending| {
+            decide_offload(&OffloadInput {
+                offload: Some(&offload(OffloadMode::Required)),
+                pool: Some(&p),
+                nodes,
+                pending,
+                pinned_node: None,
+                slots: 2,
+            })
+        };
+        // 2 per sidecar × 2 slots = 4 on one node; the grant names the
+        // count each slot requests.
+        assert_eq!(two_slots(&[node("n1", false, 4, 0)], 0), grant("qat", 2));
+        // Three free on each of two nodes: enough in total, not on one.
+        let split = [node("n1", false, 3, 0), node("n2", false, 3, 0)];
+        assert_eq!(
+            two_slots(&split, 0),
+            OffloadDecision::Deny {
+                reason: NoGrant::Exhausted {
+                    pool: "qat".into(),
+                    needed: 4,
+                    free: 6
+                }
+            }
+        );
+        // Pending grants count against the total.
+        assert!(matches!(
+            two_slots(&[node("n1", false, 5, 0)], 2),
+            OffloadDecision::Deny { .. }
+        ));
     }
 
     #[test]

@@ -124,8 +124,10 @@ pub struct SidecarReleaseSpec {
     #[schemars(range(min = -1000, max = 1000))]
     pub priority: i32,
 
-    /// Resource requests and limits of the sidecar container. The standby
-    /// slot requests nothing extra: only one slot serves at a time.
+    /// Resource requests and limits of each sidecar slot. Both slots get
+    /// the same (and the granted devices): an upgrade hands the serving
+    /// role to the other slot, so whichever serves has the release's
+    /// resources; the idle slot's requests are reserved, unused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
 
@@ -251,9 +253,26 @@ pub struct SidecarReleaseStatus {
     /// most 10, by name).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failed_pods: Vec<FailedPod>,
+    /// Pods deleted while their handoff to `spec.version` was in flight
+    /// (most recent first, at most 10). The rollout continues without them;
+    /// also a `HandoffInterrupted` Event on the release.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interrupted_pods: Vec<InterruptedPod>,
     /// Progressing, Complete, Degraded, Paused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+/// A pod deleted while its handoff was in flight.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InterruptedPod {
+    /// `namespace/name`.
+    pub pod: String,
+    /// Version the handoff was moving to.
+    pub version: String,
+    /// What happened (the operator's words; also in the release's Events).
+    pub message: String,
 }
 
 /// A pod whose handoff failed, and why.

@@ -142,11 +142,11 @@ pub fn injected_namespace_labels(scope: &str) -> std::collections::BTreeMap<Stri
 /// labelled `RELEASE_SCOPE_LABEL=<scope>` (ahead of any other release). The
 /// caller deletes it ([`delete_release`]).
 ///
-/// The serving slot requests 10m CPU instead of the webhook's default 50m:
-/// the suite's test binaries run at once on a 2-CPU node, and later Pods
-/// must not wait Pending for CPU requests nobody uses. The tests about the
-/// defaults or a rollout's resources create their own releases
-/// (`rollout.rs`).
+/// Each slot requests 10m CPU instead of the webhook's default 50m: both
+/// slots carry the release's requests (docs/decisions/0035), and the suite's
+/// test binaries run at once on a 2-CPU node, where 100m per meshed Pod
+/// would leave later Pods Pending. The tests that are about the defaults or
+/// the rollout's resources create their own releases (`rollout.rs`).
 pub async fn create_release(
     client: &Client,
     name: &str,

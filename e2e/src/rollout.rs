@@ -99,9 +99,10 @@ impl Drop for ReleaseGuard {
 }
 
 /// Creates release `name` selecting the pods labelled `rollout-run=<run>`,
-/// with a priority above any other release. `sidecar_cpu` overrides the
-/// active slot's CPU request (the default 50m fits about 35 pods on a
-/// 2-CPU node).
+/// with a priority above any other release. `sidecar_cpu` overrides each
+/// slot's CPU request (both slots carry the release's resources,
+/// docs/decisions/0035: the default 50m, twice per pod, fits about 18 pods
+/// on a 2-CPU node beside Baton's own).
 pub async fn create_release(
     client: &Client,
     name: &str,

@@ -4,7 +4,9 @@
 //! plugin exists), then creates meshed pods with Preferred and Required
 //! offload up to and past capacity, and checks that the pool's status, the
 //! Events and the pods' annotations agree, and that deleting a pod frees
-//! its device in the status within seconds.
+//! its devices in the status within seconds. Each pod holds one device per
+//! sidecar slot (two), so that either slot has one after a hot upgrade
+//! (docs/decisions/0036); a Required pod then upgrades in place.
 //!
 //! The pods are created for real (not dry runs): the scheduler must place
 //! them for the books to count them, and the webhook books grants and
@@ -23,9 +25,7 @@ use baton_config::report::OffloadReport;
 use baton_crds::contract::{annotations, containers, ports};
 use baton_crds::{AcceleratorPool, AcceleratorPoolStatus, TlsPolicy};
 use baton_e2e::install as baton;
-use baton_e2e::rollout::{
-    complete_on, make_versions, ready_pods_labelled, set_version, sidecar_image,
-};
+use baton_e2e::rollout::{complete_on, make_versions, ready_pods_labelled, set_version};
 use baton_e2e::{Check, pods, wait_for, with_temp_ns_labelled};
 use futures::FutureExt;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -324,12 +324,13 @@ where
 #[tokio::test]
 #[ignore = "needs the local cluster: run e2e/run.sh"]
 async fn accelerator_pool_books_grants_fallbacks_refusals_and_frees_a_deleted_pods_device() {
-    with_pool(2, |t| async move {
+    with_pool(4, |t| async move {
         let (client, ns) = (&t.client, &t.ns);
         policy(client, ns, "Preferred", &t.resource, &t.pool).await;
         policy(client, ns, "Required", &t.resource, &t.pool).await;
 
-        // Up to capacity: both granted, each asking for one device.
+        // Up to capacity: both granted, each slot of each asking for one
+        // device (two per pod).
         let api: Api<Pod> = Api::namespaced(client.clone(), ns);
         wait_policy_seen(&api, "Preferred").await;
         wait_policy_seen(&api, "Required").await;
@@ -368,7 +369,7 @@ async fn accelerator_pool_books_grants_fallbacks_refusals_and_frees_a_deleted_po
             );
             assert_eq!(r.falling_back_since(None), None, "{name}: {r:?}");
         }
-        let s = books(client, &t.pool, "2 allocated", |s| s.allocated == 2).await;
+        let s = books(client, &t.pool, "4 allocated", |s| s.allocated == 4).await;
         assert_eq!((s.free, s.pending), (0, 0), "{s:?}");
         // The books name the grants they hold, so the webhook stops
         // counting them on top (the second grant above came right after the
@@ -381,7 +382,7 @@ async fn accelerator_pool_books_grants_fallbacks_refusals_and_frees_a_deleted_po
         assert_eq!(row.node, t.node);
         assert_eq!(
             (row.capacity, row.allocated, row.sidecars),
-            (2, 2, 2),
+            (4, 4, 2),
             "{row:?}"
         );
         assert_eq!(
@@ -409,7 +410,7 @@ async fn accelerator_pool_books_grants_fallbacks_refusals_and_frees_a_deleted_po
         let s = books(client, &t.pool, "1 fallback", |s| s.fallbacks == 1).await;
         assert_eq!(s.recent_fallbacks[0].pod, "preferred-1");
         assert_eq!(s.recent_fallbacks[0].reason, reason);
-        assert_eq!(s.allocated, 2, "a fallback holds no device: {s:?}");
+        assert_eq!(s.allocated, 4, "a fallback holds no device: {s:?}");
         let e = event_with(client, ns, "OffloadFallback", "preferred-1").await;
         assert_eq!(e.type_.as_deref(), Some("Warning"));
         assert!(
@@ -434,7 +435,7 @@ async fn accelerator_pool_books_grants_fallbacks_refusals_and_frees_a_deleted_po
         );
 
         // Deleting a holder (an ordinary delete: the pod terminates
-        // gracefully) frees its device in the books within seconds.
+        // gracefully) frees its devices in the books within seconds.
         let started = Instant::now();
         api.delete("preferred-0", &DeleteParams::default())
             .await
@@ -442,9 +443,9 @@ async fn accelerator_pool_books_grants_fallbacks_refusals_and_frees_a_deleted_po
         let s = books_within(
             client,
             &t.pool,
-            "1 allocated after the delete",
+            "2 allocated after the delete",
             FREED_WITHIN,
-            |s| s.allocated == 1 && s.free == 1,
+            |s| s.allocated == 2 && s.free == 2,
         )
         .await;
         eprintln!(
@@ -461,11 +462,11 @@ async fn accelerator_pool_books_grants_fallbacks_refusals_and_frees_a_deleted_po
             "False"
         );
 
-        // And the freed device is granted again.
+        // And the freed devices are granted again.
         let again = baton_e2e::creates(&api, &app("required-2", "Required")).await;
         assert_eq!(annotation(&again, annotations::OFFLOAD), Some("qat"));
         bound(client, ns, "required-2").await;
-        let s = books(client, &t.pool, "2 allocated again", |s| s.allocated == 2).await;
+        let s = books(client, &t.pool, "4 allocated again", |s| s.allocated == 4).await;
         assert_eq!(
             s.nodes[0].pods,
             vec![format!("{ns}/required-0"), format!("{ns}/required-2")]
@@ -500,18 +501,33 @@ async fn held_pod(client: &Client, ns: &str, version: &str) -> Pod {
         .remove(0)
 }
 
-/// A sidecar with Required offload cannot move in place (its devices
-/// belong to slot a's container; a sidecar in slot b has none and refuses
-/// to take over), so the rollout evicts such a pod: its Deployment
-/// recreates it, the webhook grants the replacement a device on the new
-/// version, and the books follow the device from the old pod to the new.
+/// The device limit of `slot` in `pod`'s spec.
+fn slot_devices(pod: &Pod, slot: &str, resource: &str) -> Option<String> {
+    pod.spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == slot)?
+        .resources
+        .as_ref()?
+        .limits
+        .as_ref()?
+        .get(resource)
+        .map(|q| q.0.clone())
+}
+
+/// Each sidecar slot holds a device of its own (docs/decisions/0036), so a
+/// Deployment's pod whose TlsPolicy requires offload moves to a new
+/// version in place, into slot b and back into slot a, never evicted: the
+/// same pod, a device in both slots, the serving sidecar signing with the
+/// device's engine after each move, and the books unchanged.
 #[tokio::test]
 #[ignore = "needs the local cluster: run e2e/run.sh"]
-async fn accelerator_required_pods_move_to_a_new_version_by_eviction_and_keep_a_device() {
+async fn accelerator_required_pods_upgrade_in_place_with_a_device_in_every_slot() {
     baton_e2e::cluster::require_component("operator");
     baton_e2e::cluster::require_component("webhook");
-    make_versions(&["v2"], &[]).unwrap();
-    with_pool(1, |t| async move {
+    make_versions(&["v2", "v3"], &[]).unwrap();
+    with_pool(2, |t| async move {
         let (client, ns) = (&t.client, &t.ns);
         policy(client, ns, "Required", &t.resource, &t.pool).await;
         let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -520,57 +536,69 @@ async fn accelerator_required_pods_move_to_a_new_version_by_eviction_and_keep_a_
             .create(&PostParams::default(), &required_deployment())
             .await
             .expect("creating the Deployment");
-        let old = held_pod(client, ns, baton::RELEASE_VERSION).await;
-        let old_name = old.metadata.name.clone().unwrap();
-        assert_eq!(annotation(&old, annotations::OFFLOAD), Some("qat"));
-        books(client, &t.pool, "the pod holds the device", |s| {
-            s.allocated == 1 && s.nodes[0].pods == vec![format!("{ns}/{old_name}")]
-        })
-        .await;
+        let first = held_pod(client, ns, baton::RELEASE_VERSION).await;
+        let name = first.metadata.name.clone().unwrap();
+        assert_eq!(annotation(&first, annotations::OFFLOAD), Some("qat"));
+        for slot in [containers::SLOT_A, containers::SLOT_B] {
+            assert_eq!(
+                slot_devices(&first, slot, &t.resource).as_deref(),
+                Some("1"),
+                "{slot}"
+            );
+        }
+        let held = |s: &AcceleratorPoolStatus| {
+            s.allocated == 2
+                && s.nodes
+                    .first()
+                    .is_some_and(|n| n.pods == vec![format!("{ns}/{name}")] && n.sidecars == 1)
+        };
+        books(client, &t.pool, "the pod holds a device per slot", held).await;
+        let app_restarts = |p: &Pod| -> i32 {
+            p.status
+                .iter()
+                .flat_map(|s| s.container_statuses.iter().flatten())
+                .filter(|c| c.name == "app")
+                .map(|c| c.restart_count)
+                .sum()
+        };
 
-        set_version(client, ns, "v2")
+        for (version, serving) in [("v2", "b"), ("v3", "a")] {
+            set_version(client, ns, version)
+                .await
+                .unwrap_or_else(|e| panic!("patching the release to {version}: {e}"));
+            let now = held_pod(client, ns, version).await;
+            assert_eq!(
+                now.metadata.uid, first.metadata.uid,
+                "moved in place, not recreated"
+            );
+            assert_eq!(annotation(&now, annotations::ACTIVE_SLOT), Some(serving));
+            assert_eq!(app_restarts(&now), app_restarts(&first));
+            let r = offload_of(&pods, &name).await;
+            assert_eq!(
+                (r.requested.as_str(), r.active.as_str()),
+                ("openssl", "openssl"),
+                "{version}: {r:?}"
+            );
+            assert_eq!(r.falling_back_since(None), None, "{version}: {r:?}");
+            let s = books(client, &t.pool, "the same pod holds the devices", held).await;
+            assert_eq!((s.pending, s.fallbacks), (0, 0), "{s:?}");
+            baton_e2e::rollout::wait_release(
+                client,
+                ns,
+                &format!("release Complete on {version}"),
+                Duration::from_secs(90),
+                |s| complete_on(s, version, 1),
+                |_| {},
+            )
             .await
-            .unwrap_or_else(|e| panic!("patching the release to v2: {e}"));
-        let new = held_pod(client, ns, "v2").await;
-        let new_name = new.metadata.name.clone().unwrap();
-        assert_ne!(new.metadata.uid, old.metadata.uid, "the pod was recreated");
-        assert_eq!(annotation(&new, annotations::OFFLOAD), Some("qat"));
-        let spec = new.spec.as_ref().unwrap();
-        let slot_a = spec
-            .containers
-            .iter()
-            .find(|c| c.name == containers::SLOT_A)
-            .expect("slot a");
-        assert_eq!(slot_a.image.as_deref(), Some(sidecar_image("v2").as_str()));
-        let limits = slot_a
-            .resources
-            .as_ref()
-            .and_then(|r| r.limits.as_ref())
-            .expect("slot a limits");
-        assert_eq!(limits.get(&t.resource).map(|q| q.0.as_str()), Some("1"));
-        let e = event_with(client, ns, "Evicted", &old_name).await;
-        assert!(
-            e.message
-                .as_deref()
-                .unwrap_or_default()
-                .contains("requires private-key offload"),
-            "{e:?}"
-        );
-        let s = books(client, &t.pool, "the new pod holds the device", |s| {
-            s.allocated == 1 && s.nodes[0].pods == vec![format!("{ns}/{new_name}")]
-        })
-        .await;
-        assert_eq!(s.pending, 0, "{s:?}");
-        baton_e2e::rollout::wait_release(
-            client,
-            ns,
-            "release Complete on v2",
-            Duration::from_secs(60),
-            |s| complete_on(s, "v2", 1),
-            |_| {},
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let evicted: Vec<Event> = Api::<Event>::namespaced(client.clone(), ns)
+            .list(&ListParams::default().fields("reason=Evicted"))
+            .await
+            .expect("listing Events")
+            .items;
+        assert!(evicted.is_empty(), "{evicted:?}");
     })
     .await;
 }

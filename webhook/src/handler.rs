@@ -188,18 +188,13 @@ impl Admission {
             }
             Ok(Outcome::Injected(injection)) => {
                 self.count_decision("injected");
-                if let inject::Offload::Granted {
-                    pool,
-                    devices,
-                    grant,
-                    ..
-                } = &injection.offload
+                if let inject::Offload::Granted { pool, grant, .. } = &injection.offload
                     && !request.dry_run
                 {
                     let grant = RecentGrant {
                         id: grant.clone(),
                         pool: pool.clone(),
-                        devices: *devices,
+                        devices: injection.offload.total_devices(),
                         at: k8s_openapi::jiff::Timestamp::now(),
                     };
                     self.grants.record(grant, Instant::now());

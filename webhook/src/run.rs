@@ -10,7 +10,6 @@ use std::{
 use baton_crds::contract::{SYSTEM_NAMESPACE, webhook as names};
 use baton_serving::accept::Connections;
 use clap::{Parser, ValueEnum};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
@@ -109,12 +108,6 @@ pub struct Args {
     /// and TlsPolicies do not reach them.
     #[arg(long, env = "BATON_INJECT_CONFIG_PUSH", default_value_t = true, action = clap::ArgAction::Set)]
     pub config_push: bool,
-    /// CPU request of the standby slot.
-    #[arg(long, default_value = "1m")]
-    pub standby_cpu: String,
-    /// Memory request of the standby slot.
-    #[arg(long, default_value = "4Mi")]
-    pub standby_memory: String,
     /// Seconds the pre-1.29 postStart hook waits for the proxy.
     #[arg(long, default_value_t = 60)]
     pub wait_ready_timeout_secs: u32,
@@ -131,7 +124,7 @@ pub struct Args {
 impl Args {
     /// The injection settings these flags describe.
     pub fn inject_config(&self) -> InjectConfig {
-        let mut c = InjectConfig {
+        InjectConfig {
             default_capture: match self.capture_mode {
                 CaptureArg::Transparent => CaptureMode::Transparent,
                 CaptureArg::Explicit => CaptureMode::Explicit,
@@ -151,13 +144,7 @@ impl Args {
                 .unwrap_or_else(|| default_control_plane_address(&self.namespace)),
             config_push: self.config_push,
             ..InjectConfig::default()
-        };
-        c.standby_requests = [
-            ("cpu".to_owned(), Quantity(self.standby_cpu.clone())),
-            ("memory".to_owned(), Quantity(self.standby_memory.clone())),
-        ]
-        .into();
-        c
+        }
     }
 
     fn self_managed(&self) -> SelfManaged {

@@ -53,6 +53,9 @@ pub const RECENT_GRANT_WINDOW_SECONDS: i64 = 60;
 /// device pods within the window) the webhook counts its newest grants on
 /// top of the books for a few seconds more, which errs on the safe side.
 pub const MAX_RECENT_GRANTS: usize = 256;
+/// Sidecar slots that request devices in a pod injected for hot upgrades:
+/// both (docs/decisions/0036). What `Exhausted` asks the grant decision for.
+pub const SLOTS_PER_POD: i64 = 2;
 /// Value of `baton.dev/offload` for a software fallback.
 pub const OFFLOAD_FALLBACK: &str = "software-fallback";
 /// Value of `baton.dev/offload` for a granted device.
@@ -367,7 +370,9 @@ pub fn compute(pool: &AcceleratorPool, nodes: &[Node], pods: &[PodDevices], now:
         ),
     }
 
-    // Exhausted is the grant decision's answer for a Required sidecar.
+    // Exhausted is the grant decision's answer for a Required sidecar of a
+    // pod with a standby slot (HotUpgrade, the default): both slots request
+    // the devices (docs/decisions/0036).
     let probe = PrivateKeyOffload {
         mode: OffloadMode::Required,
         resource: resource.to_owned(),
@@ -379,6 +384,7 @@ pub fn compute(pool: &AcceleratorPool, nodes: &[Node], pods: &[PodDevices], now:
         nodes: &inventory,
         pending,
         pinned_node: None,
+        slots: SLOTS_PER_POD,
     });
     match decision {
         OffloadDecision::Deny {

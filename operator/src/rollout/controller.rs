@@ -29,7 +29,9 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
-use super::plan::{self, Action, FailureRecord, HandoffRecord, Observed, Slot};
+use super::plan::{
+    self, Action, FailureRecord, HandoffRecord, InFlightMemory, Interrupted, Observed, Slot,
+};
 use super::pods::{parse_kubelet_version, parse_observed, pod_state};
 use super::status::overlay;
 use crate::metrics::Metrics;
@@ -80,6 +82,9 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub probe: Probe,
     pub recorder: Recorder,
+    /// Per release: the pods last seen mid-upgrade, to notice (and report
+    /// once) a pod deleted while its handoff was in flight.
+    pub in_flight: std::sync::Mutex<BTreeMap<String, InFlightMemory>>,
 }
 
 impl Context {
@@ -95,6 +100,7 @@ impl Context {
             metrics,
             probe,
             recorder,
+            in_flight: std::sync::Mutex::new(BTreeMap::new()),
         }
     }
 }
@@ -279,6 +285,40 @@ async fn publish(
     }
 }
 
+/// Tells the user about a handoff its pod's deletion interrupted: a
+/// Warning Event on the release (the pod may be gone) and, while it still
+/// exists, on the pod.
+async fn report_interrupted(
+    ctx: &Context,
+    release: &SidecarRelease,
+    pods: &[Pod],
+    interrupted: &Interrupted,
+) {
+    let note = interrupted.message();
+    tracing::warn!(pod = %interrupted.pod, %note, "handoff interrupted");
+    ctx.metrics.rollout_action("interrupted", "observed");
+    publish(
+        ctx,
+        &release.object_ref(&()),
+        EventType::Warning,
+        "HandoffInterrupted",
+        format!("{}: {note}", interrupted.pod),
+    )
+    .await;
+    if let Some(pod) = pods.iter().find(|p| {
+        format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()) == interrupted.pod
+    }) {
+        publish(
+            ctx,
+            &pod_reference(pod),
+            EventType::Warning,
+            "HandoffInterrupted",
+            note,
+        )
+        .await;
+    }
+}
+
 /// Executes one action. `Err` carries why it could not (the pod is then
 /// reported as blocked; the next reconcile plans again).
 async fn execute(
@@ -313,6 +353,9 @@ async fn execute(
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 409 => {
                     return Err("the pod changed since it was read; planning again".into());
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {
+                    return Err("the pod was deleted since it was read".into());
                 }
                 Err(e) => return Err(format!("patching the pod failed: {e}")),
             }
@@ -389,6 +432,17 @@ pub async fn reconcile(release: Arc<SidecarRelease>, ctx: Arc<Context>) -> Resul
         states.push(pod_state(pod, kubelet, observed));
     }
 
+    let interrupted = ctx
+        .in_flight
+        .lock()
+        .expect("not poisoned")
+        .entry(name.clone())
+        .or_default()
+        .observe(&states);
+    for i in &interrupted {
+        report_interrupted(&ctx, &release, &pods, i).await;
+    }
+
     let now = now_secs();
     let invalid = release.validate().is_err();
     let mut plan = if invalid {
@@ -400,6 +454,7 @@ pub async fn reconcile(release: Arc<SidecarRelease>, ctx: Arc<Context>) -> Resul
     } else {
         plan::plan(&release, &states, now)
     };
+    plan.interrupted = interrupted;
     for action in plan.actions.clone() {
         let Some(pod) = pods.iter().find(|p| {
             format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()) == action.pod()
@@ -859,6 +914,77 @@ mod tests {
                 .unwrap()
                 .contains("CrashLoopBackOff")
         );
+    }
+
+    #[tokio::test]
+    async fn a_pod_gone_mid_handoff_is_reported_on_the_release_and_in_status_once() {
+        let interrupted = |seen: &[Seen]| -> Vec<serde_json::Value> {
+            find(seen, Method::POST, "/apis/events.k8s.io/v1/namespaces/")
+                .into_iter()
+                .filter(|s| s.body["reason"] == "HandoffInterrupted")
+                .map(|s| s.body.clone())
+                .collect()
+        };
+        // First look: web-0 is mid-upgrade.
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let pods = vec![
+            pod(
+                "web-0",
+                "1",
+                Some("sidecar:2"),
+                json!({annotations::UPGRADE: record(now_secs())}),
+                None,
+            ),
+            pod("web-1", "2", Some("empty:1"), json!({}), None),
+        ];
+        let seen = fake_api(handle, pods, Box::new(|_| None));
+        let first = context(service, no_probe());
+        reconcile(Arc::new(release(json!({}))), first.clone())
+            .await
+            .unwrap();
+        assert!(interrupted(&seen.lock().unwrap()).is_empty());
+
+        // Next look (the same leader): web-0 is gone.
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let pods = vec![pod("web-1", "2", Some("empty:1"), json!({}), None)];
+        let seen = fake_api(handle, pods.clone(), Box::new(|_| None));
+        let second = context(service, no_probe());
+        *second.in_flight.lock().unwrap() = first.in_flight.lock().unwrap().clone();
+        reconcile(Arc::new(release(json!({}))), second.clone())
+            .await
+            .unwrap();
+        let seen = seen.lock().unwrap().clone();
+        let events = interrupted(&seen);
+        assert_eq!(
+            events.len(),
+            1,
+            "on the release only (the pod is gone): {events:#?}"
+        );
+        assert_eq!(events[0]["type"], "Warning");
+        assert_eq!(events[0]["regarding"]["kind"], "SidecarRelease");
+        let note = events[0]["note"].as_str().unwrap();
+        assert!(
+            note.starts_with("shop/web-0: deleted while its handoff to 2"),
+            "{note}"
+        );
+        let st = &find(
+            &seen,
+            Method::PATCH,
+            "/apis/baton.dev/v1alpha1/sidecarreleases/default/status?",
+        )[0]
+        .body["status"];
+        assert_eq!(st["interruptedPods"][0]["pod"], "shop/web-0");
+        assert_eq!(st["interruptedPods"][0]["version"], "2");
+
+        // And once: the look after that reports nothing new.
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let seen = fake_api(handle, pods, Box::new(|_| None));
+        let third = context(service, no_probe());
+        *third.in_flight.lock().unwrap() = second.in_flight.lock().unwrap().clone();
+        reconcile(Arc::new(release(json!({}))), third)
+            .await
+            .unwrap();
+        assert!(interrupted(&seen.lock().unwrap()).is_empty());
     }
 
     #[tokio::test]

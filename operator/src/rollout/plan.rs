@@ -22,7 +22,7 @@
 //! handoff completed is always finished (old slot back to idle) before
 //! anything else happens to it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use baton_crds::SidecarRelease;
 use baton_crds::selector;
@@ -166,6 +166,8 @@ pub struct Observed {
 pub struct PodState {
     /// `namespace/name`: the identity in actions and the stable order.
     pub key: String,
+    /// `metadata.uid`: tells a pod from its same-named replacement.
+    pub uid: String,
     pub labels: BTreeMap<String, String>,
     /// `baton.dev/version`.
     pub version: Option<String>,
@@ -181,11 +183,13 @@ pub struct PodState {
     /// Owned by a controller that recreates it after an eviction.
     pub has_controller: bool,
     /// The webhook granted the pod accelerator devices (`baton.dev/offload:
-    /// qat`) and its TlsPolicy makes offload `Required`. The devices belong
-    /// to slot a's container for the pod's life (only slot a requests
-    /// them), so a sidecar started in slot b has none and refuses to take
-    /// over (docs/upgrade.md, A2).
-    pub offload_required_device: bool,
+    /// qat`), its TlsPolicy makes offload `Required`, and only slot a's
+    /// container requests them: a pod injected before both slots carried
+    /// the device (docs/decisions/0036). The devices belong to slot a's
+    /// container for the pod's life, so a sidecar started in slot b has
+    /// none and refuses to take over (docs/upgrade.md, A2). Pods injected
+    /// since have the device in both slots and move in place either way.
+    pub required_device_only_in_slot_a: bool,
     /// `baton.dev/upgrade`, or why it does not parse.
     pub upgrade: Option<Result<UpgradeRecord, String>>,
     pub failure: Option<FailureRecord>,
@@ -220,9 +224,10 @@ pub enum EvictReason {
     NoStandbySlot,
     /// Native sidecars on a kubelet that ignores image updates of them.
     NativeSidecarImageUpdateUnsupported,
-    /// Required offload with devices in slot a, and the standby slot is b:
-    /// in place, the new sidecar would have no device and refuse to take
-    /// over; a recreated pod is granted devices again at admission.
+    /// Required offload with devices in slot a only (a pod injected before
+    /// both slots carried them), and the standby slot is b: in place, the
+    /// new sidecar would have no device and refuse to take over; a
+    /// recreated pod is granted devices again at admission, in both slots.
     OffloadDeviceInActiveSlot,
 }
 
@@ -329,6 +334,9 @@ pub struct Plan {
     /// The plan waits on pods (handoffs under way): look again soon, since
     /// a handoff's completion is not a Kubernetes event.
     pub waiting: bool,
+    /// Handoffs interrupted by their pod's deletion since the last look
+    /// (filled by the controller from its [`InFlightMemory`]).
+    pub interrupted: Vec<Interrupted>,
 }
 
 /// Computes the plan. Pure: same inputs, same plan.
@@ -613,6 +621,86 @@ fn in_flight_step(pod: &PodState, record: &UpgradeRecord, timeout_s: i32, now: i
     Step::Wait
 }
 
+/// A handoff that was under way when its pod was deleted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Interrupted {
+    pub pod: String,
+    pub record: UpgradeRecord,
+    /// The pod is gone (else it is terminating).
+    pub gone: bool,
+}
+
+impl Interrupted {
+    /// What status and the Events say about it.
+    pub fn message(&self) -> String {
+        format!(
+            "deleted while its handoff to {} (slot {}) was in flight{}; the rollout continues without it, and a replacement its controller creates is injected with the release's version",
+            self.record.version,
+            self.record.slot.as_str(),
+            if self.gone { "" } else { " (terminating)" }
+        )
+    }
+}
+
+/// What the controller remembers between two looks at one release's pods:
+/// which pods were mid-upgrade, so that a pod deleted in between is
+/// noticed and reported once. The pods themselves hold everything the plan
+/// needs (a deleted pod needs nothing planned); this is only for telling
+/// the user. A new leader starts empty: it reports the interrupted pods it
+/// still sees terminating, not the ones gone before it took over.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InFlightMemory {
+    /// Pods seen mid-upgrade and alive, by key: (uid, record).
+    seen: BTreeMap<String, (String, UpgradeRecord)>,
+    /// Terminating pods (key, uid) already reported.
+    reported: BTreeSet<(String, String)>,
+}
+
+impl InFlightMemory {
+    /// Takes the pods as listed now and returns the handoffs interrupted
+    /// since the previous call (each reported once). Pure.
+    pub fn observe(&mut self, pods: &[PodState]) -> Vec<Interrupted> {
+        let mut out = Vec::new();
+        let listed: BTreeSet<(&str, &str)> = pods
+            .iter()
+            .map(|p| (p.key.as_str(), p.uid.as_str()))
+            .collect();
+        let mut seen = BTreeMap::new();
+        for pod in pods {
+            let Some(Ok(record)) = &pod.upgrade else {
+                continue;
+            };
+            if pod.terminating {
+                if self.reported.insert((pod.key.clone(), pod.uid.clone())) {
+                    out.push(Interrupted {
+                        pod: pod.key.clone(),
+                        record: record.clone(),
+                        gone: false,
+                    });
+                }
+            } else {
+                seen.insert(pod.key.clone(), (pod.uid.clone(), record.clone()));
+            }
+        }
+        // Seen mid-upgrade last time, now not listed (or replaced by a
+        // same-named pod): deleted before we saw it terminating.
+        for (key, (uid, record)) in std::mem::take(&mut self.seen) {
+            if !listed.contains(&(key.as_str(), uid.as_str())) {
+                out.push(Interrupted {
+                    pod: key,
+                    record,
+                    gone: true,
+                });
+            }
+        }
+        self.seen = seen;
+        self.reported
+            .retain(|(k, u)| listed.contains(&(k.as_str(), u.as_str())));
+        out.sort_by(|a, b| a.pod.cmp(&b.pod));
+        out
+    }
+}
+
 enum Move {
     InPlace { slot: Slot, idle_image: String },
     Evict(EvictReason),
@@ -637,10 +725,11 @@ fn how_to_move(
             active.as_str()
         ));
     }
-    // Only slot a ever requests the devices (A1). Moving into b would start
-    // a sidecar without them, which under Required refuses to take over
-    // (A2): every attempt would fail. Into a (a pod serving from b) is fine.
-    if pod.offload_required_device && standby != Slot::A {
+    // A pod injected before both slots carried the device: moving into b
+    // would start a sidecar without it, which under Required refuses to
+    // take over (A2): every attempt would fail. Into a (a pod serving from
+    // b) is fine. Pods injected since have it in both slots.
+    if pod.required_device_only_in_slot_a && standby != Slot::A {
         return Ok(Move::Evict(EvictReason::OffloadDeviceInActiveSlot));
     }
     if let Some(empty) = empty
@@ -726,6 +815,7 @@ mod tests {
     fn pod(name: &str, version: &str) -> PodState {
         PodState {
             key: format!("shop/{name}"),
+            uid: format!("uid-{name}"),
             version: Some(version.into()),
             active: Some(Slot::A),
             slot_a: Some(serving(&image(version))),
@@ -1284,7 +1374,7 @@ mod tests {
     fn required_offload_pods_with_devices_in_slot_a_are_evicted_and_others_move_in_place() {
         let required = |name: &str| {
             let mut p = pod(name, "1");
-            p.offload_required_device = true;
+            p.required_device_only_in_slot_a = true;
             p
         };
         let r = with(release("2"), |u| u.max_unavailable = IntOrString::Int(3));
@@ -1457,7 +1547,7 @@ mod tests {
                 }
                 _ => {
                     let mut p = pod(name, "1");
-                    p.offload_required_device = true;
+                    p.required_device_only_in_slot_a = true;
                     p
                 }
             };
@@ -1505,7 +1595,7 @@ mod tests {
                         let pod = by_key(a.pod());
                         if let Action::Start { record, .. } = a {
                             assert!(
-                                !(pod.offload_required_device && record.slot == Slot::B),
+                                !(pod.required_device_only_in_slot_a && record.slot == Slot::B),
                                 "{ctx}: a pod whose device is in slot a started in slot b"
                             );
                         }
@@ -1528,5 +1618,75 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_pod_deleted_mid_handoff_is_reported_once_whether_seen_terminating_or_not_at_all() {
+        let mut memory = InFlightMemory::default();
+        let a = upgrading("a", "1", "2", Slot::B, 100);
+        let b = upgrading("b", "1", "2", Slot::B, 100);
+        let c = pod("c", "1");
+        assert!(
+            memory
+                .observe(&[a.clone(), b.clone(), c.clone()])
+                .is_empty()
+        );
+
+        // a is terminating: reported now, and not again while it terminates
+        // or once it is gone. b vanished between two looks: reported as gone.
+        let mut a_terminating = a.clone();
+        a_terminating.terminating = true;
+        let first = memory.observe(&[a_terminating.clone(), c.clone()]);
+        assert_eq!(
+            first
+                .iter()
+                .map(|i| (i.pod.as_str(), i.gone, i.record.version.as_str()))
+                .collect::<Vec<_>>(),
+            [("shop/a", false, "2"), ("shop/b", true, "2")]
+        );
+        assert!(first[0].message().contains("handoff to 2 (slot b)"));
+        assert!(memory.observe(&[a_terminating, c.clone()]).is_empty());
+        assert!(memory.observe(std::slice::from_ref(&c)).is_empty());
+    }
+
+    #[test]
+    fn a_finished_handoff_is_not_an_interruption_but_a_same_named_replacement_is() {
+        let mut memory = InFlightMemory::default();
+        let a = upgrading("a", "1", "2", Slot::B, 100);
+        let s = upgrading("s-0", "1", "2", Slot::B, 100);
+        memory.observe(&[a, s]);
+        // a finished (record gone, same uid); s-0 was deleted and its
+        // StatefulSet recreated it under the same name before we looked.
+        let mut finished = pod("a", "2");
+        finished.active = Some(Slot::B);
+        let mut replacement = pod("s-0", "2");
+        replacement.uid = "uid-s-0-new".into();
+        let seen = memory.observe(&[finished, replacement]);
+        assert_eq!(
+            seen.iter().map(|i| i.pod.as_str()).collect::<Vec<_>>(),
+            ["shop/s-0"]
+        );
+        assert!(seen[0].gone);
+    }
+
+    #[test]
+    fn the_rollout_goes_on_past_pods_deleted_mid_handoff_and_pods_added_on_the_target() {
+        // maxUnavailable 1. A pod deleted mid-handoff uses the budget only
+        // while it terminates; pods the Deployment added during the rollout
+        // were injected on the target and count as updated.
+        let r = release("2");
+        let mut gone = upgrading("a", "1", "2", Slot::B, 100);
+        gone.terminating = true;
+        let pods = vec![gone, pod("b", "1"), pod("new-1", "2"), pod("new-2", "2")];
+        let p = plan(&r, &pods, 110);
+        assert!(
+            starts(&p).is_empty(),
+            "the terminating pod holds the budget"
+        );
+        assert_eq!((p.updated, p.in_flight), (2, 1));
+        // Once it is gone, the next pod starts.
+        let p = plan(&r, &pods[1..], 111);
+        assert_eq!(starts(&p), [("shop/b", Slot::B)]);
+        assert_eq!(p.total, 3);
     }
 }

@@ -1,6 +1,8 @@
 //! Reading a pod (and what its sidecar answers on `GET /handoff`) into the
 //! planner's [`PodState`]. Pure: the controller fetches, this interprets.
 
+use std::collections::BTreeMap;
+
 use baton_crds::contract::{annotations, containers, env};
 use baton_crds::tls_policy::OffloadMode;
 use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod};
@@ -73,15 +75,25 @@ pub fn pod_state(pod: &Pod, kubelet: Option<(u32, u32)>, observed: Option<Observ
     let a = find(containers::SLOT_A);
     let b = find(containers::SLOT_B);
     let native = a.as_ref().or(b.as_ref()).is_some_and(|(_, n)| *n);
+    let container = |name: &str| {
+        spec.into_iter()
+            .flat_map(|s| {
+                s.containers
+                    .iter()
+                    .chain(s.init_containers.iter().flatten())
+            })
+            .find(|c| c.name == name)
+    };
+    // Devices (extended resources) slot a requests that slot b does not:
+    // a pod injected before both slots carried them (decision 0036).
+    let devices_only_in_a = container(containers::SLOT_A).is_some_and(|a| {
+        let b = container(containers::SLOT_B)
+            .map(device_limits)
+            .unwrap_or_default();
+        device_limits(a).iter().any(|(k, v)| b.get(k) != Some(v))
+    });
     // The webhook gives both slots the pod's offload mode; slot a's is read.
-    let slot_a_mode = spec
-        .into_iter()
-        .flat_map(|s| {
-            s.containers
-                .iter()
-                .chain(s.init_containers.iter().flatten())
-        })
-        .find(|c| c.name == containers::SLOT_A)
+    let slot_a_mode = container(containers::SLOT_A)
         .and_then(|c| c.env.as_ref())
         .and_then(|vars| vars.iter().find(|v| v.name == env::OFFLOAD_MODE))
         .and_then(|v| v.value.as_deref());
@@ -91,6 +103,7 @@ pub fn pod_state(pod: &Pod, kubelet: Option<(u32, u32)>, observed: Option<Observ
             meta.namespace.as_deref().unwrap_or_default(),
             meta.name.as_deref().unwrap_or_default()
         ),
+        uid: meta.uid.clone().unwrap_or_default(),
         labels: meta.labels.clone().unwrap_or_default(),
         version: annotation(annotations::VERSION).cloned(),
         active: annotation(annotations::ACTIVE_SLOT).and_then(|s| Slot::parse(s)),
@@ -104,9 +117,10 @@ pub fn pod_state(pod: &Pod, kubelet: Option<(u32, u32)>, observed: Option<Observ
             .iter()
             .flatten()
             .any(|o| o.controller == Some(true)),
-        offload_required_device: annotation(annotations::OFFLOAD).map(String::as_str)
+        required_device_only_in_slot_a: annotation(annotations::OFFLOAD).map(String::as_str)
             == Some(OFFLOAD_QAT)
-            && slot_a_mode == Some(OffloadMode::Required.as_str()),
+            && slot_a_mode == Some(OffloadMode::Required.as_str())
+            && devices_only_in_a,
         upgrade: annotation(annotations::UPGRADE)
             .map(|v| serde_json::from_str::<UpgradeRecord>(v).map_err(|e| e.to_string())),
         // A failure record that does not parse is dropped: the pod is simply
@@ -115,6 +129,18 @@ pub fn pod_state(pod: &Pod, kubelet: Option<(u32, u32)>, observed: Option<Observ
             .and_then(|v| serde_json::from_str::<FailureRecord>(v).ok()),
         observed,
     }
+}
+
+/// A container's extended-resource limits (names with a `/`: devices).
+fn device_limits(c: &Container) -> BTreeMap<&str, &str> {
+    c.resources
+        .as_ref()
+        .and_then(|r| r.limits.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| k.contains('/'))
+        .map(|(k, v)| (k.as_str(), v.0.as_str()))
+        .collect()
 }
 
 /// Interprets a sidecar's `GET /handoff` document: `phase`, `complete`,
@@ -147,6 +173,7 @@ pub fn parse_observed(body: &[u8]) -> Option<Observed> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn pod(value: serde_json::Value) -> Pod {
         serde_json::from_value(value).unwrap()
@@ -215,24 +242,28 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_granted_devices_under_required_offload_is_recognised() {
-        let with = |offload: &str, mode: &str| {
+    fn a_required_pod_whose_device_is_only_in_slot_a_is_recognised() {
+        let with = |offload: &str, mode: &str, b_device: bool| {
+            let device = json!({"limits": {"qat.intel.com/cy": "1"}});
             pod(serde_json::json!({
                 "metadata": {"name": "n", "namespace": "x",
                     "annotations": {annotations::OFFLOAD: offload}},
                 "spec": {"containers": [
-                    {"name": containers::SLOT_A, "image": "s:1",
+                    {"name": containers::SLOT_A, "image": "s:1", "resources": device,
                      "env": [{"name": env::OFFLOAD_MODE, "value": mode}]},
                     {"name": containers::SLOT_B, "image": "e:1",
+                     "resources": if b_device { device.clone() } else { json!({}) },
                      "env": [{"name": env::OFFLOAD_MODE, "value": mode}]}]},
             }))
         };
-        assert!(pod_state(&with("qat", "Required"), None, None).offload_required_device);
-        assert!(!pod_state(&with("qat", "Preferred"), None, None).offload_required_device);
-        assert!(
-            !pod_state(&with("software-fallback", "Preferred"), None, None).offload_required_device
-        );
-        assert!(!pod_state(&with("disabled", "Disabled"), None, None).offload_required_device);
+        let only_a = |p: &Pod| pod_state(p, None, None).required_device_only_in_slot_a;
+        // Injected before both slots carried the device.
+        assert!(only_a(&with("qat", "Required", false)));
+        // Injected since: the device is in both slots.
+        assert!(!only_a(&with("qat", "Required", true)));
+        assert!(!only_a(&with("qat", "Preferred", false)));
+        assert!(!only_a(&with("software-fallback", "Preferred", false)));
+        assert!(!only_a(&with("disabled", "Disabled", false)));
     }
 
     #[test]

@@ -4,13 +4,15 @@
 //! refines the counts [`crate::release::status::compute`] made from the pods.
 
 use baton_crds::conditions::{self, Time, sidecar_release as cond};
-use baton_crds::sidecar_release::FailedPod;
+use baton_crds::sidecar_release::{FailedPod, InterruptedPod};
 use baton_crds::{SidecarRelease, SidecarReleaseStatus, Validate};
 
 use super::plan::{Pause, Plan};
 
 /// Failed pods listed in status at most.
 const MAX_FAILED_LISTED: usize = 10;
+/// Interrupted handoffs listed in status at most.
+const MAX_INTERRUPTED_LISTED: usize = 10;
 
 /// Applies `plan` to `status` (computed from the same pods).
 pub fn overlay(
@@ -39,6 +41,33 @@ pub fn overlay(
             reason: reason.clone(),
         })
         .collect();
+
+    // Interrupted handoffs: the new ones first, then those the status
+    // already listed for this version (a new version starts a new list).
+    let earlier = release
+        .status
+        .iter()
+        .flat_map(|s| s.interrupted_pods.iter())
+        .filter(|p| p.version == spec.version);
+    let mut interrupted: Vec<InterruptedPod> = plan
+        .interrupted
+        .iter()
+        .map(|i| InterruptedPod {
+            pod: i.pod.clone(),
+            version: i.record.version.clone(),
+            message: i.message(),
+        })
+        .collect();
+    for p in earlier {
+        if !interrupted
+            .iter()
+            .any(|i| i.pod == p.pod && i.version == p.version)
+        {
+            interrupted.push(p.clone());
+        }
+    }
+    interrupted.truncate(MAX_INTERRUPTED_LISTED);
+    status.interrupted_pods = interrupted;
 
     if !plan.failed.is_empty() {
         let examples: Vec<String> = plan
@@ -288,5 +317,75 @@ mod tests {
             cond::reasons::CANARY_HELD
         );
         assert_eq!(s.rollout.as_deref(), Some("Held"));
+    }
+
+    #[test]
+    fn interrupted_pods_are_listed_newest_first_for_the_current_version() {
+        use crate::rollout::plan::{Interrupted, Slot, UpgradeRecord};
+        use baton_crds::sidecar_release::InterruptedPod;
+        let interrupted = |pod: &str, version: &str| Interrupted {
+            pod: pod.into(),
+            record: UpgradeRecord {
+                version: version.into(),
+                image: format!("s:{version}"),
+                slot: Slot::B,
+                from_version: Some("2".into()),
+                started_at: 1,
+                idle_image: "e:1".into(),
+            },
+            gone: true,
+        };
+        let mut r = release();
+        // Listed earlier: one for this version, one for an older rollout.
+        r.status = Some(SidecarReleaseStatus {
+            interrupted_pods: vec![
+                InterruptedPod {
+                    pod: "shop/old".into(),
+                    version: "3".into(),
+                    message: "earlier".into(),
+                },
+                InterruptedPod {
+                    pod: "shop/older".into(),
+                    version: "2".into(),
+                    message: "another rollout".into(),
+                },
+            ],
+            ..SidecarReleaseStatus::default()
+        });
+        let mut s = compute(&r, &[view("shop/a", "3")], &now());
+        let plan = Plan {
+            total: 1,
+            updated: 1,
+            interrupted: vec![interrupted("shop/new", "3")],
+            ..Plan::default()
+        };
+        overlay(&mut s, &r, &plan, &now());
+        let listed: Vec<(&str, &str)> = s
+            .interrupted_pods
+            .iter()
+            .map(|p| (p.pod.as_str(), p.version.as_str()))
+            .collect();
+        assert_eq!(listed, [("shop/new", "3"), ("shop/old", "3")]);
+        assert!(
+            s.interrupted_pods[0]
+                .message
+                .contains("deleted while its handoff to 3"),
+            "{}",
+            s.interrupted_pods[0].message
+        );
+        // Nothing new: the list stays as it was.
+        r.status = Some(s.clone());
+        let mut again = compute(&r, &[view("shop/a", "3")], &now());
+        overlay(
+            &mut again,
+            &r,
+            &Plan {
+                total: 1,
+                updated: 1,
+                ..Plan::default()
+            },
+            &now(),
+        );
+        assert_eq!(again.interrupted_pods, s.interrupted_pods);
     }
 }

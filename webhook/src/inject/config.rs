@@ -54,12 +54,9 @@ pub struct InjectConfig {
     pub native_sidecars: NativeSidecars,
     /// Path of the sidecar binary inside the sidecar image (exec hooks).
     pub sidecar_binary: String,
-    /// Requests of the active slot when the release sets none.
+    /// Requests and limits of each sidecar slot when the release sets
+    /// none (both slots get the same: docs/decisions/0035).
     pub default_resources: ResourceRequirements,
-    /// Requests of the standby slot: it idles until a hot upgrade, and
-    /// only one slot serves at a time, so it must not double the pod's
-    /// requests (limits follow the release so an upgraded sidecar can run).
-    pub standby_requests: BTreeMap<String, Quantity>,
     /// Seconds the postStart hook waits for `/ready` (pre-1.29 servers).
     pub wait_ready_timeout_seconds: u32,
     /// `imagePullPolicy` of injected containers (`None`: the default).
@@ -101,7 +98,6 @@ impl Default for InjectConfig {
                 limits: Some(quantities(&[("memory", "128Mi")])),
                 ..ResourceRequirements::default()
             },
-            standby_requests: quantities(&[("cpu", "1m"), ("memory", "4Mi")]),
             wait_ready_timeout_seconds: 60,
             image_pull_policy: None,
             control_plane_address: default_control_plane_address(SYSTEM_NAMESPACE),

@@ -199,6 +199,13 @@ pub fn mutate(pod: &Pod, view: &ClusterView<'_>, config: &InjectConfig) -> Resul
         pinned_node,
         view.recent_grants,
         view.grant_id,
+        // Both slots request the device (a standby slot exists when the
+        // release names an idle image).
+        if release.spec.empty_image.is_some() {
+            2
+        } else {
+            1
+        },
     )
     .map_err(|message| {
         deny(

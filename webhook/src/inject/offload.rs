@@ -69,7 +69,10 @@ pub enum Offload {
         /// The grant's id, annotated on the pod (`baton.dev/offload-grant`).
         grant: String,
         resource: String,
+        /// Devices each sidecar slot requests.
         devices: i64,
+        /// Slots that request them (2 with a standby slot, else 1).
+        slots: i64,
     },
     /// Preferred, but no capacity: software keys, and the reason. `pool`
     /// is the pool that was asked (none when no pool serves the resource):
@@ -110,6 +113,14 @@ impl Offload {
                 );
                 a
             }
+        }
+    }
+
+    /// Devices the pod requests in all (what the pool's books will count).
+    pub fn total_devices(&self) -> i64 {
+        match self {
+            Self::Granted { devices, slots, .. } => devices * slots,
+            _ => 0,
         }
     }
 
@@ -158,6 +169,10 @@ pub fn policy_for<'a>(
 /// replicas within that gap are not seen; the scheduler remains the final
 /// arbiter: an over-granted pod waits Pending for a device, and the pool
 /// turns Degraded (`GrantedPodsUnschedulable`).
+///
+/// `slots` is the number of sidecar containers the pod gets: each requests
+/// the pool's `devicesPerSidecar` (docs/decisions/0036), so the pod needs
+/// that many times as many free devices on one node.
 pub fn decide(
     policy: Option<&TlsPolicy>,
     pools: &[Arc<AcceleratorPool>],
@@ -165,6 +180,7 @@ pub fn decide(
     pinned_node: Option<&str>,
     recent_grants: &[RecentGrant],
     grant_id: &str,
+    slots: i64,
 ) -> Result<Offload, String> {
     let Some(policy) = policy else {
         return Ok(Offload::Disabled);
@@ -204,6 +220,7 @@ pub fn decide(
         nodes: &inventory,
         pending,
         pinned_node,
+        slots,
     });
     let policy_name = policy.metadata.name.as_deref().unwrap_or_default();
     match decision {
@@ -218,6 +235,7 @@ pub fn decide(
             grant: grant_id.to_owned(),
             resource,
             devices: count,
+            slots: slots.max(1),
         }),
         OffloadDecision::Fallback { reason } => Ok(Offload::Fallback {
             reason: reason.to_string(),

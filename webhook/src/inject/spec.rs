@@ -142,13 +142,18 @@ fn common_env(
     ]
 }
 
-/// The active slot: the release image, serving from the start.
-pub fn slot_a(inputs: &SlotInputs<'_>) -> Container {
+/// The resources and extra capabilities of either slot: the release's
+/// requests and limits, plus the granted devices. Both slots get exactly
+/// the same (docs/decisions/0035, 0036): a hot upgrade hands the serving
+/// role to the other slot, and Kubernetes before 1.33 cannot resize a
+/// container in place, so whichever slot serves must already carry what
+/// the release asks for, and the device a `Required` sidecar needs.
+fn slot_resources(inputs: &SlotInputs<'_>) -> (ResourceRequirements, Vec<String>) {
     let mut resources = inputs.resources.clone();
     let mut caps = Vec::new();
     if let Some(grant) = inputs.grant {
         // Extended resources are limits-only (requests default to limits);
-        // the scheduler then places the pod on a node with a free device.
+        // the scheduler then places the pod on a node with free devices.
         resources
             .limits
             .get_or_insert_with(BTreeMap::new)
@@ -159,6 +164,12 @@ pub fn slot_a(inputs: &SlotInputs<'_>) -> Container {
         // QAT user-space drivers pin DMA memory.
         caps.push("IPC_LOCK".to_owned());
     }
+    (resources, caps)
+}
+
+/// The active slot: the release image, serving from the start.
+pub fn slot_a(inputs: &SlotInputs<'_>) -> Container {
+    let (resources, caps) = slot_resources(inputs);
     let engine = offload_engine(inputs);
     let mut c = Container {
         name: containers::SLOT_A.to_owned(),
@@ -217,13 +228,10 @@ pub fn slot_a(inputs: &SlotInputs<'_>) -> Container {
 }
 
 /// The offload engine both slots are told to use: the device's (OpenSSL
-/// with the QAT provider) when the pod was granted devices. The standby
-/// slot gets the same engine but not the device (only slot a requests it,
-/// so the pod's request is never doubled): a sidecar started there by a hot
-/// upgrade finds no working engine, and then under `Required` refuses to
-/// take over from the sidecar that has the device, and under `Preferred`
-/// takes over in software and counts the fallback (docs/upgrade.md,
-/// "Accelerators").
+/// with the QAT provider) when the pod was granted devices. Each slot
+/// requests its own devices (a device plugin allocates a device to one
+/// container), so a sidecar upgraded into either slot finds a working
+/// engine (docs/upgrade.md, "Accelerators").
 fn offload_engine(inputs: &SlotInputs<'_>) -> &'static str {
     if inputs.grant.is_some() {
         "openssl"
@@ -233,21 +241,12 @@ fn offload_engine(inputs: &SlotInputs<'_>) -> &'static str {
 }
 
 /// The standby slot: idles in the empty image until a hot upgrade swaps the
-/// new sidecar into it. Requests are minimal so the pod's requests are not
-/// doubled; limits follow the release so the upgraded sidecar can run.
+/// new sidecar into it, which then serves the pod until the next upgrade.
+/// Its resources are slot a's (see [`slot_resources`]): the idle image uses
+/// next to nothing of them, but the scheduler reserves them, which is the
+/// price of a serving sidecar that never runs starved.
 pub fn slot_b(inputs: &SlotInputs<'_>, empty_image: &str) -> Container {
-    let limits = inputs.resources.limits.clone().filter(|l| !l.is_empty());
-    let mut requests = inputs.config.standby_requests.clone();
-    // A request above the limit is invalid: clamp to the limit when set.
-    if let Some(limits) = &limits {
-        for (k, v) in limits {
-            if requests.contains_key(k)
-                && parse_quantity(v) < requests.get(k).map(parse_quantity).unwrap_or(0.0)
-            {
-                requests.insert(k.clone(), v.clone());
-            }
-        }
-    }
+    let (resources, caps) = slot_resources(inputs);
     Container {
         name: containers::SLOT_B.to_owned(),
         image: Some(empty_image.to_owned()),
@@ -262,38 +261,13 @@ pub fn slot_b(inputs: &SlotInputs<'_>, empty_image: &str) -> Container {
             offload_engine(inputs),
             inputs.config,
         )),
-        resources: Some(ResourceRequirements {
-            requests: Some(requests),
-            limits,
-            ..ResourceRequirements::default()
-        }),
-        security_context: Some(sidecar_security_context(Vec::new())),
+        resources: Some(resources),
+        security_context: Some(sidecar_security_context(caps)),
         volume_mounts: Some(sidecar_mounts()),
         restart_policy: inputs.native.then(|| "Always".to_owned()),
         termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
         ..Container::default()
     }
-}
-
-/// Best-effort numeric value of a quantity (only for the clamp above).
-fn parse_quantity(q: &Quantity) -> f64 {
-    let s = q.0.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num.parse().unwrap_or(0.0);
-    let m = match unit {
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "Ki" => 1024.0,
-        "Mi" => 1024.0 * 1024.0,
-        "Gi" => 1024.0 * 1024.0 * 1024.0,
-        _ => 1.0,
-    };
-    n * m
 }
 
 /// Port and CIDR exclusions for transparent capture.

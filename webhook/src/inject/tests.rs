@@ -570,16 +570,15 @@ fn a_new_pod_gets_the_version_the_release_names_now() {
 }
 
 #[test]
-fn the_standby_slot_never_doubles_the_pods_requests() {
+fn both_slots_carry_the_release_s_requests_and_limits() {
+    // Whichever slot serves after an upgrade has what the release asks
+    // for: Kubernetes 1.20 cannot resize a container in place.
     let (_, p) = Fixture::new().inject(&app_pod());
     let a = container(&p, containers::SLOT_A).resources.clone().unwrap();
     let b = container(&p, containers::SLOT_B).resources.clone().unwrap();
     assert_eq!(a.requests.as_ref().unwrap()["cpu"].0, "100m");
-    let breq = b.requests.unwrap();
-    assert_eq!(breq["cpu"].0, "1m");
-    assert_eq!(breq["memory"].0, "4Mi");
-    // Limits follow the release so an upgraded sidecar fits.
-    assert_eq!(b.limits.unwrap()["memory"].0, "256Mi");
+    assert_eq!(a.limits.as_ref().unwrap()["memory"].0, "256Mi");
+    assert_eq!(a, b);
 }
 
 #[test]
@@ -898,23 +897,32 @@ fn qat_is_granted_from_node_allocatable_when_the_pool_has_no_status_yet() {
     assert_eq!(annotation(&p, annotations::OFFLOAD), Some("qat"));
     assert_eq!(annotation(&p, annotations::ACCELERATOR_POOL), Some("qat"));
     assert_eq!(annotation(&p, annotations::OFFLOAD_GRANT), Some("req-this"));
-    // The standby slot gets no device and no extra capability, but the
-    // same engine and mode: a sidecar upgraded into it without the device
-    // fails the engine's self-test and refuses (Required) or falls back
-    // (Preferred), instead of silently running in software.
+    // The standby slot gets the same: its own device, the capability, the
+    // engine and the mode, so a sidecar upgraded into it signs with a
+    // device too.
     let b = container(&p, containers::SLOT_B);
     assert_eq!(env_of(b, env::OFFLOAD_ENGINE), Some("openssl"));
     assert_eq!(env_of(b, env::OFFLOAD_MODE), Some("Preferred"));
-    assert!(
-        !b.resources
-            .as_ref()
-            .unwrap()
-            .limits
-            .as_ref()
-            .unwrap()
-            .contains_key("qat.intel.com/cy")
+    assert_eq!(b.resources, a.resources);
+    assert_eq!(caps(b).0, ["IPC_LOCK"]);
+    assert_eq!(inj.offload.total_devices(), 2);
+}
+
+#[test]
+fn a_node_with_one_free_device_cannot_hold_both_slots_of_a_required_pod() {
+    let one_free = json!({"capacity": 3, "allocated": 2, "nodes": [{"node": "n1", "capacity": 3, "allocated": 2}]});
+    let f = qat_fixture(
+        "Required",
+        vec![pool("qat", one_free)],
+        vec![node("n1", Some("3"))],
     );
-    assert!(caps(b).0.is_empty());
+    let denial = f.deny(&app_pod());
+    assert_eq!(denial.reason, DenialReason::OffloadUnavailable);
+    assert!(
+        denial.message.contains("2 free device(s)"),
+        "{}",
+        denial.message
+    );
 }
 
 #[test]
@@ -1075,7 +1083,8 @@ fn grant_at(pool: &str, second: i64) -> RecentGrant {
     RecentGrant {
         id: format!("req-{pool}-{second}"),
         pool: pool.to_owned(),
-        devices: 1,
+        // A pod's grant: one device for each of its two slots.
+        devices: 2,
         at: k8s_openapi::jiff::Timestamp::from_second(second).unwrap(),
     }
 }
@@ -1085,7 +1094,7 @@ fn this_replicas_recent_grants_count_until_the_books_list_them() {
     let mut f = qat_fixture(
         "Required",
         vec![pool("qat", json!(null))],
-        vec![node("n1", Some("2"))],
+        vec![node("n1", Some("4"))],
     );
     f.recent_grants = vec![grant_at("qat", 100)];
     assert!(matches!(
@@ -1095,7 +1104,7 @@ fn this_replicas_recent_grants_count_until_the_books_list_them() {
     f.recent_grants = vec![grant_at("qat", 100), grant_at("qat", 101)];
     let d = f.deny(&app_pod());
     assert!(
-        d.message.contains("no node with 1 free device(s)"),
+        d.message.contains("no node with 2 free device(s)"),
         "{}",
         d.message
     );
@@ -1111,7 +1120,7 @@ fn this_replicas_recent_grants_count_until_the_books_list_them() {
     let books = |listed: &[&str]| {
         json!({"computedAt": "1970-01-01T00:01:41.010000Z", "pending": 0,
         "recentGrants": listed,
-        "nodes": [{"node": "n1", "capacity": 2, "allocated": 1}]})
+        "nodes": [{"node": "n1", "capacity": 4, "allocated": 2}]})
     };
     f.pools = vec![pool("qat", books(&["req-qat-101"]))];
     f.recent_grants = vec![grant_at("qat", 101)];
@@ -1123,7 +1132,7 @@ fn this_replicas_recent_grants_count_until_the_books_list_them() {
     // operator) do not hold it: it still counts, whatever their time.
     let mut later = books(&[]);
     later["computedAt"] = json!("1970-01-01T00:02:00.000000Z");
-    later["nodes"][0]["allocated"] = json!(1);
+    later["nodes"][0]["allocated"] = json!(2);
     f.pools = vec![pool("qat", later)];
     f.recent_grants = vec![grant_at("qat", 101)];
     assert_eq!(f.deny(&app_pod()).reason, DenialReason::OffloadUnavailable);
@@ -1135,11 +1144,11 @@ fn without_a_grant_list_books_computed_after_the_grant_settled_hold_it() {
     let mut f = qat_fixture(
         "Required",
         vec![pool("qat", json!(null))],
-        vec![node("n1", Some("2"))],
+        vec![node("n1", Some("4"))],
     );
     let books = |computed: &str| {
-        json!({"computedAt": computed, "pending": 1,
-        "nodes": [{"node": "n1", "capacity": 2, "allocated": 0}]})
+        json!({"computedAt": computed, "pending": 2,
+        "nodes": [{"node": "n1", "capacity": 4, "allocated": 0}]})
     };
     f.pools = vec![pool("qat", books("1970-01-01T00:01:42.000000Z"))];
     f.recent_grants = vec![grant_at("qat", 101)];

@@ -263,7 +263,8 @@ fn recent_grants_list_every_grant_seen_in_the_window_held_pending_or_ended() {
 fn pending_grants_for_another_pool_are_not_ours() {
     let mut other = granted("web-1", None, 1);
     other.pool = Some("other-pool".into());
-    let s = status(&pool(1, false), &[node("n1", false, Some("1"))], &[other]);
+    // Two devices: what a pod with two slots needs.
+    let s = status(&pool(1, false), &[node("n1", false, Some("2"))], &[other]);
     assert_eq!(s.pending, 0);
     assert_eq!(condition(&s, cond::EXHAUSTED).status, "False");
 }
@@ -293,11 +294,21 @@ fn a_full_pool_is_exhausted_and_agrees_with_the_grant_decision() {
             nodes: &inventory,
             pending: s.pending,
             pinned_node: None,
+            slots: SLOTS_PER_POD,
         }),
         OffloadDecision::Deny {
             reason: NoGrant::Exhausted { .. }
         }
     ));
+}
+
+#[test]
+fn one_free_device_is_exhausted_for_a_pod_whose_two_slots_each_need_one() {
+    let nodes = [node("n1", false, Some("3"))];
+    let pods = [granted("a", Some("n1"), 2)];
+    let s = status(&pool(1, false), &nodes, &pods);
+    assert_eq!((s.allocated, s.free), (2, 1));
+    assert_eq!(condition(&s, cond::EXHAUSTED).status, "True");
 }
 
 #[test]
