@@ -162,6 +162,7 @@ pub fn patch_for(
             native,
             record,
             duration_ms,
+            retired_restarts,
             ..
         } => (
             *native,
@@ -178,6 +179,7 @@ pub fn patch_for(
                     started_at: record.started_at,
                     finished_at: now,
                     duration_ms: *duration_ms,
+                    retired_restarts: *retired_restarts,
                 }).ok(),
             }),
         ),
@@ -1176,6 +1178,7 @@ mod tests {
             native: false,
             record: record.clone(),
             duration_ms: 812,
+            retired_restarts: Some(3),
         };
         let p = patch_for(&finish, Some("7"), 42).unwrap();
         let text = p["metadata"]["annotations"][annotations::LAST_HANDOFF]
@@ -1186,6 +1189,7 @@ mod tests {
         assert_eq!(kept.slot, record.slot);
         assert_eq!((kept.started_at, kept.finished_at), (record.started_at, 42));
         assert_eq!(kept.duration_ms, 812);
+        assert_eq!(kept.retired_restarts, Some(3));
         let v: serde_json::Value = serde_json::from_str(text).unwrap();
         assert_eq!(v["durationMs"], 812, "camelCase, as the other records");
         // A failed handoff leaves the last completed one in place.

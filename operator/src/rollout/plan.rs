@@ -100,6 +100,8 @@ pub struct SlotState {
     pub waiting_reason: Option<String>,
     /// Exit code when the container's current state is terminated.
     pub terminated_exit_code: Option<i32>,
+    /// `restartCount`: each image swap restarts the container once.
+    pub restarts: i32,
 }
 
 /// The `baton.dev/upgrade` annotation: a hot upgrade under way.
@@ -133,6 +135,13 @@ pub struct HandoffRecord {
     pub started_at: i64,
     pub finished_at: i64,
     pub duration_ms: u64,
+    /// `restartCount` of the retired slot when the operator swapped it back
+    /// to its idle image. The idle image clears the retired process's marker
+    /// when it starts; until that slot has restarted past this count it may
+    /// still run the retired process (with its marker), and a sidecar
+    /// started there would idle instead of taking over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retired_restarts: Option<i32>,
 }
 
 /// The `baton.dev/upgrade-failed` annotation.
@@ -193,6 +202,8 @@ pub struct PodState {
     /// `baton.dev/upgrade`, or why it does not parse.
     pub upgrade: Option<Result<UpgradeRecord, String>>,
     pub failure: Option<FailureRecord>,
+    /// `baton.dev/last-handoff`, when it parses.
+    pub last_handoff: Option<HandoffRecord>,
     /// `GET /handoff`, probed only while an upgrade is under way.
     pub observed: Option<Observed>,
 }
@@ -207,6 +218,25 @@ impl PodState {
 
     fn active_slot(&self) -> Slot {
         self.active.unwrap_or(Slot::A)
+    }
+
+    /// The slot the last hot upgrade retired has not yet restarted into its
+    /// idle image: its container has not restarted since the operator
+    /// swapped its image back, or is not running. A release patched right
+    /// after a rollout completed started the next version there while the
+    /// kubelet had not run the idle image yet, so the retired process's
+    /// marker was still on the shared volume and the new sidecar idled
+    /// ("this slot handed off already"): the handoff failed after 30 s
+    /// (1 of 5 runs of the accelerator upgrade test).
+    fn retired_slot_settling(&self) -> bool {
+        let Some(h) = &self.last_handoff else {
+            return false;
+        };
+        let (Some(n), true) = (h.retired_restarts, self.active_slot() == h.slot) else {
+            return false;
+        };
+        self.slot(h.slot.other())
+            .is_some_and(|s| !s.running || s.restarts <= n)
     }
 
     /// The serving sidecar's container is ready.
@@ -265,6 +295,8 @@ pub enum Action {
         record: UpgradeRecord,
         /// Handoff duration as the sidecar measured it, else as observed.
         duration_ms: u64,
+        /// The retired slot's `restartCount` now (see [`HandoffRecord`]).
+        retired_restarts: Option<i32>,
     },
     /// The upgrade failed: put `record.slot` back to `record.idle_image`
     /// (the old process never stopped serving), drop `baton.dev/upgrade`,
@@ -389,6 +421,7 @@ pub fn plan(release: &SidecarRelease, pods: &[PodState], now: i64) -> Plan {
                             native: pod.native,
                             record: record.clone(),
                             duration_ms,
+                            retired_restarts: pod.slot(record.slot.other()).map(|s| s.restarts),
                         });
                     }
                     Step::Fail(reason) => {
@@ -437,6 +470,12 @@ pub fn plan(release: &SidecarRelease, pods: &[PodState], now: i64) -> Plan {
             && f.version == spec.version
         {
             out.failed.push((pod.key.clone(), f.reason.clone()));
+            continue;
+        }
+        if pod.retired_slot_settling() {
+            // Its next move goes into that slot: look again once the
+            // kubelet has restarted it into the idle image.
+            out.waiting = true;
             continue;
         }
         candidates.push(pod);
@@ -1042,10 +1081,54 @@ mod tests {
                 native: false,
                 record,
                 duration_ms: 42,
+                retired_restarts: Some(0),
             }]
         );
         assert_eq!((p.updated, p.in_flight), (1, 0));
         assert!(!p.waiting);
+    }
+
+    #[test]
+    fn the_next_upgrade_waits_until_the_retired_slot_restarted_into_its_idle_image() {
+        // 1 moved from a to b; a was swapped back to idle at restartCount 0
+        // and the kubelet still runs the retired process there.
+        let mut p0 = pod("a", "2");
+        p0.active = Some(Slot::B);
+        p0.slot_b = Some(serving(&image("2")));
+        p0.slot_a = Some(SlotState {
+            image: EMPTY.into(),
+            ..serving(&image("1"))
+        });
+        p0.last_handoff = Some(HandoffRecord {
+            version: "2".into(),
+            slot: Slot::B,
+            from_version: Some("1".into()),
+            started_at: NOW - 10,
+            finished_at: NOW - 5,
+            duration_ms: 8,
+            retired_restarts: Some(0),
+        });
+        let p = plan(&release("3"), std::slice::from_ref(&p0), NOW);
+        assert!(p.actions.is_empty() && p.waiting && p.blocked.is_empty(), "{p:?}");
+
+        // Restarted into the idle image: the upgrade starts in slot a.
+        let mut p1 = p0.clone();
+        p1.slot_a = Some(SlotState {
+            restarts: 1,
+            ..idle()
+        });
+        let p = plan(&release("3"), &[p1], NOW);
+        assert!(
+            matches!(&p.actions[..], [Action::Start { record, .. }] if record.slot == Slot::A),
+            "{:?}",
+            p.actions
+        );
+
+        // A record from before the count existed waits for nothing.
+        let mut p2 = p0.clone();
+        p2.last_handoff.as_mut().unwrap().retired_restarts = None;
+        let p = plan(&release("3"), &[p2], NOW);
+        assert_eq!(p.actions.len(), 1, "{:?}", p.actions);
     }
 
     #[test]

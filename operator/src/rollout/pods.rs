@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod};
 
 use crate::accelerator::accounting::OFFLOAD_QAT;
 
-use super::plan::{FailureRecord, Observed, PodState, Slot, SlotState, UpgradeRecord};
+use super::plan::{FailureRecord, HandoffRecord, Observed, PodState, Slot, SlotState, UpgradeRecord};
 
 /// `major.minor` of a kubelet version string (`v1.32.1`, `v1.29.4-eks-1`).
 pub fn parse_kubelet_version(v: &str) -> Option<(u32, u32)> {
@@ -40,6 +40,7 @@ fn slot_state(spec: &Container, status: Option<&ContainerStatus>) -> SlotState {
         terminated_exit_code: state
             .and_then(|s| s.terminated.as_ref())
             .map(|t| t.exit_code),
+        restarts: status.map_or(0, |s| s.restart_count),
     }
 }
 
@@ -127,6 +128,10 @@ pub fn pod_state(pod: &Pod, kubelet: Option<(u32, u32)>, observed: Option<Observ
         // tried again.
         failure: annotation(annotations::UPGRADE_FAILED)
             .and_then(|v| serde_json::from_str::<FailureRecord>(v).ok()),
+        // Only read to wait for the retired slot's restart: one that does
+        // not parse (or predates the count) waits for nothing.
+        last_handoff: annotation(annotations::LAST_HANDOFF)
+            .and_then(|v| serde_json::from_str::<HandoffRecord>(v).ok()),
         observed,
     }
 }
