@@ -1109,7 +1109,10 @@ mod tests {
             retired_restarts: Some(0),
         });
         let p = plan(&release("3"), std::slice::from_ref(&p0), NOW);
-        assert!(p.actions.is_empty() && p.waiting && p.blocked.is_empty(), "{p:?}");
+        assert!(
+            p.actions.is_empty() && p.waiting && p.blocked.is_empty(),
+            "{p:?}"
+        );
 
         // Restarted into the idle image: the upgrade starts in slot a.
         let mut p1 = p0.clone();

@@ -9,7 +9,9 @@ use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod};
 
 use crate::accelerator::accounting::OFFLOAD_QAT;
 
-use super::plan::{FailureRecord, HandoffRecord, Observed, PodState, Slot, SlotState, UpgradeRecord};
+use super::plan::{
+    FailureRecord, HandoffRecord, Observed, PodState, Slot, SlotState, UpgradeRecord,
+};
 
 /// `major.minor` of a kubelet version string (`v1.32.1`, `v1.29.4-eks-1`).
 pub fn parse_kubelet_version(v: &str) -> Option<(u32, u32)> {
