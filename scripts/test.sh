@@ -8,6 +8,12 @@ export CARGO_TERM_COLOR=never
 # Heavy dependencies compile once per toolchain and are reused by later runs on
 # the same machine (cargo's fingerprints keep a shared target dir correct).
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/baton/target-$(rustc --version | awk '{print $2}')}"
+# No incremental state: a clean clone compiles the workspace's own crates
+# afresh, so it saves no time there, and it piled up in the shared target dir
+# (27 GB after a day of runs here filled the disk and the kubelet's disk
+# pressure left Baton's Pods Pending). Earlier runs' state is dropped too.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+[ "$CARGO_INCREMENTAL" = 0 ] && rm -rf "$CARGO_TARGET_DIR/debug/incremental"
 
 # Each stage's seconds, printed as a table at the end, pass or fail, so a
 # regression shows at once. e2e/run.sh adds its own stages (cluster up,
