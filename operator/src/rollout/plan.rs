@@ -366,8 +366,9 @@ pub struct Plan {
     /// The plan waits on pods (handoffs under way): look again soon, since
     /// a handoff's completion is not a Kubernetes event.
     pub waiting: bool,
-    /// Handoffs interrupted by their pod's deletion since the last look
-    /// (filled by the controller from its [`InFlightMemory`]).
+    /// Handoffs interrupted by their pod's deletion, newest first, as the
+    /// controller's [`InFlightMemory`] recalls them (the status lists those
+    /// of the current version).
     pub interrupted: Vec<Interrupted>,
 }
 
@@ -693,7 +694,13 @@ pub struct InFlightMemory {
     seen: BTreeMap<String, (String, UpgradeRecord)>,
     /// Terminating pods (key, uid) already reported.
     reported: BTreeSet<(String, String)>,
+    /// Every interruption reported, newest first (at most
+    /// [`RECENT_INTERRUPTED`]).
+    recent: Vec<Interrupted>,
 }
+
+/// How many reported interruptions [`InFlightMemory::recent`] keeps.
+pub const RECENT_INTERRUPTED: usize = 16;
 
 impl InFlightMemory {
     /// Takes the pods as listed now and returns the handoffs interrupted
@@ -736,7 +743,18 @@ impl InFlightMemory {
         self.reported
             .retain(|(k, u)| listed.contains(&(k.as_str(), u.as_str())));
         out.sort_by(|a, b| a.pod.cmp(&b.pod));
+        self.recent.splice(0..0, out.iter().cloned());
+        self.recent.truncate(RECENT_INTERRUPTED);
         out
+    }
+
+    /// The interruptions reported so far, newest first. The status lists
+    /// these, not only the ones its last read of the release carried: the
+    /// release a reconcile reads can predate the status patch that listed
+    /// an interruption (the watch has not delivered it yet), and a list
+    /// rebuilt from that stale copy would silently drop the pod.
+    pub fn recent(&self) -> &[Interrupted] {
+        &self.recent
     }
 }
 
@@ -1733,6 +1751,16 @@ mod tests {
         assert!(first[0].message().contains("handoff to 2 (slot b)"));
         assert!(memory.observe(&[a_terminating, c.clone()]).is_empty());
         assert!(memory.observe(std::slice::from_ref(&c)).is_empty());
+        // Reported once, recalled after: the status keeps listing both even
+        // when the release a reconcile reads predates the patch that did.
+        assert_eq!(
+            memory
+                .recent()
+                .iter()
+                .map(|i| i.pod.as_str())
+                .collect::<Vec<_>>(),
+            ["shop/a", "shop/b"]
+        );
     }
 
     #[test]

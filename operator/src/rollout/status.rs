@@ -42,8 +42,9 @@ pub fn overlay(
         })
         .collect();
 
-    // Interrupted handoffs: the new ones first, then those the status
-    // already listed for this version (a new version starts a new list).
+    // Interrupted handoffs: the controller's memory of them first (newest
+    // first), then those the status already listed for this version (a new
+    // version starts a new list; a new leader's memory starts empty).
     let earlier = release
         .status
         .iter()
@@ -52,6 +53,7 @@ pub fn overlay(
     let mut interrupted: Vec<InterruptedPod> = plan
         .interrupted
         .iter()
+        .filter(|i| i.record.version == spec.version)
         .map(|i| InterruptedPod {
             pod: i.pod.clone(),
             version: i.record.version.clone(),
