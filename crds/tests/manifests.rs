@@ -732,3 +732,101 @@ fn the_k8s_1_20_component_replaces_the_pdbs_with_policy_v1beta1() {
         assert_eq!(old["metadata"], base["metadata"]);
     }
 }
+
+/// docs/operations.md's "Ports and who may call them" table as (component,
+/// port, the "bound" cell) rows; a row with an empty component cell belongs
+/// to the one above it.
+fn documented_ports() -> Vec<(String, u16, String)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operations.md");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let section = text
+        .split("\n## Ports and who may call them\n")
+        .nth(1)
+        .expect("docs/operations.md has a section 'Ports and who may call them'");
+    let mut rows = vec![];
+    let mut component = String::new();
+    // The first table of the section; its first two lines are the header.
+    for line in section
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .skip(2)
+    {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        if !cells[1].is_empty() {
+            component = cells[1].trim_matches('`').to_owned();
+        }
+        // Ports are the numbers in backticks of the socket cell.
+        for quoted in cells[2].split('`').skip(1).step_by(2) {
+            if let Ok(port) = quoted.parse::<u16>() {
+                rows.push((component.clone(), port, cells[3].to_owned()));
+            }
+        }
+    }
+    assert!(!rows.is_empty(), "no port rows found in docs/operations.md");
+    rows
+}
+
+/// Firewall and NetworkPolicy authors read that table: every port Baton
+/// opens must be in it, under the component that opens it, and a port a
+/// Service exposes must say so.
+#[test]
+fn every_port_the_manifests_and_the_sidecar_open_is_in_the_operations_port_table() {
+    let table = documented_ports();
+    let row = |component: &str, port: u16| {
+        table
+            .iter()
+            .find(|(c, p, _)| c == component && *p == port)
+            .map(|(_, _, bound)| bound.as_str())
+    };
+    let mut missing = vec![];
+    for doc in install_set() {
+        let name = doc["metadata"]["name"].as_str().unwrap_or_default();
+        match doc["kind"].as_str() {
+            Some("Deployment") => {
+                let containers = doc["spec"]["template"]["spec"]["containers"]
+                    .as_array()
+                    .unwrap();
+                for port in containers
+                    .iter()
+                    .flat_map(|c| c["ports"].as_array().cloned().unwrap_or_default())
+                {
+                    let number = u16::try_from(port["containerPort"].as_u64().unwrap()).unwrap();
+                    if row(name, number).is_none() {
+                        missing.push(format!("{name}: containerPort {number}"));
+                    }
+                }
+            }
+            Some("Service") => {
+                let component = doc["spec"]["selector"]["app.kubernetes.io/name"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("Service {name} selects no component"));
+                for port in doc["spec"]["ports"].as_array().unwrap() {
+                    let number = u16::try_from(port["port"].as_u64().unwrap()).unwrap();
+                    match row(component, number) {
+                        None => missing.push(format!("Service {name}: port {number}")),
+                        Some(bound) if !bound.contains(&format!("`{name}`")) => missing.push(
+                            format!("Service {name}: port {number} is listed without the Service"),
+                        ),
+                        Some(_) => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    // The sidecar's listeners: injected by the webhook, in no manifest.
+    for port in [
+        contract::ports::OUTBOUND,
+        contract::ports::INBOUND,
+        contract::ports::ADMIN,
+    ] {
+        if row("baton-sidecar", port).is_none() {
+            missing.push(format!("baton-sidecar: {port}"));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/operations.md's port table misses: {missing:#?}"
+    );
+}
