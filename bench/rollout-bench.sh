@@ -48,8 +48,8 @@ teardown() {
 }
 trap teardown EXIT
 
-log "building demo-rollout (release)"
-build_release baton-e2e >/dev/null 2>&1 || build_release baton-e2e
+log "building (release; e2e/scripts/common.sh's one release build, which the images use too)"
+release_build >/dev/null 2>&1 || release_build
 "$BENCH_ROOT/e2e/cluster.sh" provision
 log "cluster up, images, install"
 cluster_lock   # held to the end of the teardown: one cluster run at a time
@@ -101,6 +101,11 @@ most_that_fit() {
   echo $(( ((alloc - used) / per - 2) * 4 / 5 ))
 }
 for n in $SIZES; do
+  # The previous size's namespace is deleted at its end: wait until its Pods
+  # are gone, or they count against this size's fit.
+  for ns in $(kc get namespaces -o name | grep '^namespace/bench-' || true); do
+    kc wait --for=delete "$ns" --timeout=180s >/dev/null || die "$ns is not gone after 180 s"
+  done
   fit=$(most_that_fit)
   if [ "$n" -gt "$fit" ]; then
     echo "$n pods do not fit the node with ${SIDECAR_CPU:-the default ${DEFAULT_SIDECAR_CPU_M}m} CPU per sidecar slot (both slots, restart surge and clients counted): $fit pods instead" >>"$OUT/summary.txt"
@@ -114,7 +119,7 @@ for n in $SIZES; do
   export -f sample
   start_bg "sampler-$n" "" bash -c 'sample "$@"' _ "$WORK/operator-$n.samples" "${pids[@]}"
   sampler=$LAST_PID
-  "$CARGO_TARGET_DIR/release/demo-rollout" --namespace "bench-$n" --replicas "$n" \
+  "$(tool_bin demo-rollout)" --namespace "bench-$n" --replicas "$n" \
     --max-unavailable "${MAX_UNAVAILABLE:-25%}" --no-broken --compare-restart \
     ${SIDECAR_CPU:+--sidecar-cpu "$SIDECAR_CPU"} \
     --report-json "$OUT/rollout-$n.json" >"$WORK/demo-$n.log" 2>&1 \
@@ -127,7 +132,7 @@ for n in $SIZES; do
     jq -r --arg cpu "$cpu" --arg rss "$rss" '
       "\(.replicas) echo pods + 2 meshed clients: hot upgrade " + ([.rollouts[] | "to \(.to) \(.seconds * 10 | round / 10) s (handoff p50 \(.handoff_ms_p50) ms, p99 \(.handoff_ms_p99) ms, max \(.handoff_ms_max) ms, \(.handoffs) on record)"] | join("; "))
       + "\n  traffic: host -> Pod \(.exchanges) exchanges, \(.failed) failed, \(.resets) resets; Pod -> Pod (mTLS) \([.meshed[].exchanges] | add) exchanges, \([.meshed[].failed] | add) failed; HTTP/2 reconnects \(.h2_reconnects), unprocessed re-sent \(.h2_unprocessed_resent); app restarts \(.app_restarts)"
-      + (if .restart then "\n  kubectl rollout restart: \(.restart.pods) pods recreated in \(.restart.seconds * 10 | round / 10) s (creation -> Ready p50 \(.restart.replace_ms_p50) ms, p99 \(.restart.replace_ms_p99) ms); Pod -> Pod (mTLS) \(.restart.exchanges) exchanges, \(.restart.failed) failed \(.restart.errors | tojson)" else "" end)
+      + (if .restart then "\n  kubectl rollout restart: \(.restart.pods) pods recreated in \(.restart.seconds * 10 | round / 10) s\(if .restart.finished then "" else " (NOT finished: the rest were still being replaced)" end) (creation -> Ready p50 \(.restart.replace_ms_p50) ms, p99 \(.restart.replace_ms_p99) ms); Pod -> Pod (mTLS) \(.restart.exchanges) exchanges, \(.restart.failed) failed \(.restart.errors | tojson)" else "" end)
       + "\n  operator (2 replicas): \($cpu) CPU s over the run, peak RSS \($rss) MiB"' \
       "$OUT/rollout-$n.json" >>"$OUT/summary.txt"
   else

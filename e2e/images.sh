@@ -7,7 +7,8 @@
 #   e2e/images.sh [all|NAME...]    NAME: pause empty sidecar operator webhook
 #                                  demo-http-echo demo-tcp-echo demo-load demo-fetch nettools
 #
-# Each image is one layer: a rootfs with the release binary, the shared
+# Each image is one layer: a rootfs with the binary (release; the test
+# tools' from BATON_TOOLS_DIR when set, see common.sh), the shared
 # libraries `ldd` lists for it (the workspace builds glibc binaries; no musl
 # target is installed), /etc/passwd and /tmp. The runtime stages of the repo's
 # Dockerfile describe the same images (same binary, path, entrypoint, user).
@@ -147,11 +148,15 @@ cargo_bins() {
     # Reuse the release binaries as they are (quick re-import after `up`).
     cargo_done[$pkg]=ok
   fi
+  # The test tools are taken as they are from BATON_TOOLS_DIR when it is set.
+  if [ "$pkg" = baton-e2e ] && [ -n "$TOOLS_DIR" ]; then
+    return 0
+  fi
   if [ -z "${cargo_done[$pkg]:-}" ]; then
-    # One build of every workspace binary: per-package builds unify features
+    # One release build (common.sh): per-package builds unify features
     # differently and recompile the shared dependency tree once per package.
-    log "cargo build --release --workspace --bins (for $pkg)"
-    if (cd "$REPO" && cargo build --release --locked --workspace --bins >&2); then
+    log "release build (for $pkg)"
+    if release_build >&2; then
       for p in baton-sidecar baton-operator baton-webhook baton-e2e; do cargo_done[$p]=ok; done
     fi
     cargo_done[$pkg]=${cargo_done[$pkg]:-failed}
@@ -162,21 +167,23 @@ cargo_bins() {
 # rust_image NAME PACKAGE BINARY ENTRYPOINT_JSON CMD_JSON USER [with-iptables]
 rust_image() {
   local name=$1 pkg=$2 bin=$3 ep=$4 cmd=$5 user=$6 extra=${7:-}
-  if ! cargo_bins "$pkg" || [ ! -x "$RELEASE/$bin" ]; then
-    skipped+=("$name (release build of $pkg failed or has no binary $bin)")
+  local src="$RELEASE/$bin"
+  [ "$pkg" = baton-e2e ] && src="$(tool_bin "$bin")"
+  if ! cargo_bins "$pkg" || [ ! -x "$src" ]; then
+    skipped+=("$name (the build of $pkg failed or has no binary $src)")
     return 0
   fi
   local rootfs
   rootfs="$(mktemp -d)"
   if [ "$extra" = as-sidecar ]; then base_rootfs "$rootfs" minimal; else base_rootfs "$rootfs"; fi
-  copy_bin "$rootfs" "$RELEASE/$bin" "/usr/local/bin/$bin"
+  copy_bin "$rootfs" "$src" "/usr/local/bin/$bin"
   strip_debug "$rootfs" "/usr/local/bin/$bin"
   if [ "$extra" = with-iptables ]; then add_iptables "$rootfs"; fi
   # The idle image answers the sidecar's postStart hook (`baton-sidecar
   # wait-ready`), which stays on a slot swapped back to idle.
   if [ "$extra" = as-sidecar ]; then ln -s "$bin" "$rootfs/usr/local/bin/baton-sidecar"; fi
   # OpenSSL providers are loaded at run time (QAT offload via OPENSSL_CONF).
-  if ldd "$RELEASE/$bin" 2>/dev/null | grep -q libssl && [ -d /usr/lib/x86_64-linux-gnu/ossl-modules ]; then
+  if ldd "$src" 2>/dev/null | grep -q libssl && [ -d /usr/lib/x86_64-linux-gnu/ossl-modules ]; then
     mkdir -p "$rootfs/usr/lib/x86_64-linux-gnu"
     cp -r /usr/lib/x86_64-linux-gnu/ossl-modules "$rootfs/usr/lib/x86_64-linux-gnu/"
   fi

@@ -55,9 +55,10 @@ trap 'exit 130' INT TERM
 
 say "installing packages and building (release; the first run also builds Kubernetes, ~10 min)"
 scripts/deps.sh
-# The same build as e2e/images.sh (every workspace binary, release): one
-# build serves the demo and the images, and e2e/run.sh after the demo.
-cargo build --release --locked --workspace --bins 2>&1 | tail -1
+# The same build as e2e/images.sh (e2e/scripts/common.sh: every workspace
+# binary, release, unless BATON_TOOLS_DIR names where the test tools are):
+# one build serves the demo and the images, and e2e/run.sh after the demo.
+release_build 2>&1 | tail -1
 e2e/cluster.sh provision
 
 say "bringing up a local Kubernetes"
@@ -77,7 +78,7 @@ echo "operator leader: $(kubectl -n baton-system get lease baton-operator -o jso
 
 keep=()
 [ "${BATON_DEMO_KEEP:-0}" = 1 ] && keep=(--keep)
-"$CARGO_TARGET_DIR/release/demo-rollout" \
+"$(tool_bin demo-rollout)" \
   --replicas "${BATON_DEMO_REPLICAS:-5}" \
   --max-unavailable "${BATON_DEMO_MAX_UNAVAILABLE:-25%}" \
   "${keep[@]}"

@@ -87,10 +87,13 @@ if [ "${BATON_SKIP_FUZZ:-0}" != 1 ]; then
 fi
 
 if [ "${BATON_SKIP_E2E:-0}" != 1 ]; then
-  # One release build of every binary: the images (e2e/images.sh) and the
-  # demo use it as it is (the same cargo command is then a no-op).
-  step "release build of every workspace binary (images, demo)"
-  cargo build --release --locked --workspace --bins
+  # The test tools (echo servers, load generators, demo-rollout) are the
+  # ones the workspace test build above made, as they are; only the binaries
+  # Baton ships are built for release (e2e/scripts/common.sh, decision 0043).
+  # The images (e2e/images.sh) and the demo run the same command: a no-op.
+  export BATON_TOOLS_DIR="$CARGO_TARGET_DIR/debug"
+  step "release build of the shipped binaries (sidecar, operator, webhook)"
+  (E2E_DIR="$PWD/e2e" && . e2e/scripts/common.sh && release_build)
 
   if [ "${BATON_SKIP_DEMO:-0}" != 1 ]; then
     # The README's first command as a newcomer runs it, then the suite on the

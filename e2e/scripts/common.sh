@@ -62,6 +62,26 @@ IMAGE_REPO=docker.io/baton
 IMAGE_TAG="${BATON_IMAGE_TAG:-e2e}"
 PAUSE_IMAGE="$IMAGE_REPO/pause:$IMAGE_TAG"
 
+# The binaries Baton ships (sidecar and its idle image, operator, webhook)
+# come from the release build, always. The test tools (demo-http-echo,
+# demo-tcp-echo, demo-load, demo-fetch, demo-rollout) come from
+# BATON_TOOLS_DIR when it is set, as they are there: scripts/test.sh points
+# it at the workspace test build, which already built them (a release build
+# of the tools cost CI ~4 minutes of thin-LTO links; see decision 0043).
+# Unset, everything is one release build of the workspace (the demo and the
+# benchmarks as a user runs them).
+TOOLS_DIR="${BATON_TOOLS_DIR:-}"
+# release_build: the one release build; a no-op when it is up to date.
+release_build() {
+  if [ -n "$TOOLS_DIR" ]; then
+    (cd "$REPO" && cargo build --release --locked -p baton-sidecar -p baton-operator -p baton-webhook --bins)
+  else
+    (cd "$REPO" && cargo build --release --locked --workspace --bins)
+  fi
+}
+# tool_bin NAME: the path of a test tool's binary.
+tool_bin() { echo "${TOOLS_DIR:-${CARGO_TARGET_DIR:-$REPO/target}/release}/$1"; }
+
 log() { printf '[e2e %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 

@@ -270,6 +270,28 @@ pub async fn ready_pods(
     ready_pods_labelled(client, ns, "app=echo", version, replicas, within).await
 }
 
+/// The live (not terminating) pods of `ns` matching the label `selector`
+/// that are Ready and injected with `version`, now.
+pub async fn ready_now(
+    client: &Client,
+    ns: &str,
+    selector: &str,
+    version: &str,
+) -> kube::Result<Vec<Pod>> {
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(selector))
+        .await?;
+    Ok(pods
+        .items
+        .into_iter()
+        .filter(|p| {
+            p.metadata.deletion_timestamp.is_none()
+                && annotation(p, annotations::VERSION) == Some(version)
+                && is_ready(p)
+        })
+        .collect())
+}
+
 /// The live (not terminating) pods of `ns` matching the label `selector`,
 /// once exactly `replicas` are Ready and injected with `version`.
 pub async fn ready_pods_labelled(
