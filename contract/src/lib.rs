@@ -126,6 +126,23 @@ pub mod volumes {
     pub const TRUST_BUNDLE_PATH: &str = "/var/run/secrets/baton.dev/trust/ca.crt";
 }
 
+pub mod kubernetes {
+    //! Facts about Kubernetes versions that the webhook (how it injects) and
+    //! the operator (how it upgrades) must agree on.
+
+    /// First `(major, minor)` whose kubelet restarts a native sidecar (an
+    /// init container with `restartPolicy: Always`) when its image changes:
+    /// kubernetes issue 121333, fixed by PR 126525 in 1.32. Native sidecars
+    /// exist from 1.29 (beta, on by default), but a kubelet before 1.32
+    /// accepts the new image in the spec and keeps running the old
+    /// container, so a hot upgrade of one could never start and the Pod
+    /// would have to be evicted. The webhook injects native sidecars from
+    /// this version on (ordinary containers before it), and the operator
+    /// evicts instead of swapping in place on a node whose kubelet is older
+    /// (version skew).
+    pub const NATIVE_SIDECAR_IMAGE_UPDATE_SINCE: (u32, u32) = (1, 32);
+}
+
 pub mod ports {
     //! Well-known sidecar ports.
 

@@ -108,7 +108,8 @@ pub struct Args {
     /// and TlsPolicies do not reach them.
     #[arg(long, env = "BATON_INJECT_CONFIG_PUSH", default_value_t = true, action = clap::ArgAction::Set)]
     pub config_push: bool,
-    /// Seconds the pre-1.29 postStart hook waits for the proxy.
+    /// Seconds the postStart hook of ordinary-container sidecars (servers
+    /// before 1.32) waits for the proxy.
     #[arg(long, default_value_t = 60)]
     pub wait_ready_timeout_secs: u32,
     /// On SIGTERM, how long the webhook keeps serving new connections while

@@ -41,11 +41,14 @@ pub const FAILED_WAITING_REASONS: &[&str] = &[
 ];
 
 /// First kubelet minor that restarts a native sidecar (an init container
-/// with `restartPolicy: Always`) when its image changes: the fix for
-/// kubernetes issue 121333 (kubernetes PR 126525, released in 1.32).
-/// Older kubelets accept the new image in the spec and keep running the old
-/// container, so an in-place swap would never start; those pods are evicted.
-pub const NATIVE_IMAGE_UPDATE_SINCE: (u32, u32) = (1, 32);
+/// with `restartPolicy: Always`) when its image changes (the contract's
+/// `kubernetes` module says why). Older kubelets accept the new image in the
+/// spec and keep running the old container, so an in-place swap would never
+/// start; those pods are evicted. The webhook injects native sidecars only
+/// from the same version, so this is met unless a node's kubelet is older
+/// than the API server.
+pub const NATIVE_IMAGE_UPDATE_SINCE: (u32, u32) =
+    baton_crds::contract::kubernetes::NATIVE_SIDECAR_IMAGE_UPDATE_SINCE;
 
 /// One of the two sidecar slots the webhook injects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -39,7 +39,8 @@ impl CaptureMode {
 /// Whether sidecars are injected as native sidecars.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum NativeSidecars {
-    /// From the API server version (>= 1.29).
+    /// From the API server version: native from 1.32, where a native
+    /// sidecar's image can be swapped in place (see `NATIVE_SIDECARS_SINCE`).
     #[default]
     Auto,
     Always,
@@ -57,7 +58,8 @@ pub struct InjectConfig {
     /// Requests and limits of each sidecar slot when the release sets
     /// none (both slots get the same: docs/decisions/0035).
     pub default_resources: ResourceRequirements,
-    /// Seconds the postStart hook waits for `/ready` (pre-1.29 servers).
+    /// Seconds the postStart hook waits for `/ready` (ordinary-container
+    /// sidecars: servers before 1.32).
     pub wait_ready_timeout_seconds: u32,
     /// `imagePullPolicy` of injected containers (`None`: the default).
     pub image_pull_policy: Option<String>,

@@ -108,7 +108,7 @@ impl Fixture {
     }
 
     fn native(mut self) -> Self {
-        self.version = ServerVersion::new(1, 30);
+        self.version = ServerVersion::new(1, 32);
         self
     }
 
@@ -383,7 +383,30 @@ fn old_servers_get_ordinary_containers_placed_first_with_a_wait_hook() {
 }
 
 #[test]
-fn servers_from_1_29_get_native_sidecars_before_user_init_containers() {
+fn servers_1_29_to_1_31_get_ordinary_containers_so_an_upgrade_stays_in_place() {
+    // Native sidecars exist there, but their kubelets ignore an image
+    // update of one: a hot upgrade would have to evict the Pod.
+    for minor in [29, 30, 31] {
+        let mut f = Fixture::new();
+        f.version = ServerVersion::new(1, minor);
+        let (inj, p) = f.inject(&app_pod());
+        assert!(!inj.native_sidecars, "1.{minor}");
+        let s = p.spec.as_ref().unwrap();
+        assert_eq!(
+            names(&s.containers),
+            [containers::SLOT_A, containers::SLOT_B, "app"],
+            "1.{minor}"
+        );
+        assert_eq!(
+            names(s.init_containers.as_ref().unwrap()),
+            [containers::INIT],
+            "1.{minor}"
+        );
+    }
+}
+
+#[test]
+fn servers_from_1_32_get_native_sidecars_before_user_init_containers() {
     let mut p = app_pod();
     p.spec.as_mut().unwrap().init_containers = Some(vec![Container {
         name: "migrate".into(),

@@ -10,11 +10,15 @@ pub struct ServerVersion {
     pub minor: u32,
 }
 
-/// First minor with native sidecars (init containers with
-/// `restartPolicy: Always`) enabled by default (beta in 1.29, GA in 1.33).
+/// First minor where the webhook injects native sidecars (init containers
+/// with `restartPolicy: Always`): not 1.29, where they appear, but the first
+/// whose kubelet swaps a native sidecar's image in place, so that a hot
+/// upgrade stays a hot upgrade and never turns into an eviction
+/// ([`baton_crds::contract::kubernetes::NATIVE_SIDECAR_IMAGE_UPDATE_SINCE`]).
+/// From 1.29 to 1.31 sidecars are ordinary containers, as before 1.29.
 pub const NATIVE_SIDECARS_SINCE: ServerVersion = ServerVersion {
-    major: 1,
-    minor: 29,
+    major: baton_crds::contract::kubernetes::NATIVE_SIDECAR_IMAGE_UPDATE_SINCE.0,
+    minor: baton_crds::contract::kubernetes::NATIVE_SIDECAR_IMAGE_UPDATE_SINCE.1,
 };
 
 impl ServerVersion {
@@ -60,11 +64,63 @@ mod tests {
         assert_eq!(ServerVersion::parse("1", "x"), None);
     }
 
+    /// `/version` as API servers answer it (the fields the webhook reads;
+    /// managed offerings add a `+` and a vendor suffix to `gitVersion`).
     #[test]
-    fn native_sidecars_start_at_1_29() {
-        assert!(!ServerVersion::new(1, 20).supports_native_sidecars());
-        assert!(!ServerVersion::new(1, 28).supports_native_sidecars());
-        assert!(ServerVersion::new(1, 29).supports_native_sidecars());
+    fn recorded_version_answers_decide_the_injection_mode() {
+        let recorded = [
+            (
+                r#"{"major":"1","minor":"20","gitVersion":"v1.20.15","platform":"linux/amd64"}"#,
+                false,
+            ),
+            (
+                r#"{"major":"1","minor":"29","gitVersion":"v1.29.10","platform":"linux/amd64"}"#,
+                false,
+            ),
+            (
+                r#"{"major":"1","minor":"30+","gitVersion":"v1.30.6-eks-7f9249a","platform":"linux/amd64"}"#,
+                false,
+            ),
+            (
+                r#"{"major":"1","minor":"31","gitVersion":"v1.31.3-gke.1006000","platform":"linux/amd64"}"#,
+                false,
+            ),
+            (
+                r#"{"major":"1","minor":"32","gitVersion":"v1.32.0","platform":"linux/amd64"}"#,
+                true,
+            ),
+            (
+                r#"{"major":"1","minor":"33+","gitVersion":"v1.33.1+k3s1","platform":"linux/amd64"}"#,
+                true,
+            ),
+        ];
+        for (json, native) in recorded {
+            let info: serde_json::Value = serde_json::from_str(json).unwrap();
+            let v = ServerVersion::parse(
+                info["major"].as_str().unwrap(),
+                info["minor"].as_str().unwrap(),
+            )
+            .unwrap();
+            assert_eq!(v.supports_native_sidecars(), native, "{json}");
+        }
+    }
+
+    #[test]
+    fn native_sidecars_start_where_the_kubelet_swaps_their_image_in_place() {
+        // 1.29–1.31 have native sidecars, but a hot upgrade of one would be
+        // an eviction there: ordinary containers.
+        for minor in [20, 28, 29, 30, 31] {
+            assert!(
+                !ServerVersion::new(1, minor).supports_native_sidecars(),
+                "1.{minor}"
+            );
+        }
+        for minor in [32, 33, 34] {
+            assert!(
+                ServerVersion::new(1, minor).supports_native_sidecars(),
+                "1.{minor}"
+            );
+        }
         assert!(ServerVersion::new(2, 0).supports_native_sidecars());
     }
 }
