@@ -705,6 +705,16 @@ mod tests {
             .collect()
     }
 
+    /// The `status` of the first status patch of the release `default`.
+    fn patched_status(seen: &[Seen]) -> &serde_json::Value {
+        &find(
+            seen,
+            Method::PATCH,
+            "/apis/baton.dev/v1alpha1/sidecarreleases/default/status?",
+        )[0]
+        .body["status"]
+    }
+
     #[tokio::test]
     async fn reconcile_starts_the_standby_slot_with_one_conditional_patch_and_an_event() {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
@@ -884,12 +894,7 @@ mod tests {
                 .iter()
                 .any(|w| w.body["regarding"]["kind"] == "SidecarRelease")
         );
-        let st = &find(
-            &seen,
-            Method::PATCH,
-            "/apis/baton.dev/v1alpha1/sidecarreleases/default/status?",
-        )[0]
-        .body["status"];
+        let st = patched_status(&seen);
         assert_eq!(st["failed"], 1);
         assert_eq!(st["rollout"], "Paused");
         assert_eq!(st["failedPods"][0]["pod"], "shop/web-0");
@@ -968,12 +973,7 @@ mod tests {
             note.starts_with("shop/web-0: deleted while its handoff to 2"),
             "{note}"
         );
-        let st = &find(
-            &seen,
-            Method::PATCH,
-            "/apis/baton.dev/v1alpha1/sidecarreleases/default/status?",
-        )[0]
-        .body["status"];
+        let st = patched_status(&seen);
         assert_eq!(st["interruptedPods"][0]["pod"], "shop/web-0");
         assert_eq!(st["interruptedPods"][0]["version"], "2");
 
@@ -989,12 +989,7 @@ mod tests {
             .unwrap();
         let seen = seen.lock().unwrap().clone();
         assert!(interrupted(&seen).is_empty());
-        let st = &find(
-            &seen,
-            Method::PATCH,
-            "/apis/baton.dev/v1alpha1/sidecarreleases/default/status?",
-        )[0]
-        .body["status"];
+        let st = patched_status(&seen);
         assert_eq!(st["interruptedPods"][0]["pod"], "shop/web-0", "{st}");
     }
 
@@ -1027,12 +1022,7 @@ mod tests {
             find(&seen, Method::POST, "/apis/events.k8s.io/").is_empty(),
             "no event for a step not taken"
         );
-        let st = &find(
-            &seen,
-            Method::PATCH,
-            "/apis/baton.dev/v1alpha1/sidecarreleases/default/status?",
-        )[0]
-        .body["status"];
+        let st = patched_status(&seen);
         let progressing = st["conditions"]
             .as_array()
             .unwrap()
