@@ -44,20 +44,33 @@ pub fn tag() -> String {
 
 /// `ctr images tag` in the cluster's containerd (the harness runs as root).
 pub fn tag_image(from: &str, to: &str) -> Result<(), String> {
+    // `ctr images tag --force` deletes the target, then creates it: two
+    // tests tagging the same version at once (a binary's test threads, or
+    // two binaries) can see the other's delete and fail with "not found".
+    // Every caller tags the same source, so one process at a time, and a
+    // retry for the rare overlap with another process, converge.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let run = std::env::var("BATON_E2E_RUN_DIR").unwrap_or_else(|_| "/tmp/baton-e2e".to_owned());
-    let out = std::process::Command::new("ctr")
-        .args(["--address", &format!("{run}/containerd/containerd.sock")])
-        .args(["-n", "k8s.io", "images", "tag", "--force", from, to])
-        .output()
-        .map_err(|e| format!("cannot run ctr: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ctr images tag {from} {to}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ))
+    let mut last = String::new();
+    for attempt in 0..5 {
+        if attempt > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        let out = std::process::Command::new("ctr")
+            .args(["--address", &format!("{run}/containerd/containerd.sock")])
+            .args(["-n", "k8s.io", "images", "tag", "--force", from, to])
+            .output()
+            .map_err(|e| format!("cannot run ctr: {e}"))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        last = String::from_utf8_lossy(&out.stderr).into_owned();
+        if !last.contains("not found") {
+            break;
+        }
     }
+    Err(format!("ctr images tag {from} {to}: {last}"))
 }
 
 /// The sidecar image under the tag of version `v`.
