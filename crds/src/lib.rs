@@ -19,6 +19,7 @@
 //! validation       FieldError + the `Validate` trait every kind implements
 //! objects          validates a JSON object of any Baton kind (dispatch by kind)
 //! accelerator      pure QAT grant decision shared by webhook and operator
+//! sidecars         the operator's `/sidecars` report (config sync per Pod), read by the CLI
 //! schema           CRD post-processing for old API servers + the full CRD list
 //! yaml             the one place that talks YAML
 //! ```
@@ -36,6 +37,7 @@ pub mod route;
 pub mod schema;
 pub mod selector;
 pub mod sidecar_release;
+pub mod sidecars;
 pub mod tls_policy;
 pub mod validation;
 pub mod yaml;

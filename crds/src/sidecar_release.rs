@@ -261,6 +261,57 @@ pub struct SidecarReleaseStatus {
     /// Progressing, Complete, Degraded, Paused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// Versions every selected pod reached (Complete, AllPodsUpdated or
+    /// NoPodsSelected), newest first, each once, at most 10: what
+    /// `kubectl baton rollback` returns to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<ReleaseRevision>,
+}
+
+/// A version the release completed a rollout to.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReleaseRevision {
+    /// `spec.version` then.
+    pub version: String,
+    /// `spec.image` then.
+    pub image: String,
+    /// `spec.emptyImage` then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub empty_image: Option<String>,
+}
+
+/// How many completed versions `status.history` keeps.
+pub const HISTORY_LIMIT: usize = 10;
+
+/// `history` after a rollout to `spec` completed: `spec` first, each
+/// version once, at most [`HISTORY_LIMIT`].
+pub fn history_after(
+    history: &[ReleaseRevision],
+    spec: &SidecarReleaseSpec,
+) -> Vec<ReleaseRevision> {
+    let now = ReleaseRevision {
+        version: spec.version.clone(),
+        image: spec.image.clone(),
+        empty_image: spec.empty_image.clone(),
+    };
+    std::iter::once(now)
+        .chain(
+            history
+                .iter()
+                .filter(|r| r.version != spec.version)
+                .cloned(),
+        )
+        .take(HISTORY_LIMIT)
+        .collect()
+}
+
+impl SidecarReleaseStatus {
+    /// The newest completed version other than `current`: where a rollback
+    /// goes.
+    pub fn previous(&self, current: &str) -> Option<&ReleaseRevision> {
+        self.history.iter().find(|r| r.version != current)
+    }
 }
 
 /// A pod deleted while its handoff was in flight.

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use baton_crds::conditions::{self, Time, sidecar_release as cond};
 use baton_crds::contract::{annotations, containers};
-use baton_crds::sidecar_release::VersionCount;
+use baton_crds::sidecar_release::{VersionCount, history_after};
 use baton_crds::{SidecarRelease, SidecarReleaseStatus, Validate};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 
@@ -75,6 +75,7 @@ pub fn compute(release: &SidecarRelease, pods: &[PodView], now: &Time) -> Sideca
     let spec = &release.spec;
     let generation = release.metadata.generation;
     let previous = release.status.clone().unwrap_or_default();
+    let mut history = previous.history.clone();
 
     let count = |f: &dyn Fn(&PodView) -> bool| {
         i32::try_from(pods.iter().filter(|p| f(p)).count()).unwrap_or(i32::MAX)
@@ -120,6 +121,7 @@ pub fn compute(release: &SidecarRelease, pods: &[PodView], now: &Time) -> Sideca
         );
         set(cond::COMPLETE, false, cond::reasons::INVALID_SPEC, message);
     } else if total == 0 {
+        history = history_after(&history, spec);
         set(
             cond::PROGRESSING,
             false,
@@ -143,6 +145,7 @@ pub fn compute(release: &SidecarRelease, pods: &[PodView], now: &Time) -> Sideca
                 ),
             )
         } else {
+            history = history_after(&history, spec);
             (
                 cond::reasons::ALL_PODS_UPDATED,
                 format!("all {total} pods run {} and are ready", spec.version),
@@ -220,6 +223,7 @@ pub fn compute(release: &SidecarRelease, pods: &[PodView], now: &Time) -> Sideca
         failed,
         versions: by_version.into_values().collect(),
         conditions: c,
+        history,
         ..Default::default()
     }
 }
@@ -309,6 +313,47 @@ mod tests {
             cond::reasons::ALL_PODS_UPDATED
         );
         assert_eq!(condition(&s, cond::DEGRADED).status, "False");
+    }
+
+    #[test]
+    fn a_completed_rollout_enters_the_history_newest_first_and_once() {
+        let mut r = release("1.0", 0, false);
+        let s = compute(&r, &[pod("ns/a", "1.0", true)], &now());
+        assert_eq!(s.history.len(), 1);
+        // Under way to 2.0: the history still ends at 1.0.
+        r.status = Some(s);
+        r.spec.version = "2.0".into();
+        r.spec.image = "baton/sidecar:2.0".into();
+        let s = compute(&r, &[pod("ns/a", "1.0", true)], &now());
+        let versions = |s: &SidecarReleaseStatus| {
+            s.history
+                .iter()
+                .map(|h| h.version.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(versions(&s), ["1.0"]);
+        assert_eq!(s.previous("2.0").map(|h| h.version.as_str()), Some("1.0"));
+        // Done: 2.0 first; back to 1.0 and done again: 1.0 moves to the
+        // front rather than appearing twice.
+        r.status = Some(s);
+        let s = compute(&r, &[pod("ns/a", "2.0", true)], &now());
+        assert_eq!(versions(&s), ["2.0", "1.0"]);
+        assert_eq!(s.history[0].image, "baton/sidecar:2.0");
+        r.status = Some(s);
+        r.spec.version = "1.0".into();
+        let s = compute(&r, &[pod("ns/a", "1.0", true)], &now());
+        assert_eq!(versions(&s), ["1.0", "2.0"]);
+        // A partition holding pods back is not a completed version.
+        r.status = Some(s);
+        r.spec.version = "3.0".into();
+        r.spec.upgrade.partition = 1;
+        let s = compute(
+            &r,
+            &[pod("ns/a", "1.0", true), pod("ns/b", "3.0", true)],
+            &now(),
+        );
+        assert_eq!(versions(&s), ["1.0", "2.0"]);
+        assert_eq!(s.previous("1.0").map(|h| h.version.as_str()), Some("2.0"));
     }
 
     #[test]
