@@ -274,6 +274,7 @@ impl IdentityArgs {
             serving_lifetime: Duration::from_secs(7 * 86_400),
             reload_interval: Duration::from_secs(self.reload_seconds),
             instance,
+            ledger: Arc::default(),
         })
     }
 }
@@ -295,7 +296,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .context("no Kubernetes client configuration (in-cluster or KUBECONFIG)")?;
     let metrics = Arc::new(metrics::Metrics::default());
     let (ready_tx, ready_rx) = watch::channel(false);
-    let admin = tokio::spawn(admin::serve(args.admin_addr, metrics.clone(), ready_rx));
+    let view = Arc::new(admin::SidecarsView::default());
+    let admin = tokio::spawn(admin::serve(
+        args.admin_addr,
+        metrics.clone(),
+        ready_rx,
+        view.clone(),
+    ));
 
     let identity = args.identity.clone().unwrap_or_else(default_identity);
     // Every replica serves identity, leader or not: started before the
@@ -309,6 +316,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let cfg = args
             .mesh_identity
             .config(&args.namespace, Some(identity.clone()))?;
+        let _ = view.ledger.set(cfg.ledger.clone());
         let (client, m) = (client.clone(), metrics.identity.clone());
         let serving = serving.clone();
         tokio::spawn(async move {
@@ -319,7 +327,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     // Every replica serves config streams too; only the leader writes status.
     let hub = if args.config_push.enabled {
-        Some(start_config_push(&args, &client, &metrics, serving, &identity).await?)
+        let hub = start_config_push(&args, &client, &metrics, serving, &identity).await?;
+        let _ = view.hub.set(hub.clone());
+        Some(hub)
     } else {
         None
     };

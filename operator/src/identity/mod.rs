@@ -23,6 +23,7 @@
 pub mod authority;
 pub mod cluster;
 pub mod issue;
+pub mod ledger;
 pub mod metrics;
 pub mod rate_limit;
 pub mod server;
@@ -62,6 +63,8 @@ pub struct IdentityConfig {
     pub reload_interval: Duration,
     /// This replica's name, for Events.
     pub instance: Option<String>,
+    /// Where issued certificates are recorded (read by the admin port).
+    pub ledger: Arc<ledger::Ledger>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -169,12 +172,15 @@ pub async fn run_with_serving(
             source,
         })?;
     tracing::info!(addr = %cfg.addr, "identity service listening");
-    let service = Arc::new(IdentityService::new(
-        KubeCluster::new(client, cfg.instance.clone()),
-        cfg.service.clone(),
-        authority.clone(),
-        metrics.clone(),
-    ));
+    let service = Arc::new(
+        IdentityService::new(
+            KubeCluster::new(client, cfg.instance.clone()),
+            cfg.service.clone(),
+            authority.clone(),
+            metrics.clone(),
+        )
+        .with_ledger(cfg.ledger.clone()),
+    );
     let mut server = tokio::spawn(server::serve(
         listener,
         server::acceptor(serving.clone()),

@@ -57,6 +57,8 @@ pub struct IdentityService<C> {
     /// not turn into a stream of API writes.
     event_gate: Mutex<RateLimiter>,
     metrics: IdentityMetrics,
+    /// The newest certificate per Pod, for the admin port's `/sidecars`.
+    ledger: Arc<super::ledger::Ledger>,
 }
 
 /// Minimum spacing of identical refusal Events on one Pod.
@@ -88,7 +90,14 @@ impl<C: Cluster> IdentityService<C> {
             config,
             authority,
             metrics,
+            ledger: Arc::default(),
         }
+    }
+
+    /// Records issued certificates in `ledger` (shared with the admin port).
+    pub fn with_ledger(mut self, ledger: Arc<super::ledger::Ledger>) -> Self {
+        self.ledger = ledger;
+        self
     }
 
     pub fn metrics(&self) -> &IdentityMetrics {
@@ -123,12 +132,19 @@ impl<C: Cluster> IdentityService<C> {
         let caller = caller_from_review(&review, &self.config.audience, &self.config.trust_domain)?;
         let outcome = self.issue_for(&caller, &request.csr).await;
         match &outcome {
-            Ok(issued) => tracing::info!(
-                identity = %caller.identity,
-                pod = %caller.pod_name,
-                not_after = %issued.not_after,
-                "certificate issued"
-            ),
+            Ok(issued) => {
+                self.ledger.record(
+                    format!("{}/{}", caller.identity.namespace, caller.pod_name),
+                    issued.not_after.unix_timestamp(),
+                    time::OffsetDateTime::now_utc().unix_timestamp(),
+                );
+                tracing::info!(
+                    identity = %caller.identity,
+                    pod = %caller.pod_name,
+                    not_after = %issued.not_after,
+                    "certificate issued"
+                )
+            }
             Err(refusal) => {
                 tracing::warn!(
                     identity = %caller.identity,
