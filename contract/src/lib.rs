@@ -208,6 +208,10 @@ pub mod env {
     pub const IDLE_AFTER_HANDOFF: &str = "BATON_IDLE_AFTER_HANDOFF";
     /// Testing knob: advertise protocol versions `MIN-MAX` instead of this build's.
     pub const HANDOFF_PROTOCOL_RANGE: &str = "BATON_HANDOFF_PROTOCOL_RANGE";
+    /// Testing knob: the sidecar refuses (NACKs) every pushed config with a
+    /// route whose name contains this value, as it refuses an invalid one,
+    /// and keeps serving its last good config (e2e: a STALE sidecar).
+    pub const TEST_REFUSE_ROUTE: &str = "BATON_TEST_REFUSE_ROUTE";
     /// Testing knob: the new process waits this long before each step, so
     /// chaos tests can kill it at any point of a handoff.
     pub const HANDOFF_TEST_STEP_DELAY_MS: &str = "BATON_HANDOFF_TEST_STEP_DELAY_MS";

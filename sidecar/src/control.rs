@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_config::push::{self, Decoder, Push, Reply};
+use baton_contract as contract;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::Frame;
@@ -252,10 +253,42 @@ fn apply(store: &ConfigStore, push: Push) -> Reply {
     let applied = push
         .resolve(&store.snapshot())
         .map_err(|e| e.to_string())
-        .and_then(|snapshot| store.apply(&snapshot).map_err(|e| e.to_string()));
+        .and_then(|snapshot| {
+            refused_by_test_knob(&snapshot)?;
+            store.apply(&snapshot).map_err(|e| e.to_string())
+        });
     match applied {
         Ok(()) => Reply::Ack { nonce, version },
         Err(error) => Reply::Nack { nonce, error },
+    }
+}
+
+/// Testing knob ([`contract::env::TEST_REFUSE_ROUTE`]): refuses, as an
+/// invalid config would be, any snapshot with a route whose name contains
+/// the variable's value, so end-to-end tests can show a sidecar that NACKed
+/// its newest config (STALE in `kubectl baton status`) while it keeps
+/// serving the last good one. Unset in every Pod Baton injects.
+fn refused_by_test_knob(snapshot: &baton_config::Snapshot) -> Result<(), String> {
+    static KNOB: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let knob = KNOB.get_or_init(|| {
+        std::env::var(contract::env::TEST_REFUSE_ROUTE)
+            .ok()
+            .filter(|v| !v.is_empty())
+    });
+    match knob {
+        Some(needle) => match snapshot
+            .routes
+            .iter()
+            .find(|r| r.name.contains(needle.as_str()))
+        {
+            Some(r) => Err(format!(
+                "route {:?} refused by the testing knob {}",
+                r.name,
+                contract::env::TEST_REFUSE_ROUTE
+            )),
+            None => Ok(()),
+        },
+        None => Ok(()),
     }
 }
 
