@@ -43,6 +43,17 @@ if ! cargo test --locked ${BATON_E2E_BUILD:--p baton-e2e} --no-run --message-for
 fi
 mapfile -t bins < <(jq -r 'select(.reason == "compiler-artifact" and .target.kind == ["test"] and (.target.src_path | test("/e2e/tests/"))) | .executable' "$out/build.json")
 [ "${#bins[@]}" -gt 0 ] || die "no e2e test binaries were built"
+# The kubectl-baton plugin the cli_ tests run (BATON_CLI): the one this
+# build made (cli/tests/ makes cargo build it beside the test binaries), else
+# a build of its own.
+BATON_CLI="$(jq -r 'select(.reason == "compiler-artifact" and .target.name == "kubectl-baton" and .target.kind == ["bin"]) | .executable' "$out/build.json" | tail -1)"
+if [ -z "$BATON_CLI" ] || [ ! -x "$BATON_CLI" ]; then
+  cargo build --locked -p baton-cli --bin kubectl-baton --message-format=json >"$out/cli.json" 2>"$out/build.log" \
+    || { cat "$out/build.log" >&2; die "building kubectl-baton failed"; }
+  BATON_CLI="$(jq -r 'select(.reason == "compiler-artifact" and .target.name == "kubectl-baton") | .executable' "$out/cli.json" | tail -1)"
+fi
+[ -x "$BATON_CLI" ] || die "no kubectl-baton binary was built"
+export BATON_CLI
 
 mapfile -t exclusive < <(sed -e 's/#.*//' -e 's/[[:space:]]//g' "$E2E_DIR/exclusive-tests" | grep .)
 # Tests not in the gate yet (e2e/ungated-tests, each with its reason): run
@@ -58,7 +69,7 @@ for t in "${exclusive[@]}" "${ungated[@]}"; do skip+=(--skip "$t"); done
 
 # Longest first (seconds of the last measured run, e2e/README.md), so the
 # long serial chains start at once and the short binaries fill the gaps.
-order="mesh rollout identity failover accelerator webhook admin install cluster"
+order="mesh rollout identity failover cli accelerator webhook admin install cluster"
 sorted=()
 for n in $order; do
   for b in "${bins[@]}"; do [[ "$(basename "$b")" == "$n"-* ]] && sorted+=("$b"); done

@@ -16,6 +16,7 @@
 
 pub mod admin;
 pub mod admission;
+pub mod cli;
 pub mod cluster;
 pub mod demo;
 pub mod fetch;
