@@ -164,7 +164,10 @@ pub async fn from_cluster(
         None => {
             let info = ctx
                 .bounded("reading the API server version", async {
-                    Ok(client.apiserver_version().await?)
+                    client
+                        .apiserver_version()
+                        .await
+                        .context("reading the API server version")
                 })
                 .await?;
             ServerVersion::parse(&info.major, &info.minor).ok_or_else(|| {
@@ -178,10 +181,10 @@ pub async fn from_cluster(
     };
     let releases = ctx
         .bounded("listing SidecarReleases", async {
-            Ok(Api::<SidecarRelease>::all(client.clone())
+            Api::<SidecarRelease>::all(client.clone())
                 .list(&ListParams::default())
                 .await
-                .context("listing SidecarReleases")?)
+                .context("listing SidecarReleases")
         })
         .await?;
     let mut namespace_labels = BTreeMap::new();
@@ -189,10 +192,10 @@ pub async fn from_cluster(
     for ns in namespaces {
         let got = ctx
             .bounded(&format!("reading namespace {ns}"), async {
-                Ok(Api::<Namespace>::all(client.clone())
+                Api::<Namespace>::all(client.clone())
                     .get_opt(ns)
                     .await
-                    .with_context(|| format!("reading namespace {ns}"))?)
+                    .with_context(|| format!("reading namespace {ns}"))
             })
             .await?;
         match got {
@@ -207,10 +210,10 @@ pub async fn from_cluster(
         }
         let policies = ctx
             .bounded(&format!("listing TlsPolicies in {ns}"), async {
-                Ok(Api::<TlsPolicy>::namespaced(client.clone(), ns)
+                Api::<TlsPolicy>::namespaced(client.clone(), ns)
                     .list(&ListParams::default())
                     .await
-                    .with_context(|| format!("listing TlsPolicies in {ns}"))?)
+                    .with_context(|| format!("listing TlsPolicies in {ns}"))
             })
             .await?;
         tls_policies.extend(policies.items.into_iter().map(Arc::new));
@@ -222,18 +225,18 @@ pub async fn from_cluster(
     let (pools, nodes) = if offload {
         let pools = ctx
             .bounded("listing AcceleratorPools", async {
-                Ok(Api::<AcceleratorPool>::all(client.clone())
+                Api::<AcceleratorPool>::all(client.clone())
                     .list(&ListParams::default())
                     .await
-                    .context("listing AcceleratorPools")?)
+                    .context("listing AcceleratorPools")
             })
             .await?;
         let nodes = ctx
             .bounded("listing Nodes", async {
-                Ok(Api::<Node>::all(client.clone())
+                Api::<Node>::all(client.clone())
                     .list(&ListParams::default())
                     .await
-                    .context("listing Nodes")?)
+                    .context("listing Nodes")
             })
             .await?;
         (
@@ -260,9 +263,10 @@ pub async fn webhook_flags_from_cluster(ctx: &Ctx, namespace: &str) -> WebhookFl
     let read = async {
         let client = ctx.client().await?;
         ctx.bounded("reading the webhook's Deployment", async {
-            Ok(Api::<Deployment>::namespaced(client, namespace)
+            Api::<Deployment>::namespaced(client, namespace)
                 .get_opt(settings::WEBHOOK_DEPLOYMENT)
-                .await?)
+                .await
+                .context("reading the webhook's Deployment")
         })
         .await
     };

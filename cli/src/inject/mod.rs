@@ -75,7 +75,7 @@ pub fn parse_version(s: &str) -> Result<ServerVersion, String> {
 
 pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<Outcome> {
     let (name, text) = read_input(&args.file)?;
-    let docs = parse_documents(&text).with_context(|| format!("{name}"))?;
+    let docs = parse_documents(&text).with_context(|| name.clone())?;
     let offline = !args.releases.is_empty();
     let default_namespace = if offline {
         ctx.global
@@ -83,7 +83,7 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<Outcome> {
             .clone()
             .unwrap_or_else(|| "default".to_owned())
     } else {
-        ctx.namespace().await.map_err(|e| unreachable_hint(e))?
+        ctx.namespace().await.map_err(unreachable_hint)?
     };
     let (facts, config) = if offline {
         let mut files = Vec::new();

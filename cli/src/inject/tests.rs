@@ -188,7 +188,7 @@ fn the_items_of_a_list_are_injected() {
 fn a_multi_document_file_is_injected_in_order() {
     let text = format!("# app\n---\n{CONFIGMAP}---\n{DEPLOYMENT}\n---\n{CRONJOB}");
     let out = inject(&text).unwrap();
-    let kinds: Vec<&str> = out.docs.iter().map(|d| kind_of(d)).collect();
+    let kinds: Vec<&str> = out.docs.iter().map(kind_of).collect();
     assert_eq!(kinds, ["ConfigMap", "Deployment", "CronJob"]);
     assert!(
         out.docs[1]["spec"]["template"]["metadata"]["annotations"][annotations::STATUS]
