@@ -74,6 +74,16 @@ pub fn parse_version(s: &str) -> Result<ServerVersion, String> {
 }
 
 pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<Outcome> {
+    let injected = inject(ctx, &args).await?;
+    for note in &injected.notes {
+        eprintln!("note: {note}");
+    }
+    print!("{}", render(&injected.docs, ctx.output())?);
+    Ok(Outcome::Success)
+}
+
+/// Reads the manifest and the facts (file or cluster) and injects.
+pub async fn inject(ctx: &Ctx, args: &Args) -> anyhow::Result<Injected> {
     let (name, text) = read_input(&args.file)?;
     let docs = parse_documents(&text).with_context(|| name.clone())?;
     let offline = !args.releases.is_empty();
@@ -107,12 +117,7 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<Outcome> {
         let flags = args.webhook.clone().or(from_cluster);
         (facts, flags.inject_config()?)
     };
-    let injected = inject_documents(docs, &facts, &config, &default_namespace)?;
-    for note in &injected.notes {
-        eprintln!("note: {note}");
-    }
-    print!("{}", render(&injected.docs, ctx.output())?);
-    Ok(Outcome::Success)
+    inject_documents(docs, &facts, &config, &default_namespace)
 }
 
 fn unreachable_hint(e: anyhow::Error) -> anyhow::Error {

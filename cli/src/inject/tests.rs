@@ -558,3 +558,102 @@ async fn an_unreachable_cluster_suggests_offline_mode() {
     assert!(err.contains("pass --release FILE"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+fn json_response(body: &Value) -> http::Response<kube::client::Body> {
+    http::Response::builder()
+        .status(if body["kind"] == "Status" { 404 } else { 200 })
+        .body(kube::client::Body::from(serde_json::to_vec(body).unwrap()))
+        .unwrap()
+}
+
+/// Cluster mode reads the version, the releases, the namespace's labels
+/// and TlsPolicies, and the webhook Deployment's settings, and injects with
+/// them (here: 1.20, so ordinary containers, and the e2e overlay's
+/// control-plane address and pull policy).
+#[tokio::test]
+async fn cluster_mode_reads_the_facts_and_the_webhooks_settings() {
+    let (service, mut handle) = tower_test::mock::pair::<
+        http::Request<kube::client::Body>,
+        http::Response<kube::client::Body>,
+    >();
+    let release: Value = serde_json::to_value(&*facts().releases[0]).unwrap();
+    let mut deployment: Value = serde_json::to_value(
+        baton_crds::yaml::from_str::<Deployment>(include_str!(
+            "../../../manifests/webhook/deployment.yaml"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array_mut()
+        .unwrap();
+    env.push(json!({"name": "BATON_CONTROL_PLANE_ADDRESS", "value": "10.96.0.20"}));
+    env.push(json!({"name": "BATON_INJECT_IMAGE_PULL_POLICY", "value": "Never"}));
+    let server = tokio::spawn(async move {
+        let mut paths = Vec::new();
+        while let Some((request, send)) = handle.next_request().await {
+            let path = request.uri().path().to_owned();
+            let body = match path.as_str() {
+                "/version" => json!({"major": "1", "minor": "20", "gitVersion": "v1.20.15"}),
+                "/apis/baton.dev/v1alpha1/sidecarreleases" => json!({
+                    "apiVersion": "baton.dev/v1alpha1", "kind": "SidecarReleaseList",
+                    "metadata": {}, "items": [release.clone()]}),
+                "/api/v1/namespaces/shop" => json!({
+                    "apiVersion": "v1", "kind": "Namespace",
+                    "metadata": {"name": "shop", "labels": {"baton.dev/inject": "enabled"}}}),
+                "/apis/baton.dev/v1alpha1/namespaces/shop/tlspolicies" => json!({
+                    "apiVersion": "baton.dev/v1alpha1", "kind": "TlsPolicyList",
+                    "metadata": {}, "items": []}),
+                "/apis/apps/v1/namespaces/baton-system/deployments/baton-webhook" => {
+                    deployment.clone()
+                }
+                _ => json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                            "reason": "NotFound", "code": 404, "message": "not found"}),
+            };
+            paths.push(path);
+            send.send_response(json_response(&body));
+        }
+        paths
+    });
+    let dir = tempdir("cluster");
+    let args = Args {
+        file: write(&dir, "app.yaml", DEPLOYMENT),
+        releases: vec![],
+        kubernetes_version: None,
+        webhook: WebhookFlags::default(),
+    };
+    let ctx = Ctx::with_client(
+        global(Format::Yaml),
+        kube::Client::new(service, "default"),
+        "default",
+    );
+    let out = super::inject(&ctx, &args).await.unwrap();
+    drop(ctx);
+    let paths = server.await.unwrap();
+    assert_eq!(
+        paths,
+        [
+            "/version",
+            "/apis/baton.dev/v1alpha1/sidecarreleases",
+            "/api/v1/namespaces/shop",
+            "/apis/baton.dev/v1alpha1/namespaces/shop/tlspolicies",
+            "/apis/apps/v1/namespaces/baton-system/deployments/baton-webhook",
+        ]
+    );
+    let spec = &out.docs[0]["spec"]["template"]["spec"];
+    assert_eq!(
+        names(spec.get("containers")),
+        [containers::SLOT_A, containers::SLOT_B, "app"]
+    );
+    let slot = &spec["containers"][0];
+    assert_eq!(slot["imagePullPolicy"], "Never");
+    assert!(
+        slot["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "BATON_CONTROL_PLANE_ADDRESS" && e["value"] == "10.96.0.20"),
+        "{slot:#}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
