@@ -83,7 +83,8 @@ pub enum Command {
     Resume(upgrade::ReleaseArgs),
     /// Return a SidecarRelease to the previous version it completed.
     Rollback(upgrade::ReleaseArgs),
-    /// Print a manifest with what the webhook would inject (offline).
+    /// Print a manifest with what the webhook would inject (the webhook's
+    /// own mutation; offline with `--release FILE`).
     Inject(inject::Args),
 }
 
