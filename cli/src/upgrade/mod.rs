@@ -260,6 +260,10 @@ fn api_error(e: kube::Error, verb: &str, name: &str) -> anyhow::Error {
             "the API server refused the change to sidecarrelease {name:?}: {}",
             s.message
         ),
+        e @ (kube::Error::Service(_) | kube::Error::HyperError(_)) => anyhow::Error::new(e)
+            .context(format!(
+                "{verb} sidecarrelease {name:?}: cannot reach the API server; is the cluster reachable (kubectl cluster-info)?"
+            )),
         e => anyhow::Error::new(e).context(format!("{verb} sidecarrelease {name:?}")),
     }
 }

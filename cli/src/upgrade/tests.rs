@@ -619,3 +619,39 @@ async fn the_watch_gives_up_at_its_timeout_with_the_last_state() {
         "sidecarrelease/default: rollout not finished within 60ms (--watch-timeout); last state: 3/5 pods on 0.2.0 [0.1.0 2/2 ready; 0.2.0 3/3 ready] 1 in flight, 0 failed, RollingOut"
     );
 }
+
+#[tokio::test]
+async fn the_terminal_display_clears_its_bar_and_prints_the_verdict() {
+    // indicatif draws nothing when stderr is not a terminal (as under
+    // `cargo test`), but the bar's path runs: length, position, clear.
+    let (client, handle) = testing::mock_client();
+    let server = serve_states(
+        handle,
+        vec![
+            release_json("0.2.0", 5, 5, ROLLING),
+            release_json("0.2.0", 5, 5, COMPLETE),
+        ],
+    );
+    let ctx = ctx(client);
+    let api = Api::all(ctx.client().await.unwrap());
+    let mut sink = Sink::Memory(Vec::new());
+    let w = Watch {
+        terminal: true,
+        ..quick(Goal::Rollout, Duration::from_secs(10))
+    };
+    let (outcome, _) = watch::follow(&ctx, &api, "default", &w, &mut sink)
+        .await
+        .unwrap();
+    server.await.unwrap();
+    assert_eq!(outcome, Outcome::Success);
+    let Sink::Memory(lines) = sink else {
+        unreachable!()
+    };
+    // No progress lines: the bar showed those.
+    assert_eq!(
+        lines,
+        [
+            "sidecarrelease/default: rollout complete (AllPodsUpdated): all 5 pods run 0.2.0 and are ready"
+        ]
+    );
+}
