@@ -281,7 +281,7 @@ impl<'a> Display<'a> {
         let bar = terminal.then(|| {
             let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
             let style = ProgressStyle::with_template(
-                "{spinner} {prefix} [{bar:30}] {pos}/{len} {wide_msg} {elapsed}",
+                "{spinner} {prefix} [{bar:20}] {pos}/{len} {elapsed} {wide_msg}",
             )
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> ");
