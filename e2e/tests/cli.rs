@@ -136,6 +136,10 @@ fn echo_pod(name: &str, run: &str) -> Value {
         "metadata": {"name": name, "labels": {"app": "echo", baton_e2e::rollout::RUN_LABEL: run}},
         "spec": {
             "terminationGracePeriodSeconds": 1,
+            // No ServiceAccount token: its admission plugin runs before the
+            // webhook, and would mount the token into the CLI's injected
+            // containers but not into the webhook's.
+            "automountServiceAccountToken": false,
             "containers": [{
                 "name": "app",
                 "image": baton_e2e::pods::image("demo-http-echo"),
