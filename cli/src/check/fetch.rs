@@ -166,12 +166,14 @@ pub async fn observe(ctx: &Ctx, categories: &[Category]) -> anyhow::Result<Obser
     })
 }
 
+/// Runs `fetch` if `wanted`. Boxed: six categories' futures side by side
+/// would otherwise sit on the stack, which debug builds overflow.
 async fn optional<T>(
     wanted: bool,
     fetch: impl Future<Output = anyhow::Result<T>>,
 ) -> anyhow::Result<Option<T>> {
     if wanted {
-        fetch.await.map(Some)
+        Box::pin(fetch).await.map(Some)
     } else {
         Ok(None)
     }
@@ -379,5 +381,145 @@ pub fn access_review(p: &Permission) -> SelfSubjectAccessReview {
             ..SelfSubjectAccessReviewSpec::default()
         },
         ..SelfSubjectAccessReview::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use baton_controlplane::testing::{expect, mock_client, reply, status};
+    use serde_json::json;
+
+    use super::*;
+    use crate::check::{Args, Status};
+    use crate::{Format, Global, Outcome};
+
+    fn ctx(client: Client, timeout: Duration) -> Ctx {
+        let global = Global {
+            context: None,
+            kubeconfig: None,
+            namespace: None,
+            all_namespaces: false,
+            output: Format::Json,
+            timeout,
+        };
+        Ctx::with_client(global, client, "default")
+    }
+
+    const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/baton-system/deployments";
+
+    #[tokio::test]
+    async fn control_plane_reads_record_found_missing_and_forbidden_objects() {
+        let (client, mut handle) = mock_client();
+        let server = tokio::spawn(async move {
+            let (_, send) =
+                expect(&mut handle, "GET", &format!("{DEPLOYMENTS}/baton-operator")).await;
+            reply(
+                send,
+                200,
+                &json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                        "metadata": {"name": "baton-operator"},
+                        "spec": {"replicas": 2, "selector": {}, "template": {}},
+                        "status": {"readyReplicas": 2}}),
+            );
+            let (_, send) =
+                expect(&mut handle, "GET", &format!("{DEPLOYMENTS}/baton-webhook")).await;
+            reply(send, 404, &status(404, "NotFound"));
+            let path = "/apis/coordination.k8s.io/v1/namespaces/baton-system/leases/baton-operator";
+            let (_, send) = expect(&mut handle, "GET", path).await;
+            reply(send, 403, &status(403, "Forbidden"));
+        });
+        let ctx = ctx(client.clone(), Duration::from_secs(5));
+        let cp = control_plane(&ctx, &client).await.unwrap();
+        server.await.unwrap();
+        assert!(matches!(cp.operator, Got::Found(_)));
+        assert_eq!(cp.webhook.clone().map(|_| ()), Got::Missing);
+        assert_eq!(
+            cp.lease.clone().map(|_| ()),
+            Got::Unreadable("403 Forbidden: Forbidden".into())
+        );
+        let checks = super::super::cluster::control_plane(&cp, 0);
+        let statuses: Vec<Status> = checks.iter().map(|c| c.status).collect();
+        assert_eq!(statuses, [Status::Ok, Status::Failure, Status::Failure]);
+    }
+
+    #[tokio::test]
+    async fn a_category_run_reads_version_then_its_objects_and_fails_on_a_scaled_down_webhook() {
+        let (client, mut handle) = mock_client();
+        let server = tokio::spawn(async move {
+            let (_, send) = expect(&mut handle, "GET", "/version").await;
+            reply(
+                send,
+                200,
+                &json!({"major": "1", "minor": "20", "gitVersion": "v1.20.15",
+                        "gitCommit": "", "gitTreeState": "", "buildDate": "",
+                        "goVersion": "", "compiler": "", "platform": ""}),
+            );
+            for name in ["baton-operator", "baton-webhook"] {
+                let (_, send) = expect(&mut handle, "GET", &format!("{DEPLOYMENTS}/{name}")).await;
+                reply(
+                    send,
+                    200,
+                    &json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                            "metadata": {"name": name},
+                            "spec": {"replicas": if name == "baton-webhook" { 0 } else { 2 },
+                                     "selector": {}, "template": {}},
+                            "status": {"readyReplicas": 2}}),
+                );
+            }
+            let path = "/apis/coordination.k8s.io/v1/namespaces/baton-system/leases/baton-operator";
+            let (_, send) = expect(&mut handle, "GET", path).await;
+            reply(send, 404, &status(404, "NotFound"));
+        });
+        let ctx = ctx(client, Duration::from_secs(5));
+        let args = Args {
+            pre: false,
+            category: Some("control-plane".into()),
+        };
+        assert_eq!(
+            crate::check::run(&ctx, args).await.unwrap(),
+            Outcome::Failure
+        );
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_silent_api_server_is_a_clear_error_within_the_timeout() {
+        let (client, handle) = mock_client();
+        let ctx = ctx(client, Duration::from_millis(200));
+        let args = Args {
+            pre: false,
+            category: None,
+        };
+        let err = crate::check::run(&ctx, args).await.unwrap_err();
+        drop(handle);
+        let text = format!("{err:#}");
+        assert!(
+            text.contains("no answer from the API server within 200ms"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_api_server_aborts_instead_of_failing_a_check() {
+        let (client, handle) = mock_client();
+        drop(handle);
+        let ctx = ctx(client.clone(), Duration::from_secs(5));
+        let err = version(&ctx, &client).await.unwrap_err();
+        assert!(
+            format!("{err:#}").contains("cannot reach the API server"),
+            "{err:#}"
+        );
+    }
+
+    #[test]
+    fn access_reviews_ask_for_the_verb_resource_and_namespace() {
+        let review = access_review(&INSTALL_PERMISSIONS[6]);
+        let attrs = review.spec.resource_attributes.unwrap();
+        assert_eq!(attrs.verb.as_deref(), Some("create"));
+        assert_eq!(attrs.group.as_deref(), Some("apps"));
+        assert_eq!(attrs.resource.as_deref(), Some("deployments"));
+        assert_eq!(attrs.namespace.as_deref(), Some("baton-system"));
     }
 }

@@ -290,9 +290,9 @@ pub async fn run(ctx: &Ctx, args: Args) -> anyhow::Result<Outcome> {
     let report = ctx
         .bounded("check", async {
             Ok(match &selection {
-                Selection::Pre => evaluate_pre(&fetch::pre(ctx).await?),
+                Selection::Pre => evaluate_pre(&Box::pin(fetch::pre(ctx)).await?),
                 Selection::Installed(categories) => {
-                    evaluate(&fetch::observe(ctx, categories).await?)
+                    evaluate(&Box::pin(fetch::observe(ctx, categories)).await?)
                 }
             })
         })
