@@ -269,19 +269,35 @@ pub async fn data_plane(ctx: &Ctx, client: &Client) -> anyhow::Result<DataPlane>
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let pods: Api<Pod> = Api::all(client.clone());
     let config_maps: Api<ConfigMap> = Api::all(client.clone());
-    let opted_in = read(
+    // Every namespace (metadata only): the opted-in ones, and the ones being
+    // deleted, whose trust ConfigMap may already be gone while their Pods
+    // still are listed: those are no part of the mesh any more.
+    let all = read(
         ctx,
-        "list opted-in namespaces",
-        namespaces.list_metadata(&ListParams::default().labels(&format!(
-            "{}={}",
-            labels::INJECT,
-            labels::INJECT_ENABLED
-        ))),
+        "list namespaces",
+        namespaces.list_metadata(&ListParams::default()),
     )
-    .await?
-    .map(|list| {
+    .await?;
+    let terminating: std::collections::BTreeSet<String> = match &all {
+        Got::Found(list) => list
+            .items
+            .iter()
+            .filter(|n| n.metadata.deletion_timestamp.is_some())
+            .filter_map(|n| n.metadata.name.clone())
+            .collect(),
+        _ => Default::default(),
+    };
+    let opted_in = all.map(|list| {
         list.items
             .into_iter()
+            .filter(|n| {
+                n.metadata.deletion_timestamp.is_none()
+                    && n.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(labels::INJECT))
+                        .is_some_and(|v| v == labels::INJECT_ENABLED)
+            })
             .filter_map(|n| n.metadata.name)
             .collect()
     });
@@ -296,7 +312,9 @@ pub async fn data_plane(ctx: &Ctx, client: &Client) -> anyhow::Result<DataPlane>
     .map(|list| {
         list.items
             .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
             .filter_map(|p| p.metadata.namespace)
+            .filter(|ns| !terminating.contains(ns))
             .collect()
     });
     // One call for every namespace's ConfigMap, by name.
