@@ -49,7 +49,11 @@ fn pod_name(i: usize) -> (String, String) {
 /// An injected Pod about the size of a real one (~3 KB of JSON).
 fn pod(i: usize) -> Value {
     let (ns, name) = pod_name(i);
-    let version = if i.is_multiple_of(10) { "1.4.0" } else { "1.5.0" };
+    let version = if i.is_multiple_of(10) {
+        "1.4.0"
+    } else {
+        "1.5.0"
+    };
     let slot = if i.is_multiple_of(2) { "a" } else { "b" };
     let mut annotations = json!({
         "baton.dev/release": "default",

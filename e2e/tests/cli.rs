@@ -158,7 +158,7 @@ fn status_row<'a>(status: &'a Value, pod: &str) -> Option<&'a Value> {
         .find(|r| r[STATUS_POD] == pod)
 }
 const STATUS_ROWS: &str = "pods";
-const STATUS_POD: &str = "pod";
+const STATUS_POD: &str = "name";
 const STATUS_CONFIG: &str = "config";
 
 #[tokio::test]
