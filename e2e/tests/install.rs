@@ -591,3 +591,151 @@ async fn install_both_webhook_pods_serve_certificates_of_the_one_ca_in_the_bundl
             .unwrap_or_else(|e| panic!("{addr}: the serving certificate does not verify: {e}"));
     }
 }
+
+/// Deletes the cluster-scoped objects an example created, however the test
+/// ends.
+struct ClusterScoped(Vec<(String, String)>);
+
+impl Drop for ClusterScoped {
+    fn drop(&mut self) {
+        for (kind, name) in &self.0 {
+            let out = kubectl(&["delete", kind, name, "--ignore-not-found", "--wait=false"]);
+            if !out.success {
+                eprintln!("cannot delete {kind} {name}: {}", out.stderr);
+            }
+        }
+    }
+}
+
+/// The condition `type_` of `object`'s status, as (status, reason).
+fn condition_of(object: &serde_json::Value, type_: &str) -> Option<(String, String)> {
+    object["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .map(|c| {
+            (
+                c["status"].as_str().unwrap_or_default().to_owned(),
+                c["reason"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+}
+
+/// Whether `object` (of `kind`) reached what its documentation promises a
+/// valid object reaches with nothing else in the cluster: Routes Accepted,
+/// ResolvedRefs and Programmed; TlsPolicies Accepted and Programmed; a
+/// SidecarRelease observed and Complete; an AcceleratorPool observed with a
+/// valid spec (Ready, or NoNodes where no node has its devices).
+fn example_settled(kind: &str, object: &serde_json::Value) -> Result<(), String> {
+    let is = |t: &str, want: &str| condition_of(object, t).is_some_and(|(s, _)| s == want);
+    let observed = object["status"]["observedGeneration"] == object["metadata"]["generation"];
+    let ok = match kind {
+        "Route" => is("Accepted", "True") && is("ResolvedRefs", "True") && is("Programmed", "True"),
+        "TlsPolicy" => is("Accepted", "True") && is("Programmed", "True"),
+        "SidecarRelease" => observed && is("Complete", "True"),
+        "AcceleratorPool" => {
+            observed
+                && condition_of(object, "Ready")
+                    .is_some_and(|(s, reason)| s == "True" || reason == "NoNodes")
+        }
+        other => panic!("manifests/examples/ has a {other}: teach this test what it reaches"),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(object["status"].to_string())
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster with Baton installed: run e2e/run.sh"]
+async fn install_every_example_manifest_is_accepted_and_programmed() {
+    baton_e2e::cluster::require_component("operator");
+    baton_e2e::cluster::require_component("webhook");
+    with_temp_ns(|_client, ns| async move {
+        let dir = baton_e2e::cluster::repo_root().join("manifests/examples");
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+            .map(|e| e.expect("dir entry").path())
+            .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+            .collect();
+        files.sort();
+        let mut objects = vec![];
+        for f in &files {
+            let text = std::fs::read_to_string(f).unwrap();
+            for doc in baton_crds::yaml::documents(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display())) {
+                objects.push((f.clone(), doc));
+            }
+        }
+        // The Services the examples' Routes name (no Pods behind them: a
+        // Route resolves against Services and their ports).
+        let mut services = std::collections::BTreeMap::<String, i64>::new();
+        for (_, o) in &objects {
+            if o["kind"] == "Route" {
+                let spec = &o["spec"];
+                services.insert(spec["parentRef"]["name"].as_str().unwrap().to_owned(), spec["parentRef"]["port"].as_i64().unwrap());
+                for rule in spec["rules"].as_array().into_iter().flatten() {
+                    for b in rule["backendRefs"].as_array().into_iter().flatten() {
+                        services.insert(b["name"].as_str().unwrap().to_owned(), b["port"].as_i64().unwrap());
+                    }
+                }
+            }
+        }
+        for (name, port) in &services {
+            let svc = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": ns},
+                             "spec": {"ports": [{"port": port}]}});
+            apply_json(&svc);
+        }
+        let mut cleanup = ClusterScoped(vec![]);
+        let mut applied = vec![];
+        for (file, mut o) in objects {
+            let kind = o["kind"].as_str().unwrap().to_owned();
+            let name = o["metadata"]["name"].as_str().unwrap().to_owned();
+            if o["metadata"].get("namespace").is_some() {
+                // Into the test's namespace instead of the example's own.
+                o["metadata"]["namespace"] = json!(ns);
+            } else {
+                cleanup.0.push((kind.to_lowercase(), name.clone()));
+            }
+            apply_json(&o);
+            eprintln!("applied {kind} {name} from {}", file.display());
+            applied.push((kind, name, o["metadata"].get("namespace").is_some()));
+        }
+        for (kind, name, namespaced) in &applied {
+            let mut get = vec!["get".to_owned(), format!("{}.baton.dev", kind.to_lowercase()), name.clone(), "-o".into(), "json".into()];
+            if *namespaced {
+                get.extend(["-n".to_owned(), ns.clone()]);
+            }
+            wait_for(&format!("{kind} {name} settled"), Duration::from_secs(90), || async {
+                let args: Vec<&str> = get.iter().map(String::as_str).collect();
+                let out = kubectl(&args);
+                if !out.success {
+                    return Check::NotYet(out.stderr);
+                }
+                let object: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+                match example_settled(kind, &object) {
+                    Ok(()) => Check::Done(()),
+                    Err(status) => Check::NotYet(status),
+                }
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        }
+    })
+    .await;
+}
+
+/// `kubectl apply -f -` of one object.
+#[track_caller]
+fn apply_json(object: &serde_json::Value) {
+    let run = baton_e2e::cli::kubectl_stdin(
+        &["apply", "-f", "-"],
+        &object.to_string(),
+        Duration::from_secs(60),
+    );
+    assert!(
+        run.ok(),
+        "kubectl apply {}: {run}",
+        object["metadata"]["name"]
+    );
+}
