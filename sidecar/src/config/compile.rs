@@ -17,8 +17,8 @@ use super::{
 };
 use crate::filters::{Cidr, Rbac};
 use crate::routing::{
-    CompiledRoute, CompiledTcpRoute, GeneralPath, HeaderCondition, HeaderRewriter, HostMatch, PathMatcher,
-    QueryCondition, RetryPolicy, ValueMatcher,
+    CompiledRoute, CompiledTcpRoute, GeneralPath, HeaderCondition, HeaderRewriter, HostMatch,
+    PathMatcher, QueryCondition, RetryPolicy, ValueMatcher,
 };
 
 /// The TLS layer's reason for refusing a `tls` section.
