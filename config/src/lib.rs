@@ -48,6 +48,11 @@ pub struct Snapshot {
     pub listeners: Vec<ListenerConfig>,
     #[serde(default)]
     pub routes: Vec<RouteConfig>,
+    /// Per-connection routes for opaque TCP, by destination. Left out of
+    /// the JSON when empty, so a snapshot without one is byte for byte what
+    /// a sidecar from before tcp routes parses.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tcp_routes: Vec<TcpRouteConfig>,
     #[serde(default)]
     pub clusters: Vec<ClusterConfig>,
     /// Mesh TLS settings ([`tls`]): validated with the rest of the
@@ -337,6 +342,31 @@ pub struct RouteConfig {
     pub request_headers: HeaderRewrite,
     #[serde(default, skip_serializing_if = "HeaderRewrite::is_empty")]
     pub response_headers: HeaderRewrite,
+}
+
+/// A TCP route: every new connection to one of `destinations` picks one
+/// backend cluster by weight, and its bytes are proxied opaquely (a
+/// connection to a destination a tcp route claims is never parsed as HTTP).
+/// The choice is made once per connection: a config change steers new
+/// connections only; open ones keep their backend.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TcpRouteConfig {
+    pub name: String,
+    /// Listener names this route applies to; empty = every listener.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub listeners: Vec<String>,
+    /// Destinations (IP and port) whose connections this route takes: the
+    /// original destination under transparent capture (a Service's
+    /// ClusterIP and port), the address the client dialled (the listener's
+    /// own) under explicit capture. One destination belongs to at most one
+    /// tcp route per listener.
+    pub destinations: Vec<SocketAddr>,
+    pub backends: Vec<WeightedBackend>,
+    /// Connect timeout to the chosen backend's endpoint; absent: the
+    /// cluster's `connect_timeout_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect_timeout_ms: Option<u64>,
 }
 
 /// All conditions must hold (AND); an empty match matches everything.

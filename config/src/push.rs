@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     AdminConfig, ClusterConfig, ListenerConfig, Policies, RouteConfig, RuntimeConfig, Snapshot,
-    TlsSettings,
+    TcpRouteConfig, TlsSettings,
 };
 
 /// Path of the watch stream.
@@ -158,6 +158,11 @@ pub enum Section {
     Runtime(RuntimeConfig),
     Listeners(Vec<ListenerConfig>),
     Routes(Keyed<RouteConfig>),
+    /// Sent only when the tcp routes changed, so a delta-capable sidecar
+    /// from before tcp routes never sees the variant unless a tcp Route
+    /// targets it (it then refuses the frame, as it would the snapshot).
+    #[serde(rename = "tcp_routes")]
+    TcpRoutes(Keyed<TcpRouteConfig>),
     Clusters(Keyed<ClusterConfig>),
     /// Boxed: the section is several times the size of the others (the
     /// JSON is the same).
@@ -184,6 +189,12 @@ pub trait Named {
 }
 
 impl Named for RouteConfig {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Named for TcpRouteConfig {
     fn name(&self) -> &str {
         &self.name
     }
@@ -253,6 +264,12 @@ impl Delta {
         if old.routes != new.routes {
             sections.push(Section::Routes(Keyed::between(&old.routes, &new.routes)));
         }
+        if old.tcp_routes != new.tcp_routes {
+            sections.push(Section::TcpRoutes(Keyed::between(
+                &old.tcp_routes,
+                &new.tcp_routes,
+            )));
+        }
         if old.clusters != new.clusters {
             sections.push(Section::Clusters(Keyed::between(
                 &old.clusters,
@@ -278,6 +295,7 @@ impl Delta {
                 Section::Runtime(v) => out.runtime = v.clone(),
                 Section::Listeners(v) => out.listeners = v.clone(),
                 Section::Routes(k) => out.routes = k.apply(&serving.routes)?,
+                Section::TcpRoutes(k) => out.tcp_routes = k.apply(&serving.tcp_routes)?,
                 Section::Clusters(k) => out.clusters = k.apply(&serving.clusters)?,
                 Section::Tls(v) => out.tls = v.as_deref().cloned(),
                 Section::Policies(v) => out.policies = v.clone(),
@@ -531,6 +549,14 @@ mod tests {
             }))
             .unwrap(),
         );
+        new.tcp_routes.push(
+            serde_json::from_value(serde_json::json!({
+                "name": "t", "destinations": ["10.96.0.1:5432"],
+                "backends": [{"cluster": "b", "weight": 3}, {"cluster": "c"}],
+                "connect_timeout_ms": 250
+            }))
+            .unwrap(),
+        );
         new.clusters = vec![cluster("b", 2), cluster("c", 1)];
         new.tls = Some(crate::TlsSettings::default());
         new.policies =
@@ -614,6 +640,54 @@ mod tests {
                 changed: vec![route("r2", 2)],
             })]
         );
+    }
+
+    fn tcp_route(name: &str, weights: (u32, u32)) -> TcpRouteConfig {
+        serde_json::from_value(serde_json::json!({
+            "name": name, "listeners": ["outbound"], "destinations": ["10.96.0.7:5432"],
+            "backends": [{"cluster": "a", "weight": weights.0}, {"cluster": "b", "weight": weights.1}]
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_tcp_route_edit_sends_only_the_tcp_routes_section() {
+        let a = with_clusters(vec![cluster("a", 1), cluster("b", 1)]);
+        let mut b = a.clone();
+        b.tcp_routes = vec![tcp_route("t", (3, 1))];
+        let mut c = b.clone();
+        c.tcp_routes = vec![tcp_route("t", (1, 1))];
+        let delta = Delta::between(&b, &c);
+        assert_eq!(
+            delta.sections,
+            vec![Section::TcpRoutes(Keyed {
+                order: vec!["t".into()],
+                changed: vec![tcp_route("t", (1, 1))],
+            })]
+        );
+        let json = serde_json::to_value(&delta).unwrap();
+        assert!(json["sections"][0].get("tcp_routes").is_some(), "{json}");
+        // Removing the last tcp route is a change too.
+        let mut got = Delta::between(&c, &a).apply(&c).unwrap();
+        got.version = a.version;
+        assert_eq!(got, a);
+    }
+
+    #[test]
+    fn a_snapshot_without_tcp_routes_serializes_as_before_and_one_with_them_round_trips() {
+        // Wire compatibility: a sidecar from before tcp routes refuses
+        // unknown fields, so the key must be absent when there are none.
+        let plain = with_clusters(vec![cluster("a", 1), cluster("b", 1)]);
+        let json = serde_json::to_value(&plain).unwrap();
+        assert!(json.get("tcp_routes").is_none(), "{json}");
+        // An older operator's snapshot (no key) parses with none.
+        let back: Snapshot = serde_json::from_value(json).unwrap();
+        assert!(back.tcp_routes.is_empty());
+        // The handoff carries the config as a JSON value: tcp routes survive.
+        let mut with = plain;
+        with.tcp_routes = vec![tcp_route("t", (3, 1))];
+        let value = serde_json::to_value(&with).unwrap();
+        assert_eq!(serde_json::from_value::<Snapshot>(value).unwrap(), with);
     }
 
     #[test]

@@ -657,6 +657,182 @@ async fn sidecar_metric(ip: IpAddr, pick: impl Fn(&str) -> bool) -> f64 {
         .sum()
 }
 
+// ------------------------------------------------------------ tcp Route
+//
+// NOT YET RUN on a cluster (written with the tcp Route feature, compiled
+// with `cargo test -p baton-e2e --no-run`). Run with `e2e/run.sh route_tcp`.
+
+/// The tcp echo backends' port.
+const ECHO_PORT: u16 = 7000;
+
+/// `replicas` Pods of `demo-tcp-echo` labelled `app: tcp, version`.
+fn tcp_echo_deployment(name: &str, version: &str) -> Deployment {
+    let mut c = pods::container(
+        "echo",
+        "demo-tcp-echo",
+        &["--listen", &format!("0.0.0.0:{ECHO_PORT}")],
+    );
+    c.readiness_probe = Some(
+        serde_json::from_value(json!({"tcpSocket": {"port": ECHO_PORT}, "periodSeconds": 1}))
+            .unwrap(),
+    );
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "tcp", "version": version}},
+            "template": {
+                "metadata": {"labels": {"app": "tcp", "version": version}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 2,
+                    "automountServiceAccountToken": false,
+                    "containers": [c],
+                }
+            }
+        }
+    }))
+    .expect("a valid deployment")
+}
+
+/// TCP connections the sidecar of the Pod at `ip` accepted inbound.
+async fn inbound_tcp_connections(ip: IpAddr) -> f64 {
+    sidecar_metric(ip, |l| {
+        l.starts_with("baton_sidecar_connections_total{")
+            && l.contains("listener=\"inbound\"")
+            && l.contains("protocol=\"tcp\"")
+    })
+    .await
+}
+
+/// `n` TCP connections from the meshed driver to `target`, one echo
+/// exchange each (a fetch of one exchange opens one connection).
+async fn tcp_connections(driver: SocketAddr, target: SocketAddr, n: usize) -> FetchReport {
+    let spec = FetchSpec {
+        target,
+        path: "/".into(),
+        count: 1,
+        concurrency: 1,
+        headers: BTreeMap::new(),
+        protocol: FetchProtocol::Tcp,
+    };
+    let mut total = FetchReport::default();
+    for _ in 0..n / 8 {
+        let batch = futures::future::join_all((0..8).map(|_| fetch_from(driver, &spec))).await;
+        for r in batch {
+            total.merge(r);
+        }
+    }
+    total
+}
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster (e2e/run.sh)"]
+async fn route_tcp_splits_new_connections_three_to_one_and_echoes_every_byte() {
+    let _serial = SERIAL.lock().await;
+    let scope = "route-tcp";
+    with_temp_ns_labelled(
+        baton::injected_namespace_labels(scope),
+        |client, ns| async move {
+            let s = scene(client, ns, scope).await;
+            let deployments: Api<Deployment> = Api::namespaced(s.client.clone(), &s.ns);
+            for (name, version) in [("tcp-v1", "v1"), ("tcp-v2", "v2")] {
+                deployments
+                    .create(&PostParams::default(), &tcp_echo_deployment(name, version))
+                    .await
+                    .unwrap_or_else(|e| panic!("deployment {name}: {e}"));
+            }
+            let services: Api<Service> = Api::namespaced(s.client.clone(), &s.ns);
+            for (name, selector) in [
+                ("tcp", json!({"app": "tcp"})),
+                ("tcp-v1", json!({"app": "tcp", "version": "v1"})),
+                ("tcp-v2", json!({"app": "tcp", "version": "v2"})),
+            ] {
+                let svc: Service = serde_json::from_value(json!({
+                    "apiVersion": "v1", "kind": "Service",
+                    "metadata": {"name": name},
+                    "spec": {"selector": selector,
+                             "ports": [{"name": "tcp", "port": ECHO_PORT, "targetPort": ECHO_PORT}]}
+                }))
+                .expect("a valid service");
+                services
+                    .create(&PostParams::default(), &svc)
+                    .await
+                    .unwrap_or_else(|e| panic!("service {name}: {e}"));
+            }
+            wait_servers(&s.client, &s.ns, "app=tcp", 2).await;
+            let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
+            let pod_ip = |version: &'static str| {
+                let pods = pods.clone();
+                async move {
+                    let list = pods
+                        .list(
+                            &kube::api::ListParams::default()
+                                .labels(&format!("app=tcp,version={version}")),
+                        )
+                        .await
+                        .expect("list tcp pods");
+                    wait::pod_ip(&list.items[0])
+                }
+            };
+            let (v1, v2) = (pod_ip("v1").await, pod_ip("v2").await);
+            let mut tcp = service_addr(&s.client, &s.ns, "tcp").await;
+            tcp.set_port(ECHO_PORT);
+
+            s.apply(json!({
+                "apiVersion": "baton.dev/v1alpha1", "kind": "Route",
+                "metadata": {"name": "tcp-split"},
+                "spec": {
+                    "parentRef": {"name": "tcp", "port": ECHO_PORT},
+                    "protocol": "tcp",
+                    "rules": [{"timeout": "2s", "backendRefs": [
+                        {"name": "tcp-v1", "port": ECHO_PORT, "weight": 3},
+                        {"name": "tcp-v2", "port": ECHO_PORT, "weight": 1}
+                    ]}]
+                }
+            }))
+            .await;
+            s.route_condition("tcp-split", "Accepted", "True", Some("Accepted"))
+                .await;
+            s.route_condition("tcp-split", "ResolvedRefs", "True", None)
+                .await;
+            let programmed = s
+                .route_condition("tcp-split", "Programmed", "True", None)
+                .await;
+            programmed_on_every_replica(&s.client, &programmed).await;
+
+            // Programmed: the client's sidecar ACKed the route. Every new
+            // connection now picks v1 or v2 by weight.
+            let (before1, before2) = (
+                inbound_tcp_connections(v1).await,
+                inbound_tcp_connections(v2).await,
+            );
+            let n = 400;
+            let r = tcp_connections(s.driver, tcp, n).await;
+            assert_eq!((r.echoed, r.errors), (n, 0), "every byte echoed: {r:?}");
+            let to_v1 = inbound_tcp_connections(v1).await - before1;
+            let to_v2 = inbound_tcp_connections(v2).await - before2;
+            eprintln!("tcp Route 3:1 over {n} connections: v1 {to_v1}, v2 {to_v2}");
+            // Binomial(400, 0.75): sd ~8.7; 240..=360 is ~7 sd either side
+            // (a probe connection or two on the backends does not matter).
+            assert!(
+                (240.0..=360.0).contains(&to_v1) && to_v1 + to_v2 >= n as f64,
+                "v1 {to_v1}, v2 {to_v2} of {n}"
+            );
+
+            // Deleting the Route: connections go to the `tcp` Service's
+            // own endpoints again, bytes still intact.
+            Api::<baton_crds::Route>::namespaced(s.client.clone(), &s.ns)
+                .delete("tcp-split", &DeleteParams::default())
+                .await
+                .expect("delete the Route");
+            let r = tcp_connections(s.driver, tcp, 40).await;
+            assert_eq!((r.echoed, r.errors), (40, 0), "after deletion: {r:?}");
+        },
+    )
+    .await;
+}
+
 // ------------------------------------------------------------ identity
 //
 // Mesh identity on the cluster: the SPIFFE identities the operator issues

@@ -174,7 +174,7 @@ pub async fn handle_connection(
     let (guard, park) = shared.registry.register(meta.clone());
 
     let detect_timeout = Duration::from_millis(l.config.detect_timeout_ms);
-    let opaque = l.is_opaque(meta.dst_port());
+    let opaque = l.is_opaque(meta.original_dst.unwrap_or(meta.local));
     let forced = match l.config.protocol {
         ListenerProtocol::Http1 => Some(Protocol::Http1),
         ListenerProtocol::Http2 => Some(Protocol::Http2),
@@ -443,18 +443,24 @@ async fn serve_tcp<I: ParkableIo>(
         return;
     }
     let port = meta.dst_port();
+    // A tcp route owns its destination outright (it is the most specific
+    // rule: IP and port): the backend is drawn here, once, so the
+    // connection keeps it whatever later configs say.
+    let tcp_route = l.tcp_route(meta.original_dst.unwrap_or(meta.local));
+    let connect_timeout = tcp_route.and_then(|r| r.connect_timeout);
+    let by_tcp_route = tcp_route.map(|r| r.pick_backend(crate::filters::fast_rand()));
     // No fixed cluster: a connection to a Service (its ClusterIP and port,
     // as a route names them) goes to that Service's cluster, so it gets the
     // cluster's mTLS and endpoints; anything else passes through.
-    let by_route = meta.original_dst.and_then(|dst| {
-        crate::routing::connection_cluster(&l.routes, dst, crate::filters::fast_rand())
-    });
+    let by_route = || {
+        meta.original_dst.and_then(|dst| {
+            crate::routing::connection_cluster(&l.routes, dst, crate::filters::fast_rand())
+        })
+    };
     let target = match (
-        l.port_map
-            .get(&port)
-            .or(l.tcp_cluster.as_ref())
-            .copied()
-            .or(by_route),
+        by_tcp_route
+            .or_else(|| l.port_map.get(&port).or(l.tcp_cluster.as_ref()).copied())
+            .or_else(by_route),
         meta.original_dst,
     ) {
         (Some(c), _) => {
@@ -467,6 +473,8 @@ async fn serve_tcp<I: ParkableIo>(
         _ => None,
     };
     drop(active);
+    // A backend without endpoints (or no rule at all): the connection is
+    // closed, the TCP form of HTTP's 503.
     let Some((addr, ep)) = target else {
         shared.metrics.upstream_error("no_endpoints");
         tracing::debug!(
@@ -476,7 +484,7 @@ async fn serve_tcp<I: ParkableIo>(
         return;
     };
     let connected = match &ep {
-        Some((_, cluster)) => cluster.connect_tcp(addr).await,
+        Some((_, cluster)) => cluster.connect_tcp(addr, connect_timeout).await,
         // Original-destination passthrough: plain TCP, 1 s connect timeout.
         None => crate::upstream::connect(addr, Duration::from_secs(1))
             .await

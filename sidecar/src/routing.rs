@@ -335,14 +335,40 @@ impl CompiledRoute {
 
     /// Pick a backend cluster index for a uniformly random `draw`.
     pub fn pick_backend(&self, draw: u32) -> usize {
-        if self.backends.len() == 1 {
-            return self.backends[0].0;
-        }
-        let point = draw % self.total_weight.max(1);
-        self.backends
-            .iter()
-            .find(|(_, cumulative)| point < *cumulative)
-            .map_or(self.backends[0].0, |(c, _)| *c)
+        pick_weighted(&self.backends, self.total_weight, draw)
+    }
+}
+
+/// The backend of `backends` ((cluster index, cumulative weight), non-empty)
+/// that a uniformly random `draw` lands on. A zero-weight backend repeats the
+/// previous cumulative weight, so no draw lands on it.
+fn pick_weighted(backends: &[(usize, u32)], total_weight: u32, draw: u32) -> usize {
+    if backends.len() == 1 {
+        return backends[0].0;
+    }
+    let point = draw % total_weight.max(1);
+    backends
+        .iter()
+        .find(|(_, cumulative)| point < *cumulative)
+        .map_or(backends[0].0, |(c, _)| *c)
+}
+
+/// A tcp route ready to serve: the weighted backends one connection to its
+/// destinations picks from, once, when it arrives.
+#[derive(Debug)]
+pub struct CompiledTcpRoute {
+    pub name: Arc<str>,
+    /// (cluster index, cumulative weight), as [`CompiledRoute::backends`].
+    pub backends: Vec<(usize, u32)>,
+    pub total_weight: u32,
+    /// Overrides the chosen cluster's connect timeout.
+    pub connect_timeout: Option<Duration>,
+}
+
+impl CompiledTcpRoute {
+    /// Pick a backend cluster index for a uniformly random `draw`.
+    pub fn pick_backend(&self, draw: u32) -> usize {
+        pick_weighted(&self.backends, self.total_weight, draw)
     }
 }
 

@@ -399,10 +399,15 @@ impl Cluster {
         }
     }
 
-    /// A new connection to `ep` for a raw TCP proxy: connect timeout, then
-    /// mesh mTLS (ALPN none) when the cluster asks for it.
-    pub async fn connect_tcp(&self, addr: SocketAddr) -> std::io::Result<TcpUpstream> {
-        self.connect_upstream(addr, b"").await
+    /// A new connection to `ep` for a raw TCP proxy: connect timeout (a tcp
+    /// route's `timeout`, else the cluster's), then mesh mTLS (ALPN none)
+    /// when the cluster asks for it.
+    pub async fn connect_tcp(
+        &self,
+        addr: SocketAddr,
+        timeout: Option<Duration>,
+    ) -> std::io::Result<TcpUpstream> {
+        self.connect_with(addr, b"", timeout).await
     }
 
     /// A new connection to `addr`: connect timeout, then mesh mTLS
@@ -412,10 +417,21 @@ impl Cluster {
         addr: SocketAddr,
         alpn: &'static [u8],
     ) -> std::io::Result<TcpUpstream> {
+        self.connect_with(addr, alpn, None).await
+    }
+
+    async fn connect_with(
+        &self,
+        addr: SocketAddr,
+        alpn: &'static [u8],
+        timeout: Option<Duration>,
+    ) -> std::io::Result<TcpUpstream> {
         if let Some(t) = &self.mtls {
             t.ready().await?;
         }
-        let tcp = connect(addr, Duration::from_millis(self.config.connect_timeout_ms)).await?;
+        let timeout =
+            timeout.unwrap_or_else(|| Duration::from_millis(self.config.connect_timeout_ms));
+        let tcp = connect(addr, timeout).await?;
         match &self.mtls {
             None => Ok(TcpUpstream::Plain(tcp)),
             Some(t) => t.originate(tcp, alpn).await,

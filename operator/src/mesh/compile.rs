@@ -9,8 +9,11 @@
 //! stay apart. Inbound, the TlsPolicy selecting the Pod gives the mTLS mode,
 //! versions, suites and offload mode; outbound clusters whose endpoints are
 //! all meshed Pods that accept mTLS originate it, expecting their SPIFFE ID.
-//! Everything else (non-HTTP, unknown destinations) keeps the in-pod
-//! default: passthrough to the original destination.
+//! A tcp Route makes its Service port opaque: every new connection to the
+//! ClusterIP and port picks one backend by weight (a sidecar `tcp_routes`
+//! entry). Raw TCP to other Service ports goes to the Service's endpoints;
+//! everything else (unknown destinations) keeps the in-pod default:
+//! passthrough to the original destination.
 //!
 //! Route acceptance is decided once per index change by [`attach_routes`]
 //! (validation, conflicts — the older Route wins — and missing backends),
@@ -25,8 +28,8 @@ use std::path::PathBuf;
 use baton_config::{
     ClusterConfig, ClusterMtls, FaultAbort, FaultConfig, FaultDelay, HeaderRewrite,
     INBOUND_LISTENER, MatchConfig, MirrorConfig, OUTBOUND_LISTENER, PathMatch, RbacAction,
-    RbacPolicy, RbacRule, RetryConfig, RouteConfig, Snapshot, TlsSettings, UpstreamProtocol,
-    ValueMatch, WeightedBackend, tls,
+    RbacPolicy, RbacRule, RetryConfig, RouteConfig, Snapshot, TcpRouteConfig, TlsSettings,
+    UpstreamProtocol, ValueMatch, WeightedBackend, tls,
 };
 use baton_crds::Validate;
 use baton_crds::common::parse_duration;
@@ -110,17 +113,27 @@ pub fn attach_routes(index: &Index) -> Attachments {
                 reason: "Invalid",
                 message: baton_crds::validation::summarize(&errors),
             })
-        } else if spec.protocol == RouteProtocol::Tcp {
-            Err(Refusal {
-                reason: "UnsupportedValue",
-                message: "protocol tcp is not programmed into sidecars yet; \
-                          tcp traffic to this port keeps going to the Service"
-                    .into(),
-            })
         } else if !service_port_exists(index, &key.namespace, &parent.name, port) {
             Err(Refusal {
                 reason: "NoMatchingParent",
                 message: format!("Service {parent} has no port {port}"),
+            })
+        } else if spec.protocol == RouteProtocol::Tcp
+            && index
+                .services
+                .get(&parent)
+                .and_then(|s| s.cluster_ip)
+                .is_none()
+        {
+            // A raw connection names nothing but its destination address;
+            // to a headless Service that is a Pod's IP, which no tcp route
+            // can own (HTTP Routes still match such a Service by name).
+            Err(Refusal {
+                reason: "NoMatchingParent",
+                message: format!(
+                    "Service {parent} is headless: a tcp Route steers connections to a \
+                     Service's ClusterIP, and it has none"
+                ),
             })
         } else {
             claims.entry((parent, port)).or_default().push(route);
@@ -284,6 +297,7 @@ pub fn compile(
         can_originate,
         clusters: BTreeMap::new(),
         routes: Vec::new(),
+        tcp_routes: Vec::new(),
         programmed: BTreeSet::new(),
     };
     for (key, svc) in &index.services {
@@ -291,7 +305,10 @@ pub fn compile(
             match attachments.by_parent.get(&(key.clone(), port.port)) {
                 Some(route_key) => {
                     let route = &index.routes[route_key];
-                    out.route(key, svc, port.port, route_key, route);
+                    match route.spec.protocol {
+                        RouteProtocol::Http => out.route(key, svc, port.port, route_key, route),
+                        RouteProtocol::Tcp => out.tcp_route(svc, port.port, route_key, route),
+                    }
                 }
                 None => out.default_route(key, svc, port.port),
             }
@@ -302,6 +319,7 @@ pub fn compile(
     let any_mtls = out.clusters.values().any(|c| c.mtls.is_some());
     snapshot.clusters = out.clusters.into_values().collect();
     snapshot.routes = out.routes;
+    snapshot.tcp_routes = out.tcp_routes;
     snapshot.tls = params.identity.as_ref().and_then(|identity| {
         // Without a policy and without a peer that needs mTLS, nothing asks
         // for certificates: the sidecar stays as it was before Baton pushed.
@@ -457,6 +475,7 @@ struct Outbound<'a> {
     can_originate: bool,
     clusters: BTreeMap<String, ClusterConfig>,
     routes: Vec<RouteConfig>,
+    tcp_routes: Vec<TcpRouteConfig>,
     programmed: BTreeSet<ObjKey>,
 }
 
@@ -643,6 +662,42 @@ impl Outbound<'_> {
                 });
             }
         }
+        self.programmed.insert(rk.clone());
+    }
+}
+
+impl Outbound<'_> {
+    /// An attached tcp Route: connections to the Service's ClusterIP and
+    /// port pick one backend by weight, and the port is opaque (the
+    /// sidecar never parses HTTP there), so no HTTP route is compiled for
+    /// it. `attach_routes` accepted it only with a ClusterIP and exactly
+    /// one rule (admission and its own validation).
+    fn tcp_route(&mut self, svc: &ServiceInfo, port: u16, rk: &ObjKey, route: &Route) {
+        let (Some(ip), Some(rule)) = (svc.cluster_ip, route.spec.rules.first()) else {
+            return;
+        };
+        let backends = rule
+            .backend_refs
+            .iter()
+            .map(|b| WeightedBackend {
+                cluster: self.cluster(&rk.namespace, &b.name, to_port(b.port)),
+                weight: u32::try_from(b.weight).unwrap_or(0),
+            })
+            .collect();
+        self.tcp_routes.push(TcpRouteConfig {
+            name: format!("route:{rk}"),
+            listeners: vec![OUTBOUND_LISTENER.into()],
+            destinations: vec![SocketAddr::new(ip, port)],
+            backends,
+            // `0s` (Gateway API: no timeout) keeps the cluster's connect
+            // timeout: a connect never waits forever, and the sidecar
+            // refuses 0.
+            connect_timeout_ms: rule
+                .timeout
+                .as_deref()
+                .and_then(duration_ms)
+                .filter(|ms| *ms > 0),
+        });
         self.programmed.insert(rk.clone());
     }
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 
 use baton_config::tls::TlsMode;
-use baton_config::{ClusterConfig, RouteConfig, Snapshot};
+use baton_config::{ClusterConfig, RouteConfig, Snapshot, TcpRouteConfig, WeightedBackend};
 use baton_crds::{Route, TlsPolicy};
 use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -774,7 +774,7 @@ fn of_two_routes_on_one_service_port_the_older_wins_whatever_the_event_order() {
 }
 
 #[test]
-fn invalid_parentless_and_tcp_routes_are_refused_with_their_reason() {
+fn invalid_and_parentless_routes_are_refused_with_their_reason() {
     let mut ix = shop();
     ix.apply_route(&route(
         "invalid",
@@ -788,23 +788,29 @@ fn invalid_parentless_and_tcp_routes_are_refused_with_their_reason() {
         json!({"parentRef": {"name": "server", "port": 81},
                "rules": [{"backendRefs": [{"name": "server", "port": 80}]}]}),
     ));
+    ix.apply_service(&service("headless", "None", &[("db", 5432)]));
     ix.apply_route(&route(
-        "tcp",
+        "tcp-headless",
         "2026-01-01T00:00:00Z",
-        json!({"parentRef": {"name": "server-v1", "port": 80}, "protocol": "tcp",
+        json!({"parentRef": {"name": "headless", "port": 5432}, "protocol": "tcp",
                "rules": [{"backendRefs": [{"name": "server", "port": 80}]}]}),
     ));
     let att = attach_routes(&ix);
-    let reason = |n: &str| {
+    let refusal = |n: &str| {
         att.verdicts[&ObjKey::new(NS, n)]
             .accepted
             .clone()
             .unwrap_err()
-            .reason
     };
-    assert_eq!(reason("invalid"), "Invalid");
-    assert_eq!(reason("no-port"), "NoMatchingParent");
-    assert_eq!(reason("tcp"), "UnsupportedValue");
+    assert_eq!(refusal("invalid").reason, "Invalid");
+    assert_eq!(refusal("no-port").reason, "NoMatchingParent");
+    let headless = refusal("tcp-headless");
+    assert_eq!(headless.reason, "NoMatchingParent");
+    assert!(
+        headless.message.contains("headless"),
+        "{}",
+        headless.message
+    );
     assert!(att.by_parent.is_empty());
     let s = compiled(&ix, &client()).snapshot;
     assert!(
@@ -812,6 +818,186 @@ fn invalid_parentless_and_tcp_routes_are_refused_with_their_reason() {
         "{:?}",
         names(&s)
     );
+}
+
+// ------------------------------------------------------------ tcp Routes
+
+/// `db` (ClusterIP 10.96.0.20) with an HTTP port 80 and a TCP port 5432,
+/// and a tcp Route on 5432 splitting `v1`:`v2` over `db-v1` and `db-v2`.
+fn db(ix: &mut Index, v1: i32, v2: i32, timeout: Option<&str>) {
+    ix.apply_service(&service("db", "10.96.0.20", &[("http", 80), ("pg", 5432)]));
+    for (i, v) in ["v1", "v2"].iter().enumerate() {
+        let name = format!("db-{v}");
+        let ip = format!("10.1.2.{}", i + 1);
+        ix.apply_pod(&pod(&name, &ip, "db", json!({"app": "db", "version": v})));
+        ix.apply_service(&service(
+            &name,
+            &format!("10.96.0.{}", i + 21),
+            &[("pg", 5432)],
+        ));
+        ix.apply_endpoint_slice(&slice(
+            &name,
+            &format!("{name}-abc"),
+            &[(&name, &ip, true)],
+            &[("pg", 15432)],
+        ));
+    }
+    let mut rule = json!({"backendRefs": [
+        {"name": "db-v1", "port": 5432, "weight": v1},
+        {"name": "db-v2", "port": 5432, "weight": v2}
+    ]});
+    if let Some(t) = timeout {
+        rule["timeout"] = json!(t);
+    }
+    ix.apply_route(&route(
+        "db-split",
+        "2026-01-01T00:00:00Z",
+        json!({"parentRef": {"name": "db", "port": 5432}, "protocol": "tcp", "rules": [rule]}),
+    ));
+}
+
+#[test]
+fn a_tcp_route_compiles_to_a_weighted_tcp_route_on_the_cluster_ip_and_port() {
+    let mut ix = shop();
+    db(&mut ix, 3, 1, Some("1s500ms"));
+    let att = attach_routes(&ix);
+    let key = ObjKey::new(NS, "db-split");
+    assert_eq!(att.verdicts[&key].accepted, Ok(()));
+    assert!(att.verdicts[&key].unresolved.is_empty());
+    let out = compiled(&ix, &client());
+    let s = &out.snapshot;
+    assert_eq!(
+        s.tcp_routes,
+        vec![TcpRouteConfig {
+            name: "route:shop/db-split".into(),
+            listeners: vec!["outbound".into()],
+            destinations: addrs(&["10.96.0.20:5432"]),
+            backends: vec![
+                WeightedBackend {
+                    cluster: "shop/db-v1:5432".into(),
+                    weight: 3
+                },
+                WeightedBackend {
+                    cluster: "shop/db-v2:5432".into(),
+                    weight: 1
+                },
+            ],
+            connect_timeout_ms: Some(1_500),
+        }]
+    );
+    assert_eq!(
+        cluster(s, "shop/db-v1:5432").endpoints,
+        addrs(&["10.1.2.1:15432"])
+    );
+    assert_eq!(
+        cluster(s, "shop/db-v2:5432").endpoints,
+        addrs(&["10.1.2.2:15432"])
+    );
+    // The tcp Route owns port 5432: no HTTP route there; port 80 keeps its
+    // default route.
+    assert!(
+        !names(s).contains(&"service:shop/db:5432"),
+        "{:?}",
+        names(s)
+    );
+    assert!(names(s).contains(&"service:shop/db:80"));
+    assert_eq!(out.routes, BTreeSet::from([key.clone()]));
+    // The sidecar makes the destination opaque and draws 3:1.
+    let c = baton_sidecar::config::compile(s).unwrap();
+    let outbound = c.listener("outbound").unwrap();
+    let dst: SocketAddr = "10.96.0.20:5432".parse().unwrap();
+    assert!(outbound.is_opaque(dst));
+    assert!(!outbound.is_opaque("10.96.0.20:80".parse().unwrap()));
+    let r = outbound.tcp_route(dst).unwrap();
+    let to_v1 = (0..4)
+        .filter(|d| r.pick_backend(*d) == r.backends[0].0)
+        .count();
+    assert_eq!(to_v1, 3);
+
+    // Deleting the Route gives the port back to the Service's endpoints.
+    ix.delete_route(&key);
+    let s = compiled(&ix, &client()).snapshot;
+    assert!(s.tcp_routes.is_empty());
+    assert_eq!(
+        route_named(&s, "service:shop/db:5432").backends[0].cluster,
+        "shop/db:5432"
+    );
+}
+
+#[test]
+fn a_tcp_route_without_timeout_or_with_0s_keeps_the_clusters_connect_timeout() {
+    for timeout in [None, Some("0s")] {
+        let mut ix = shop();
+        db(&mut ix, 1, 1, timeout);
+        let s = compiled(&ix, &client()).snapshot;
+        assert_eq!(s.tcp_routes[0].connect_timeout_ms, None, "{timeout:?}");
+    }
+}
+
+#[test]
+fn an_http_route_and_a_tcp_route_on_two_ports_of_one_service_both_apply() {
+    let mut ix = shop();
+    db(&mut ix, 3, 1, None);
+    ix.apply_route(&route(
+        "db-http",
+        "2026-01-01T00:00:00Z",
+        json!({"parentRef": {"name": "db", "port": 80},
+               "rules": [{"backendRefs": [{"name": "server-v2", "port": 80}]}]}),
+    ));
+    let att = attach_routes(&ix);
+    assert_eq!(att.verdicts[&ObjKey::new(NS, "db-http")].accepted, Ok(()));
+    assert_eq!(att.verdicts[&ObjKey::new(NS, "db-split")].accepted, Ok(()));
+    let out = compiled(&ix, &client());
+    let s = &out.snapshot;
+    let http = route_named(s, "route:shop/db-http/0");
+    assert_eq!(http.matches.ports, vec![80]);
+    assert_eq!(http.backends[0].cluster, "shop/server-v2:80");
+    assert_eq!(s.tcp_routes.len(), 1);
+    assert_eq!(s.tcp_routes[0].destinations, addrs(&["10.96.0.20:5432"]));
+    assert_eq!(
+        out.routes,
+        BTreeSet::from([ObjKey::new(NS, "db-http"), ObjKey::new(NS, "db-split")])
+    );
+}
+
+#[test]
+fn a_tcp_route_to_a_missing_backend_is_unresolved_and_its_connections_find_no_endpoint() {
+    let mut ix = shop();
+    db(&mut ix, 1, 1, None);
+    ix.apply_route(&route(
+        "db-split",
+        "2026-01-01T00:00:00Z",
+        json!({"parentRef": {"name": "db", "port": 5432}, "protocol": "tcp",
+               "rules": [{"backendRefs": [{"name": "ghost", "port": 5432}, {"name": "db-v1", "port": 5432}]}]}),
+    ));
+    let att = attach_routes(&ix);
+    let v = &att.verdicts[&ObjKey::new(NS, "db-split")];
+    assert_eq!(v.accepted, Ok(()));
+    assert_eq!(v.unresolved, vec!["ghost:5432"]);
+    let s = compiled(&ix, &client()).snapshot;
+    assert!(cluster(&s, "shop/ghost:5432").endpoints.is_empty());
+    assert_eq!(s.tcp_routes[0].backends[0].cluster, "shop/ghost:5432");
+}
+
+#[test]
+fn of_two_tcp_routes_on_one_service_port_the_older_wins() {
+    let mut ix = shop();
+    db(&mut ix, 1, 1, None);
+    ix.apply_route(&route(
+        "db-newer",
+        "2026-02-01T00:00:00Z",
+        json!({"parentRef": {"name": "db", "port": 5432}, "protocol": "tcp",
+               "rules": [{"backendRefs": [{"name": "db-v2", "port": 5432}]}]}),
+    ));
+    let att = attach_routes(&ix);
+    let lost = att.verdicts[&ObjKey::new(NS, "db-newer")]
+        .accepted
+        .clone()
+        .unwrap_err();
+    assert_eq!(lost.reason, "Conflicted");
+    let s = compiled(&ix, &client()).snapshot;
+    assert_eq!(s.tcp_routes.len(), 1);
+    assert_eq!(s.tcp_routes[0].name, "route:shop/db-split");
 }
 
 // ------------------------------------------------------------ TLS
@@ -1366,6 +1552,64 @@ mod push_kind {
         assert_eq!(
             edits(&hub, id, &mut rx, 1),
             vec![ConfigKind::Delta { base: 3 }]
+        );
+    }
+
+    /// A tcp Route goes the way of an http one: pushed to the sidecar,
+    /// Programmed once ACKed ("1/1 sidecars ACKed"), and an edit of its
+    /// weights travels as a delta of the tcp routes alone.
+    #[test]
+    fn a_tcp_route_is_accepted_pushed_and_programmed_once_acked() {
+        use crate::mesh::hub::Source;
+        use crate::mesh::status::route_status;
+        use baton_config::push::{Delta, Section};
+        use baton_crds::conditions::route as rc;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let hub = hub();
+        let mut ix = shop();
+        db(&mut ix, 3, 1, None);
+        hub.update(|i| *i = ix.clone());
+        let (id, mut rx) = hub.connect(client(), 0, Capabilities::ALL);
+        assert_eq!(hub.recompile(), 1);
+        let first = take(&mut rx).unwrap();
+        let sent: Snapshot = serde_json::from_slice(&first.json).unwrap();
+        assert_eq!(sent.tcp_routes[0].name, "route:shop/db-split");
+        let key = ObjKey::new(NS, "db-split");
+        let source = Source::Route(key.clone(), 0);
+        let r = ix.routes[&key].clone();
+        let verdict = attach_routes(&ix).verdicts.remove(&key);
+        let condition = |p: &crate::mesh::hub::Programmed, t: &str| {
+            let now = Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap());
+            let s = route_status(&r, verdict.as_ref(), p, &now);
+            s.conditions.into_iter().find(|c| c.type_ == t).unwrap()
+        };
+        let before = hub.programmed(&source);
+        assert_eq!((before.acked, before.total), (0, 1));
+        assert_eq!(condition(&before, rc::ACCEPTED).status, "True");
+        assert_eq!(condition(&before, rc::RESOLVED_REFS).status, "True");
+        assert_eq!(condition(&before, rc::PROGRAMMED).status, "False");
+        ack(&hub, id, &first);
+        let after = hub.programmed(&source);
+        let programmed = condition(&after, rc::PROGRAMMED);
+        assert_eq!(
+            (programmed.status.as_str(), programmed.message.as_str()),
+            ("True", "1/1 sidecars ACKed")
+        );
+
+        db(&mut ix, 1, 1, None);
+        hub.update(|i| *i = ix.clone());
+        assert_eq!(hub.recompile(), 1);
+        let edit = take(&mut rx).unwrap();
+        assert_eq!(
+            edit.kind,
+            ConfigKind::Delta {
+                base: first.version
+            }
+        );
+        let delta: Delta = serde_json::from_slice(&edit.json).unwrap();
+        assert!(
+            matches!(delta.sections.as_slice(), [Section::TcpRoutes(k)] if k.changed[0].backends[0].weight == 1),
+            "{delta:?}"
         );
     }
 

@@ -4,6 +4,7 @@
 //! with the path of the offending field.
 
 use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,8 +17,8 @@ use super::{
 };
 use crate::filters::{Cidr, Rbac};
 use crate::routing::{
-    CompiledRoute, GeneralPath, HeaderCondition, HeaderRewriter, HostMatch, PathMatcher,
-    QueryCondition, RetryPolicy, ValueMatcher,
+    CompiledRoute, CompiledTcpRoute, GeneralPath, HeaderCondition, HeaderRewriter, HostMatch,
+    PathMatcher, QueryCondition, RetryPolicy, ValueMatcher,
 };
 
 /// The TLS layer's reason for refusing a `tls` section.
@@ -64,6 +65,8 @@ pub struct CompiledListener {
     /// Destination port → cluster index.
     pub port_map: HashMap<u16, usize>,
     pub tcp_cluster: Option<usize>,
+    /// Destination → the tcp route that takes connections to it.
+    pub tcp_routes: HashMap<SocketAddr, Arc<CompiledTcpRoute>>,
     /// Why every HTTP request on this listener takes the general path;
     /// `None` when the fast path may serve them (each route then decides
     /// for its own requests: [`CompiledRoute::general_path`]).
@@ -107,10 +110,22 @@ impl CompiledListener {
         }
     }
 
-    /// Whether connections to `dst_port` must skip protocol detection.
-    pub fn is_opaque(&self, dst_port: u16) -> bool {
+    /// Whether connections to `dst` (the original destination, else the
+    /// listener's own address) must skip protocol detection: the listener
+    /// or the port is opaque, or a tcp route owns the destination (its
+    /// bytes are never HTTP to the mesh, whatever they look like).
+    pub fn is_opaque(&self, dst: SocketAddr) -> bool {
         self.config.protocol == ListenerProtocol::Tcp
-            || self.config.opaque_ports.contains(&dst_port)
+            || self.config.opaque_ports.contains(&dst.port())
+            || self.tcp_routes.contains_key(&dst)
+    }
+
+    /// The tcp route that takes connections to `dst`, if one does.
+    pub fn tcp_route(&self, dst: SocketAddr) -> Option<&Arc<CompiledTcpRoute>> {
+        if self.tcp_routes.is_empty() {
+            return None;
+        }
+        self.tcp_routes.get(&dst)
     }
 }
 
@@ -368,23 +383,7 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
             })
             .collect();
 
-        if r.backends.is_empty() {
-            p.push(format!("{at}.backends"), "at least one backend is required");
-        }
-        let mut total: u64 = 0;
-        let mut backends = Vec::with_capacity(r.backends.len());
-        for b in &r.backends {
-            total += u64::from(b.weight);
-            if let Some(idx) = cluster(&mut p, &format!("{at}.backends"), &b.cluster) {
-                backends.push((idx, total.min(u64::from(u32::MAX)) as u32));
-            }
-        }
-        if !r.backends.is_empty() && total == 0 {
-            p.push(format!("{at}.backends"), "total weight must be > 0");
-        }
-        if total > u64::from(u32::MAX) {
-            p.push(format!("{at}.backends"), "total weight overflows u32");
-        }
+        let (backends, total) = weighted(&mut p, &at, &r.backends, &cluster);
         if r.timeout_ms == Some(0) {
             p.push(format!("{at}.timeout_ms"), "must be > 0");
         }
@@ -445,7 +444,7 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
             headers,
             query,
             backends,
-            total_weight: total.min(u64::from(u32::MAX)) as u32,
+            total_weight: total,
             timeout: r.timeout_ms.map(Duration::from_millis),
             retry: r.retry.as_ref().map(RetryPolicy::new),
             fault: r.fault.clone(),
@@ -457,6 +456,53 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
         };
         route.general_path = route.needs_general_path();
         routes.push((r.listeners.clone(), Arc::new(route)));
+    }
+
+    // TCP routes (compiled once, shared like HTTP routes).
+    let mut tcp_route_names = HashSet::new();
+    let mut tcp_routes = Vec::with_capacity(snapshot.tcp_routes.len());
+    for (i, r) in snapshot.tcp_routes.iter().enumerate() {
+        let at = format!("tcp_routes[{i}] ({})", r.name);
+        if r.name.is_empty() {
+            p.push(&at, "name must not be empty");
+        }
+        if !tcp_route_names.insert(r.name.as_str()) {
+            p.push(&at, "duplicate tcp route name");
+        }
+        for l in &r.listeners {
+            if !listener_names.contains(l.as_str()) {
+                p.push(format!("{at}.listeners"), format!("unknown listener {l:?}"));
+            }
+        }
+        if r.destinations.is_empty() {
+            p.push(
+                format!("{at}.destinations"),
+                "at least one destination is required",
+            );
+        }
+        let mut seen = HashSet::new();
+        for d in &r.destinations {
+            if d.port() == 0 {
+                p.push(format!("{at}.destinations"), format!("{d} has port 0"));
+            }
+            if !seen.insert(d) {
+                p.push(
+                    format!("{at}.destinations"),
+                    format!("duplicate destination {d}"),
+                );
+            }
+        }
+        let (backends, total) = weighted(&mut p, &at, &r.backends, &cluster);
+        if r.connect_timeout_ms == Some(0) {
+            p.push(format!("{at}.connect_timeout_ms"), "must be > 0");
+        }
+        let route = CompiledTcpRoute {
+            name: Arc::from(r.name.as_str()),
+            backends,
+            total_weight: total,
+            connect_timeout: r.connect_timeout_ms.map(Duration::from_millis),
+        };
+        tcp_routes.push((r, Arc::new(route)));
     }
 
     // The TLS section: every rule that needs no crypto provider (the TLS
@@ -585,6 +631,27 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
             .filter(|(only, _)| only.is_empty() || only.iter().any(|n| n == &l.name))
             .map(|(_, r)| r.clone())
             .collect();
+        let mut by_destination: HashMap<SocketAddr, Arc<CompiledTcpRoute>> = HashMap::new();
+        for (r, compiled) in tcp_routes
+            .iter()
+            .filter(|(r, _)| r.listeners.is_empty() || r.listeners.iter().any(|n| n == &l.name))
+        {
+            for d in &r.destinations {
+                if let Some(other) = by_destination.insert(*d, compiled.clone())
+                    && !Arc::ptr_eq(&other, compiled)
+                {
+                    // Two routes for one destination: which one a
+                    // connection follows would depend on list order.
+                    p.push(
+                        &at,
+                        format!(
+                            "destination {d} is claimed by tcp routes {:?} and {:?}",
+                            other.name, compiled.name
+                        ),
+                    );
+                }
+            }
+        }
         let general_path = CompiledListener::needs_general_path(l, rbac.as_deref(), &routes);
         listeners.push(CompiledListener {
             config: l.clone(),
@@ -592,6 +659,7 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
             rbac,
             port_map,
             tcp_cluster,
+            tcp_routes: by_destination,
             general_path,
         });
     }
@@ -605,6 +673,36 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
     } else {
         Err(ConfigError::Invalid(p.0))
     }
+}
+
+/// Backends as (cluster index, cumulative weight) and their total weight,
+/// for a route's weighted draw; problems (none, unknown clusters, a zero or
+/// overflowing total) are reported at `at.backends`.
+fn weighted(
+    p: &mut Problems,
+    at: &str,
+    list: &[super::WeightedBackend],
+    cluster: &dyn Fn(&mut Problems, &str, &str) -> Option<usize>,
+) -> (Vec<(usize, u32)>, u32) {
+    let at = format!("{at}.backends");
+    if list.is_empty() {
+        p.push(&at, "at least one backend is required");
+    }
+    let mut total: u64 = 0;
+    let mut backends = Vec::with_capacity(list.len());
+    for b in list {
+        total += u64::from(b.weight);
+        if let Some(idx) = cluster(p, &at, &b.cluster) {
+            backends.push((idx, total.min(u64::from(u32::MAX)) as u32));
+        }
+    }
+    if !list.is_empty() && total == 0 {
+        p.push(&at, "total weight must be > 0");
+    }
+    if total > u64::from(u32::MAX) {
+        p.push(&at, "total weight overflows u32");
+    }
+    (backends, total.min(u64::from(u32::MAX)) as u32)
 }
 
 fn anchored(pattern: &str) -> Result<Regex, String> {
@@ -1004,6 +1102,115 @@ tls: {min_version: '1.3', cipher_suites: [TLS13_AES_128_GCM_SHA256, NOPE],
             "clusters: [{name: a, endpoints: [], connect_timeout_ms: 0}]\nroutes: [{name: r, backends: [{cluster: b}]}]",
         );
         assert_eq!(p.len(), 2, "{p:?}");
+    }
+
+    const AB: &str = "clusters: [{name: a, endpoints: ['127.0.0.1:1']}, {name: b, endpoints: ['127.0.0.1:2']}]
+listeners: [{name: out, address: '127.0.0.1:0', capture: transparent, passthrough: true}, {name: other, address: '127.0.0.1:0'}]
+";
+
+    #[test]
+    fn a_tcp_route_makes_its_destinations_opaque_and_draws_backends_by_weight() {
+        let c = compile(
+            &parse(&format!(
+                "{AB}tcp_routes: [{{name: t, listeners: [out], destinations: ['10.96.0.7:5432', '[fd00::7]:5432'], backends: [{{cluster: a, weight: 3}}, {{cluster: b, weight: 1}}], connect_timeout_ms: 250}}]"
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+        let out = c.listener("out").unwrap();
+        let dst: SocketAddr = "10.96.0.7:5432".parse().unwrap();
+        assert!(out.is_opaque(dst));
+        assert!(out.is_opaque("[fd00::7]:5432".parse().unwrap()));
+        // Another IP on the same port, or the same IP on another port, is not.
+        assert!(!out.is_opaque("10.96.0.8:5432".parse().unwrap()));
+        assert!(!out.is_opaque("10.96.0.7:80".parse().unwrap()));
+        let r = out.tcp_route(dst).unwrap();
+        assert_eq!(r.connect_timeout, Some(Duration::from_millis(250)));
+        let picks: Vec<usize> = (0..4).map(|d| r.pick_backend(d)).collect();
+        assert_eq!(picks, vec![0, 0, 0, 1], "3:1 over a, b");
+        // A route names its listeners; the other one does not have it.
+        assert!(c.listener("other").unwrap().tcp_route(dst).is_none());
+    }
+
+    #[test]
+    fn a_zero_weight_tcp_backend_is_never_drawn() {
+        let c = compile(
+            &parse(&format!(
+                "{AB}tcp_routes: [{{name: t, destinations: ['10.96.0.7:5432'], backends: [{{cluster: a, weight: 0}}, {{cluster: b, weight: 2}}]}}]"
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+        let r = c
+            .listener("out")
+            .unwrap()
+            .tcp_route("10.96.0.7:5432".parse().unwrap())
+            .unwrap()
+            .clone();
+        assert!((0..100).all(|d| r.pick_backend(d) == 1));
+        assert_eq!(r.connect_timeout, None);
+    }
+
+    #[test]
+    fn rejects_tcp_routes_with_zero_total_weight_unknown_clusters_or_no_destination() {
+        let t = |body: &str| format!("{AB}tcp_routes: [{{name: t, {body}}}]");
+        assert_refused(
+            &t("destinations: ['10.0.0.1:1'], backends: [{cluster: a, weight: 0}]"),
+            "tcp_routes[0] (t).backends: total weight must be > 0",
+        );
+        assert_refused(
+            &t("destinations: ['10.0.0.1:1'], backends: []"),
+            "at least one backend is required",
+        );
+        assert_refused(
+            &t("destinations: ['10.0.0.1:1'], backends: [{cluster: nope}]"),
+            "tcp_routes[0] (t).backends: unknown cluster \"nope\"",
+        );
+        assert_refused(
+            &t("destinations: [], backends: [{cluster: a}]"),
+            "at least one destination is required",
+        );
+        assert_refused(
+            &t("destinations: ['10.0.0.1:0'], backends: [{cluster: a}]"),
+            "has port 0",
+        );
+        assert_refused(
+            &t("destinations: ['10.0.0.1:1'], backends: [{cluster: a}], connect_timeout_ms: 0"),
+            "connect_timeout_ms: must be > 0",
+        );
+        assert_refused(
+            &t("listeners: [nope], destinations: ['10.0.0.1:1'], backends: [{cluster: a}]"),
+            "unknown listener \"nope\"",
+        );
+    }
+
+    #[test]
+    fn rejects_two_tcp_routes_claiming_one_destination_on_one_listener() {
+        assert_refused(
+            &format!(
+                "{AB}tcp_routes:
+- {{name: t1, destinations: ['10.0.0.1:1'], backends: [{{cluster: a}}]}}
+- {{name: t2, destinations: ['10.0.0.1:1'], backends: [{{cluster: b}}]}}"
+            ),
+            "destination 10.0.0.1:1 is claimed by tcp routes \"t1\" and \"t2\"",
+        );
+        assert_refused(
+            &format!(
+                "{AB}tcp_routes:
+- {{name: t, destinations: ['10.0.0.1:1'], backends: [{{cluster: a}}]}}
+- {{name: t, destinations: ['10.0.0.2:1'], backends: [{{cluster: b}}]}}"
+            ),
+            "duplicate tcp route name",
+        );
+        // On different listeners, one destination may go two ways.
+        assert!(
+            problems(&format!(
+                "{AB}tcp_routes:
+- {{name: t1, listeners: [out], destinations: ['10.0.0.1:1'], backends: [{{cluster: a}}]}}
+- {{name: t2, listeners: [other], destinations: ['10.0.0.1:1'], backends: [{{cluster: b}}]}}"
+            ))
+            .is_empty()
+        );
     }
 
     #[test]
