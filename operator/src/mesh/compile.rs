@@ -644,7 +644,7 @@ impl Outbound<'_> {
                     listeners: vec![OUTBOUND_LISTENER.into()],
                     matches: match_config(hosts.clone(), port, m),
                     backends: backends.clone(),
-                    timeout_ms: rule.timeout.as_deref().and_then(duration_ms),
+                    timeout_ms: rule.timeout.as_deref().and_then(timeout_ms),
                     retry: rule.retries.as_ref().map(retry_config),
                     fault: rule.fault.as_ref().map(|f| FaultConfig {
                         delay: f.delay.as_ref().map(|d| FaultDelay {
@@ -708,6 +708,13 @@ fn to_port(p: i32) -> u16 {
 
 fn duration_ms(s: &str) -> Option<u64> {
     parse_duration(s).map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A request or per-try timeout: `0s` disables it (Gateway API), which the
+/// sidecar's model says with no timeout at all; it refuses a zero one, so
+/// passing `0s` through would make every sidecar NACK the whole config.
+fn timeout_ms(s: &str) -> Option<u64> {
+    duration_ms(s).filter(|ms| *ms > 0)
 }
 
 fn match_config(hosts: Vec<String>, port: u16, m: Option<&RouteMatch>) -> MatchConfig {
@@ -804,7 +811,7 @@ fn retry_config(r: &baton_crds::route::RetryPolicy) -> RetryConfig {
             .iter()
             .any(|w| matches!(*w, "reset" | "refused-stream")),
         on_statuses: statuses.into_iter().collect(),
-        per_try_timeout_ms: r.per_try_timeout.as_deref().and_then(duration_ms),
+        per_try_timeout_ms: r.per_try_timeout.as_deref().and_then(timeout_ms),
         ..RetryConfig::new(u32::try_from(r.attempts).unwrap_or(0))
     }
 }

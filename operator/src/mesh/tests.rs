@@ -652,6 +652,27 @@ fn a_rule_with_several_matches_becomes_one_route_per_match_in_rule_order() {
 }
 
 #[test]
+fn a_zero_timeout_means_none_rather_than_a_config_every_sidecar_refuses() {
+    let mut ix = shop();
+    ix.apply_route(&route(
+        "untimed",
+        "2026-01-01T00:00:00Z",
+        json!({
+            "parentRef": {"name": "server", "port": 80},
+            "rules": [{
+                "backendRefs": [{"name": "server-v1", "port": 80}],
+                "timeout": "0s",
+                "retries": {"attempts": 2, "perTryTimeout": "0s"}
+            }]
+        }),
+    ));
+    let s = compiled(&ix, &client()).snapshot;
+    let r = route_named(&s, "route:shop/untimed/0");
+    assert_eq!(r.timeout_ms, None);
+    assert_eq!(r.retry.as_ref().unwrap().per_try_timeout_ms, None);
+}
+
+#[test]
 fn retries_faults_timeouts_mirrors_and_header_rewrites_carry_over() {
     let mut ix = shop();
     ix.apply_route(&route(
