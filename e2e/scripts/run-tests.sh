@@ -46,11 +46,12 @@ mapfile -t bins < <(jq -r 'select(.reason == "compiler-artifact" and .target.kin
 # The kubectl-baton plugin the cli_ tests run (BATON_CLI): the one this
 # build made (cli/tests/ makes cargo build it beside the test binaries), else
 # a build of its own.
-BATON_CLI="$(jq -r 'select(.reason == "compiler-artifact" and .target.name == "kubectl-baton" and .target.kind == ["bin"]) | .executable' "$out/build.json" | tail -1)"
+# (the binary itself, not the test harness of its unit tests: same name)
+BATON_CLI="$(jq -r 'select(.reason == "compiler-artifact" and .target.name == "kubectl-baton" and .target.kind == ["bin"] and .profile.test == false) | .executable' "$out/build.json" | tail -1)"
 if [ -z "$BATON_CLI" ] || [ ! -x "$BATON_CLI" ]; then
   cargo build --locked -p baton-cli --bin kubectl-baton --message-format=json >"$out/cli.json" 2>"$out/build.log" \
     || { cat "$out/build.log" >&2; die "building kubectl-baton failed"; }
-  BATON_CLI="$(jq -r 'select(.reason == "compiler-artifact" and .target.name == "kubectl-baton") | .executable' "$out/cli.json" | tail -1)"
+  BATON_CLI="$(jq -r 'select(.reason == "compiler-artifact" and .target.name == "kubectl-baton" and .profile.test == false) | .executable' "$out/cli.json" | tail -1)"
 fi
 [ -x "$BATON_CLI" ] || die "no kubectl-baton binary was built"
 export BATON_CLI

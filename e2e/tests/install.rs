@@ -675,7 +675,8 @@ async fn install_every_example_manifest_is_accepted_and_programmed() {
                 let spec = &o["spec"];
                 services.insert(spec["parentRef"]["name"].as_str().unwrap().to_owned(), spec["parentRef"]["port"].as_i64().unwrap());
                 for rule in spec["rules"].as_array().into_iter().flatten() {
-                    for b in rule["backendRefs"].as_array().into_iter().flatten() {
+                    let mirror = rule["mirror"].get("backendRef").into_iter();
+                    for b in rule["backendRefs"].as_array().into_iter().flatten().chain(mirror) {
                         services.insert(b["name"].as_str().unwrap().to_owned(), b["port"].as_i64().unwrap());
                     }
                 }
