@@ -1686,6 +1686,56 @@ mod push_kind {
         assert_eq!(of_hub(&hub, "op-a", 4).objects[&key].generation, 2);
     }
 
+    /// Per-object bookkeeping is bounded by the objects that exist: 1,000
+    /// Routes created, pushed, ACKed and deleted leave the index, the
+    /// attachments, the compiled sources, the tally and the stream's
+    /// snapshot where they started (issue #37: no state grows with churn).
+    #[test]
+    fn a_thousand_route_create_delete_cycles_leave_every_count_where_it_started() {
+        use crate::mesh::tally::of_hub;
+        let hub = hub();
+        let (id, mut rx) = hub.connect(client(), 0, Capabilities::ALL);
+        hub.recompile();
+        ack(&hub, id, &take(&mut rx).unwrap());
+        let counts = |hub: &Hub| {
+            let (routes, policies) = hub.objects();
+            (
+                routes.len() + policies.len(),
+                hub.attachments().verdicts.len(),
+                hub.compiled_sources().len(),
+                of_hub(hub, "op-a", 0).objects.len(),
+            )
+        };
+        let before = counts(&hub);
+        for i in 0..1_000 {
+            let name = format!("churn-{i}");
+            hub.update(|ix| ix.apply_route(&split_route(&name, "2026-01-01T00:00:00Z", 9, 1)));
+            hub.recompile();
+            if let Some(push) = take(&mut rx) {
+                ack(&hub, id, &push);
+            }
+            if i == 0 {
+                // Each count does see a live Route (the test is not vacuous).
+                let live = counts(&hub);
+                assert!(
+                    live.0 > before.0
+                        && live.1 > before.1
+                        && live.2 > before.2
+                        && live.3 > before.3,
+                    "{live:?} vs {before:?}"
+                );
+            }
+            hub.update(|ix| ix.delete_route(&ObjKey::new(NS, &name)));
+            hub.recompile();
+            if let Some(push) = take(&mut rx) {
+                ack(&hub, id, &push);
+            }
+        }
+        assert_eq!(counts(&hub), before);
+        let s = &hub.sidecars()[0];
+        assert_eq!((s.nack.as_deref(), s.acked), (None, Some(s.version)));
+    }
+
     /// The status writer's one pass over the streams counts each object as
     /// a pass per object would: every stream sent any generation of it
     /// counts once, ACKs count only for the generation asked about, and
