@@ -33,16 +33,21 @@ const OVERLAY: &str = "e2e/overlay";
 /// Field manager of every apply the harness and the tests do.
 const FIELD_MANAGER: &str = "baton-e2e-install";
 
-fn crd_files() -> Vec<PathBuf> {
-    let dir = baton_e2e::cluster::repo_root().join("manifests/crds");
+/// The `.yaml` files of `manifests/<sub>`, sorted; never none.
+fn manifest_files(sub: &str) -> Vec<PathBuf> {
+    let dir = baton_e2e::cluster::repo_root().join("manifests").join(sub);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
         .map(|e| e.expect("dir entry").path())
         .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
         .collect();
     files.sort();
-    assert!(!files.is_empty(), "no CRDs in {}", dir.display());
+    assert!(!files.is_empty(), "no manifests in {}", dir.display());
     files
+}
+
+fn crd_files() -> Vec<PathBuf> {
+    manifest_files("crds")
 }
 
 fn read_crd(path: &PathBuf) -> CustomResourceDefinition {
@@ -653,15 +658,8 @@ async fn install_every_example_manifest_is_accepted_and_programmed() {
     baton_e2e::cluster::require_component("operator");
     baton_e2e::cluster::require_component("webhook");
     with_temp_ns(|_client, ns| async move {
-        let dir = baton_e2e::cluster::repo_root().join("manifests/examples");
-        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
-            .map(|e| e.expect("dir entry").path())
-            .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-            .collect();
-        files.sort();
         let mut objects = vec![];
-        for f in &files {
+        for f in &manifest_files("examples") {
             let text = std::fs::read_to_string(f).unwrap();
             for doc in baton_crds::yaml::documents(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display())) {
                 objects.push((f.clone(), doc));

@@ -95,28 +95,21 @@ fn webhook_logs() -> String {
 /// serves.
 pub fn webhook(w: &WebhookObjects, now: i64) -> Vec<Check> {
     let (ca_check, ca) = webhook_ca(&w.ca, now);
-    let mutating = match &w.mutating {
-        Got::Found(c) => Got::Found(
-            c.webhooks
-                .iter()
-                .flatten()
-                .map(|h| (h.name.clone(), h.client_config.ca_bundle.clone()))
-                .collect(),
-        ),
-        Got::Missing => Got::Missing,
-        Got::Unreadable(why) => Got::Unreadable(why.clone()),
-    };
-    let validating = match &w.validating {
-        Got::Found(c) => Got::Found(
-            c.webhooks
-                .iter()
-                .flatten()
-                .map(|h| (h.name.clone(), h.client_config.ca_bundle.clone()))
-                .collect(),
-        ),
-        Got::Missing => Got::Missing,
-        Got::Unreadable(why) => Got::Unreadable(why.clone()),
-    };
+    // (name, caBundle) of each entry: the two kinds' entry types differ.
+    let mutating = w.mutating.as_ref().map(|c| {
+        c.webhooks
+            .iter()
+            .flatten()
+            .map(|h| (h.name.clone(), h.client_config.ca_bundle.clone()))
+            .collect()
+    });
+    let validating = w.validating.as_ref().map(|c| {
+        c.webhooks
+            .iter()
+            .flatten()
+            .map(|h| (h.name.clone(), h.client_config.ca_bundle.clone()))
+            .collect()
+    });
     vec![
         endpoints(&w.endpoints),
         configuration(

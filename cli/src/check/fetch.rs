@@ -43,6 +43,14 @@ pub enum Got<T> {
 }
 
 impl<T> Got<T> {
+    pub fn as_ref(&self) -> Got<&T> {
+        match self {
+            Self::Found(t) => Got::Found(t),
+            Self::Missing => Got::Missing,
+            Self::Unreadable(why) => Got::Unreadable(why.clone()),
+        }
+    }
+
     pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Got<U> {
         match self {
             Self::Found(t) => Got::Found(f(t)),

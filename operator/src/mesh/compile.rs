@@ -612,14 +612,7 @@ impl Outbound<'_> {
         let hosts = self.hosts(key, svc);
         for (i, rule) in route.spec.rules.iter().enumerate() {
             let rule_name = rule.name.clone().unwrap_or_else(|| i.to_string());
-            let backends = rule
-                .backend_refs
-                .iter()
-                .map(|b| WeightedBackend {
-                    cluster: self.cluster(&rk.namespace, &b.name, to_port(b.port)),
-                    weight: u32::try_from(b.weight).unwrap_or(0),
-                })
-                .collect::<Vec<_>>();
+            let backends = self.backends(&rk.namespace, &rule.backend_refs);
             let mirror = rule.mirror.as_ref().map(|m| MirrorConfig {
                 cluster: self.cluster(
                     &rk.namespace,
@@ -667,6 +660,20 @@ impl Outbound<'_> {
 }
 
 impl Outbound<'_> {
+    /// A rule's weighted backends, each as its cluster (http and tcp alike).
+    fn backends(
+        &mut self,
+        namespace: &str,
+        refs: &[baton_crds::common::BackendRef],
+    ) -> Vec<WeightedBackend> {
+        refs.iter()
+            .map(|b| WeightedBackend {
+                cluster: self.cluster(namespace, &b.name, to_port(b.port)),
+                weight: u32::try_from(b.weight).unwrap_or(0),
+            })
+            .collect()
+    }
+
     /// An attached tcp Route: connections to the Service's ClusterIP and
     /// port pick one backend by weight, and the port is opaque (the
     /// sidecar never parses HTTP there), so no HTTP route is compiled for
@@ -676,14 +683,7 @@ impl Outbound<'_> {
         let (Some(ip), Some(rule)) = (svc.cluster_ip, route.spec.rules.first()) else {
             return;
         };
-        let backends = rule
-            .backend_refs
-            .iter()
-            .map(|b| WeightedBackend {
-                cluster: self.cluster(&rk.namespace, &b.name, to_port(b.port)),
-                weight: u32::try_from(b.weight).unwrap_or(0),
-            })
-            .collect();
+        let backends = self.backends(&rk.namespace, &rule.backend_refs);
         self.tcp_routes.push(TcpRouteConfig {
             name: format!("route:{rk}"),
             listeners: vec![OUTBOUND_LISTENER.into()],
