@@ -654,7 +654,16 @@ pub struct Policies {
     pub rbac: Vec<RbacPolicy>,
 }
 
-/// Ordered rules, first match decides; no match → `default_action`.
+/// An authorization policy as the sidecar enforces it: ordered rules.
+///
+/// Evaluation (the sidecar's `filters::Rbac`): rules are tried in order;
+/// an `audit` rule that matches is recorded (counted, logged) and does not
+/// decide; the first `allow` or `deny` rule that matches decides; when none
+/// does, `default_action` decides (`audit` there means: let it through and
+/// record it as a request the policy would have denied). The operator
+/// compiles AuthorizationPolicies into this order — deny rules, then audit
+/// rules, then allow rules, then each port's implicit deny — so the
+/// precedence users read in docs/crds.md is plain first-match here.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RbacPolicy {
@@ -668,26 +677,66 @@ fn deny() -> RbacAction {
     RbacAction::Deny
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum RbacAction {
+    #[default]
     Allow,
     Deny,
+    /// As a rule: record a match, keep evaluating. As the default: let the
+    /// request or connection through, recorded as one the policy would deny.
+    Audit,
 }
 
 /// Every non-empty list must match (AND); within a list, any entry (OR).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A rule with `methods`, `paths`, `path_prefixes` or `headers` needs a
+/// request: on a connection whose bytes are not HTTP (TCP, opaque ports)
+/// it never matches.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct RbacRule {
+    /// Label of the rule in counters and logs (the operator writes
+    /// `<namespace>/<policy>/rules[i]`); empty → `rules[<index>]`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    #[serde(default)]
     pub action: RbacAction,
-    /// Peer identities (SPIFFE URIs) from mTLS; `*` = any authenticated peer.
+    /// Peer identities (SPIFFE URIs) from mTLS: an exact URI, `*` (any
+    /// authenticated peer), or a prefix ending in `*`
+    /// (`spiffe://cluster.local/ns/shop/*`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub identities: Vec<String>,
+    /// `true`: only peers with a mesh identity; `false`: only peers without
+    /// one (plaintext, or TLS without a mesh client certificate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authenticated: Option<bool>,
     /// Source CIDRs, e.g. `10.0.0.0/8`, `::1/128`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cidrs: Vec<String>,
+    /// Destination ports (the original destination on a transparent
+    /// listener, the listener's own port otherwise).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<u16>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub methods: Vec<String>,
+    /// Exact request paths (without the query).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub path_prefixes: Vec<String>,
+    /// Request headers; every entry must match (AND).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<RbacHeader>,
+}
+
+/// One header condition: `exact` or `prefix` on the value (names are
+/// case-insensitive), or neither: the header is present.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RbacHeader {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
 }

@@ -148,6 +148,17 @@ impl Rbac {
     pub fn compile(p: &RbacPolicy) -> Result<Rbac, String> {
         let mut rules = Vec::with_capacity(p.rules.len());
         for (i, r) in p.rules.iter().enumerate() {
+            // Never fail open on a condition this build cannot evaluate.
+            if r.authenticated.is_some()
+                || !r.ports.is_empty()
+                || !r.paths.is_empty()
+                || !r.headers.is_empty()
+                || r.action == RbacAction::Audit
+            {
+                return Err(format!(
+                    "rules[{i}]: authenticated, ports, paths, headers and audit are not supported"
+                ));
+            }
             let cidrs = r
                 .cidrs
                 .iter()
@@ -258,7 +269,9 @@ impl StreamFilter {
                     req.method,
                     req.path,
                 ) {
-                    RbacAction::Allow => FilterAction::Continue,
+                    // Audit semantics land with the authorization filter
+                    // (issue #36); until then an audit default lets through.
+                    RbacAction::Allow | RbacAction::Audit => FilterAction::Continue,
                     RbacAction::Deny => {
                         FilterAction::Respond(StatusCode::FORBIDDEN, "denied by rbac policy\n")
                     }
@@ -349,10 +362,7 @@ mod tests {
     fn rule(action: RbacAction) -> RbacRule {
         RbacRule {
             action,
-            identities: vec![],
-            cidrs: vec![],
-            methods: vec![],
-            path_prefixes: vec![],
+            ..RbacRule::default()
         }
     }
 

@@ -364,9 +364,7 @@ fn allow_clients(snapshot: &mut Snapshot, params: &MeshParams, key: &ObjKey, pol
         rules: vec![RbacRule {
             action: RbacAction::Allow,
             identities,
-            cidrs: Vec::new(),
-            methods: Vec::new(),
-            path_prefixes: Vec::new(),
+            ..RbacRule::default()
         }],
         default_action: RbacAction::Deny,
     });
