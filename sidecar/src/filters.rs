@@ -295,9 +295,8 @@ pub struct Verdict {
     rbac: Arc<Rbac>,
     pub decision: Decision,
     pub by: By,
-    /// The audit rule that matched, or `Default` when an `audit` default
-    /// let the request through (it would have been denied).
-    pub audit: Option<By>,
+    /// The audit rule that matched, if one did.
+    pub audit: Option<usize>,
 }
 
 impl Verdict {
@@ -307,7 +306,7 @@ impl Verdict {
 
     /// Let through by an `audit` default: the policy would deny it.
     pub fn would_deny(&self) -> bool {
-        self.audit == Some(By::Default)
+        self.by == By::Default && self.rbac.default_action == RbacAction::Audit
     }
 
     pub fn policy(&self) -> &str {
@@ -319,9 +318,14 @@ impl Verdict {
         self.rbac.label(self.by)
     }
 
-    /// The audit rule's label (`default` for an audit default), if any.
+    /// The audit rule's label if one matched, else `default` when an audit
+    /// default let it through.
     pub fn audit_rule(&self) -> Option<&str> {
-        self.audit.map(|a| self.rbac.label(a))
+        match self.audit {
+            Some(i) => Some(self.rbac.label(By::Rule(i))),
+            None if self.would_deny() => Some(DEFAULT_LABEL),
+            None => None,
+        }
     }
 
     /// `allow`, `deny` or `audit` (an audit default that let it through).
@@ -339,8 +343,8 @@ impl Verdict {
     pub fn count(&self, metrics: &Metrics) {
         let counters = self.rbac.counters(metrics);
         counters[self.rbac.slot(self.by)].inc();
-        if let Some(a @ By::Rule(_)) = self.audit {
-            counters[self.rbac.slot(a)].inc();
+        if let Some(i) = self.audit {
+            counters[self.rbac.slot(By::Rule(i))].inc();
         }
     }
 
@@ -349,7 +353,7 @@ impl Verdict {
     /// a connection), policy and rule. `what` is `request` or `connection`.
     pub fn record(&self, metrics: &Metrics, conn: &ConnMeta, req: Option<&RequestFacts<'_>>) {
         self.count(metrics);
-        if self.decision == Decision::Allow && self.audit.is_none() {
+        if self.decision == Decision::Allow && self.audit_rule().is_none() {
             return;
         }
         let (method, path) = match req {
@@ -518,7 +522,11 @@ impl Rbac {
 
     /// The pure decision: `req` is `None` for a connection whose bytes are
     /// not HTTP (rules that need a request never match it).
-    pub fn decide(&self, conn: &ConnMeta, req: Option<&RequestFacts<'_>>) -> (Decision, By, Option<By>) {
+    pub fn decide(
+        &self,
+        conn: &ConnMeta,
+        req: Option<&RequestFacts<'_>>,
+    ) -> (Decision, By, Option<usize>) {
         let mut audit = None;
         for (i, r) in self.rules.iter().enumerate() {
             // An audit rule already recorded cannot change the outcome.
@@ -531,13 +539,13 @@ impl Rbac {
             match r.action {
                 RbacAction::Allow => return (Decision::Allow, By::Rule(i), audit),
                 RbacAction::Deny => return (Decision::Deny, By::Rule(i), audit),
-                RbacAction::Audit => audit = Some(By::Rule(i)),
+                RbacAction::Audit => audit = Some(i),
             }
         }
         match self.default_action {
             RbacAction::Allow => (Decision::Allow, By::Default, audit),
             RbacAction::Deny => (Decision::Deny, By::Default, audit),
-            RbacAction::Audit => (Decision::Allow, By::Default, Some(By::Default)),
+            RbacAction::Audit => (Decision::Allow, By::Default, audit),
         }
     }
 
@@ -825,7 +833,10 @@ mod tests {
         assert!(get(Some("spiffe://td/ns/shop/sa/cart")));
         assert!(get(Some(WEB)));
         assert!(!get(Some("spiffe://td/ns/a/sa/web2")), "exact is exact");
-        assert!(!get(Some("spiffe://td/ns/shopping/sa/x")), "the prefix ends at its '/'");
+        assert!(
+            !get(Some("spiffe://td/ns/shopping/sa/x")),
+            "the prefix ends at its '/'"
+        );
         assert!(!get(Some("spiffe://other/ns/shop/sa/cart")));
         assert!(!get(None), "a pattern needs an identity");
 
@@ -836,8 +847,18 @@ mod tests {
             }],
             RbacAction::Deny,
         );
-        assert!(allowed(&any, &conn(Some("spiffe://x"), "1.1.1.1", 80), &Method::GET, "/"));
-        assert!(!allowed(&any, &conn(None, "1.1.1.1", 80), &Method::GET, "/"));
+        assert!(allowed(
+            &any,
+            &conn(Some("spiffe://x"), "1.1.1.1", 80),
+            &Method::GET,
+            "/"
+        ));
+        assert!(!allowed(
+            &any,
+            &conn(None, "1.1.1.1", 80),
+            &Method::GET,
+            "/"
+        ));
     }
 
     #[test]
@@ -882,7 +903,12 @@ mod tests {
             }],
             RbacAction::Allow,
         );
-        assert!(!allowed(&r, &conn(None, "10.0.0.1", 8080), &Method::GET, "/"));
+        assert!(!allowed(
+            &r,
+            &conn(None, "10.0.0.1", 8080),
+            &Method::GET,
+            "/"
+        ));
         assert!(allowed(&r, &conn(None, "10.0.0.1", 80), &Method::GET, "/"));
         // Under transparent capture the original destination's port counts.
         let captured = ConnMeta {
@@ -912,10 +938,16 @@ mod tests {
         let c = conn(None, "10.0.0.1", 80);
         assert!(allowed(&r, &c, &Method::GET, "/healthz"));
         assert!(allowed(&r, &c, &Method::POST, "/healthz"));
-        assert!(!allowed(&r, &c, &Method::GET, "/healthz/x"), "exact is exact");
+        assert!(
+            !allowed(&r, &c, &Method::GET, "/healthz/x"),
+            "exact is exact"
+        );
         assert!(!allowed(&r, &c, &Method::GET, "/healthzz"));
         assert!(allowed(&r, &c, &Method::GET, "/api/v1"));
-        assert!(!allowed(&r, &c, &Method::DELETE, "/api/v1"), "methods AND paths");
+        assert!(
+            !allowed(&r, &c, &Method::DELETE, "/api/v1"),
+            "methods AND paths"
+        );
         assert!(!allowed(&r, &c, &Method::GET, "/api"));
     }
 
@@ -952,16 +984,20 @@ mod tests {
             RbacAction::Deny,
         );
         let c = conn(None, "10.0.0.1", 80);
-        let ok = |list: &[(&str, &str)]| {
-            decide(&r, &c, Some((&Method::GET, "/", &headers(list))))
-        };
+        let ok = |list: &[(&str, &str)]| decide(&r, &c, Some((&Method::GET, "/", &headers(list))));
         assert_eq!(
             ok(&[("x-team", "a"), ("X-CANARY", "")]),
             (true, "team-a".into(), None),
             "names match in any case; presence matches an empty value"
         );
-        assert!(!ok(&[("x-team", "a")]).0, "every header condition must hold");
-        assert!(!ok(&[("x-team", "A"), ("x-canary", "1")]).0, "values are exact");
+        assert!(
+            !ok(&[("x-team", "a")]).0,
+            "every header condition must hold"
+        );
+        assert!(
+            !ok(&[("x-team", "A"), ("x-canary", "1")]).0,
+            "values are exact"
+        );
         assert!(
             ok(&[("x-team", "b"), ("x-team", "a"), ("x-canary", "1")]).0,
             "any line of a repeated header"
@@ -1004,7 +1040,10 @@ mod tests {
         );
         let other = conn(None, "10.0.0.1", 80);
         let v = r.check(&other, None);
-        assert!(v.denied(), "an audit rule never lets through what the rest denies");
+        assert!(
+            v.denied(),
+            "an audit rule never lets through what the rest denies"
+        );
         assert_eq!(v.audit_rule(), Some("second-audit"));
         assert!(!v.would_deny());
         assert_eq!(v.verdict_label(), "deny");
@@ -1025,7 +1064,7 @@ mod tests {
         assert_eq!((v.rule(), v.audit_rule()), ("default", Some("default")));
         assert_eq!(v.verdict_label(), "audit");
         let v = r.check(&conn(Some(WEB), "10.0.0.1", 80), None);
-        assert!(!v.would_deny() && v.audit.is_none());
+        assert!(!v.would_deny() && v.audit_rule().is_none());
         assert_eq!(v.verdict_label(), "allow");
 
         // Counted: one series per rule and verdict, the default's as audit.
@@ -1035,11 +1074,15 @@ mod tests {
         r.check(&conn(Some(WEB), "10.0.0.1", 80), None).count(&m);
         let text = m.encode();
         assert!(
-            text.contains(r#"baton_sidecar_authz_total{policy="p",rule="default",verdict="audit"} 2"#),
+            text.contains(
+                r#"baton_sidecar_authz_total{policy="p",rule="default",verdict="audit"} 2"#
+            ),
             "{text}"
         );
         assert!(
-            text.contains(r#"baton_sidecar_authz_total{policy="p",rule="rules[0]",verdict="allow"} 1"#),
+            text.contains(
+                r#"baton_sidecar_authz_total{policy="p",rule="rules[0]",verdict="allow"} 1"#
+            ),
             "{text}"
         );
     }

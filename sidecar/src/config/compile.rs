@@ -986,17 +986,28 @@ policies:
             ("{action: allow, cidrs: ['10.0.0.0/33']}", "10.0.0.0/33"),
             ("{action: allow, methods: ['G T']}", "invalid method"),
             ("{action: deny, methods: ['get']}", "case-sensitive"),
-            ("{action: allow, identities: ['']}", "empty identity pattern"),
-            ("{action: allow, identities: ['spiffe://*/ns/a']}", "'*' only as the whole pattern or at its end"),
-            ("{action: allow, headers: [{name: 'bad header'}]}", "invalid header name"),
-            ("{action: allow, headers: [{name: x, exact: a, prefix: b}]}", "not both"),
+            (
+                "{action: allow, identities: ['']}",
+                "empty identity pattern",
+            ),
+            (
+                "{action: allow, identities: ['spiffe://*/ns/a']}",
+                "'*' only as the whole pattern or at its end",
+            ),
+            (
+                "{action: allow, headers: [{name: 'bad header'}]}",
+                "invalid header name",
+            ),
+            (
+                "{action: allow, headers: [{name: x, exact: a, prefix: b}]}",
+                "not both",
+            ),
             ("{action: allow, paths: [admin]}", "must start with '/'"),
             ("{action: allow, ports: [0]}", "port 0"),
             ("{name: default, action: allow}", "reserved"),
         ] {
-            let yaml = format!(
-                "policies: {{rbac: [{{name: p, rules: [{{action: allow}}, {rule}]}}]}}"
-            );
+            let yaml =
+                format!("policies: {{rbac: [{{name: p, rules: [{{action: allow}}, {rule}]}}]}}");
             let p = problems(&yaml);
             assert!(
                 p.iter()
