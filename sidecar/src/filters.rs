@@ -348,9 +348,9 @@ impl Verdict {
         }
     }
 
-    /// Counts it and logs what is worth a line (denied, audited), at info:
-    /// peer, identity, tls, listener, the request's method and path (`-` for
-    /// a connection), policy and rule. `what` is `request` or `connection`.
+    /// Counts it and logs what is worth a line (denied, audited), at info on
+    /// target `authz`: peer, identity, tls, listener, the request's method
+    /// and path (`-` for a connection, `req` = `None`), policy and rule.
     pub fn record(&self, metrics: &Metrics, conn: &ConnMeta, req: Option<&RequestFacts<'_>>) {
         self.count(metrics);
         if self.decision == Decision::Allow && self.audit_rule().is_none() {

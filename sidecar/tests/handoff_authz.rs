@@ -95,7 +95,7 @@ async fn get(sender: &mut Sender, path: &str) -> Result<StatusCode, String> {
 }
 
 /// HTTP requests from `from` until `stop`: on one keep-alive connection
-/// (reopened if it ends between two requests) or a new one each. Allowed:
+/// or a new one each. Allowed:
 /// every answer must be 200; denied: every answer must be 403.
 async fn http_client(
     world: Arc<World>,
@@ -133,10 +133,11 @@ async fn http_client(
         match get(sender, &path).await {
             Ok(s) if s == want => tally.seen(),
             Ok(s) => tally.fail(format!("{from} {path}: {s}, want {want}")),
-            // A keep-alive connection may be closed between two requests
-            // (never with a request in flight): open another.
-            Err(e) if keepalive && e.contains("closed") => {}
-            Err(e) => tally.fail(format!("{from} {path}: {e}")),
+            // The handoff moves keep-alive connections (G3): none may end.
+            Err(e) => {
+                tally.fail(format!("{from} {path}: {e}"));
+                conn = None;
+            }
         }
         if !keepalive {
             conn = None;
@@ -320,6 +321,13 @@ policies:
         logs()
     );
     eprintln!("answers (before, during, after): denied {d:?}, allowed {a:?}");
+    // The two keep-alive connections (the denied client's and the allowed
+    // one's) were among those moved: the new process decided their next
+    // requests.
+    assert!(
+        status["connections"].as_u64().unwrap_or(0) >= 2,
+        "connections moved: {status}"
+    );
     // The new process counts denials under the inherited policy (its own
     // on top of the carried-over ones).
     let (_, m) = admin_get(world.admin, "/metrics").await.unwrap();
