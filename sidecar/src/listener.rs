@@ -431,6 +431,11 @@ async fn serve_tcp<I: ParkableIo>(
     let Some(l) = active.config.listener(&meta.listener) else {
         return;
     };
+    // The connection's access-log line, written however it ends.
+    let mut log = l.config.access_log.then(|| {
+        let rate = active.config.snapshot.runtime.access_log_lines_per_second();
+        crate::access_log::TcpLine::start(&shared.access_log, rate, &meta)
+    });
     // An allow-list on this listener also governs connections that are
     // not HTTP: decided once, by the peer's identity and address.
     if let Some(rbac) = &l.rbac
@@ -438,6 +443,9 @@ async fn serve_tcp<I: ParkableIo>(
             == crate::config::RbacAction::Deny
     {
         shared.metrics.local_response("rbac_denied");
+        if let Some(line) = &mut log {
+            line.record.authz = crate::access_log::Authz::Deny;
+        }
         tracing::info!(conn = meta.id, listener = %meta.listener, peer = %meta.peer,
             identity = meta.peer_identity.as_deref().unwrap_or("-"), "tcp connection denied by rbac policy");
         return;
@@ -483,6 +491,9 @@ async fn serve_tcp<I: ParkableIo>(
         );
         return;
     };
+    if let Some(line) = &mut log {
+        line.record.upstream = Some(addr.to_string());
+    }
     let connected = match &ep {
         Some((_, cluster)) => cluster.connect_tcp(addr, connect_timeout).await,
         // Original-destination passthrough: plain TCP, 1 s connect timeout.
@@ -507,7 +518,7 @@ async fn serve_tcp<I: ParkableIo>(
         }
     };
     let (prefix, io) = io.into_parts();
-    let end = crate::tcp_proxy::proxy(
+    let (end, moved) = crate::tcp_proxy::proxy(
         io,
         up,
         &prefix,
@@ -518,6 +529,13 @@ async fn serve_tcp<I: ParkableIo>(
     )
     .await;
     drop(ep);
+    if let Some(line) = &mut log {
+        line.record.bytes_in = moved.up;
+        line.record.bytes_out = moved.down;
+        if matches!(end, crate::tcp_proxy::TcpEnd::Parked) {
+            line.skip();
+        }
+    }
     if let crate::tcp_proxy::TcpEnd::Error(e) = end {
         tracing::debug!(conn = meta.id, error = %e, "tcp proxy ended with an error");
     }
