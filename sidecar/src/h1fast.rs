@@ -883,6 +883,65 @@ mod tests {
         assert_eq!(out, "GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-End: 2\r\n\r\n");
     }
 
+    /// What trace context and the per-peer metrics add to each fast-path
+    /// request, in ns (printed, not checked: timings are not a test).
+    #[test]
+    #[ignore = "a measurement: cargo test --release -p baton-sidecar --lib -- --ignored --nocapture fast_path_cost"]
+    fn fast_path_cost_of_trace_context_and_peer_metrics() {
+        use std::hint::black_box;
+        const N: u32 = 300_000;
+        fn ns(mut f: impl FnMut()) -> f64 {
+            let t = Instant::now();
+            for _ in 0..N {
+                f();
+            }
+            t.elapsed().as_nanos() as f64 / f64::from(N)
+        }
+        let head = b"GET /api/items?id=1 HTTP/1.1\r\nHost: reviews:9080\r\nUser-Agent: wrk\r\nAccept: */*\r\n\r\n";
+        let traced = b"GET /api/items?id=1 HTTP/1.1\r\nHost: reviews:9080\r\nUser-Agent: wrk\r\nAccept: */*\r\ntraceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n\r\n";
+        let mut h1 = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut plain_req = httparse::Request::new(&mut h1);
+        plain_req.parse(head).unwrap();
+        let mut h2 = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut traced_req = httparse::Request::new(&mut h2);
+        traced_req.parse(traced).unwrap();
+        let tp: &[u8] = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        for round in 0..3 {
+            let off = ns(|| {
+                black_box(rewrite_request(black_box(&plain_req), 0, None));
+            });
+            let new_trace = ns(|| {
+                let s = crate::trace::Span::for_request(std::iter::empty(), 100.0);
+                black_box(rewrite_request(black_box(&plain_req), 0, Some(&s)));
+            });
+            let continued = ns(|| {
+                let s = crate::trace::Span::for_request([tp].into_iter(), 100.0);
+                black_box(rewrite_request(black_box(&traced_req), 0, Some(&s)));
+            });
+            let m = crate::metrics::Metrics::new();
+            let route: Arc<str> = Arc::from("r");
+            let per_route = crate::metrics::RouteMetrics::resolve(&m, &route);
+            let table = crate::route_metrics::PeerRouteMetrics::new(&m);
+            let mut cache = crate::route_metrics::ConnCache::default();
+            let started = Instant::now();
+            let route_only = ns(|| {
+                per_route.record(200, started.elapsed().as_secs_f64());
+            });
+            let with_peer = ns(|| {
+                per_route.record(200, started.elapsed().as_secs_f64());
+                cache
+                    .get(&table, &route, Some("spiffe://td/ns/a/sa/b"), 300)
+                    .record(200, started.elapsed().as_secs_f64());
+            });
+            println!(
+                "round {round}: head rewrite {off:.0} ns; + new trace {:.0} ns; + continued trace {:.0} ns; per-route metrics {route_only:.0} ns; + per-peer {:.0} ns",
+                new_trace - off,
+                continued - off,
+                with_peer - route_only
+            );
+        }
+    }
+
     #[test]
     fn response_rewrite_keeps_chunking_and_adds_close_when_last() {
         let head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\nX-A: 1\r\n\r\n";

@@ -667,6 +667,8 @@ impl HttpService {
     }
 
     /// Send to the route's (or a fixed) cluster, retrying where safe.
+    // `log`: the request's access-log line, told each attempt's endpoint.
+    #[allow(clippy::too_many_arguments)]
     async fn send_with_retries(
         &self,
         picker: ClusterPicker,
