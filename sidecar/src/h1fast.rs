@@ -546,6 +546,8 @@ impl Exchange<'_> {
             status,
             self.started,
         );
+        // A second clock read rather than a changed `record_request`
+        // (shared with the general path): ~20 ns, measured in 0048.
         self.pair
             .record(status.as_u16(), self.started.elapsed().as_secs_f64());
     }
