@@ -167,6 +167,39 @@ pub struct RuntimeConfig {
     /// goes to hyper. `false`: every HTTP/1 connection goes to hyper.
     #[serde(default = "yes")]
     pub h1_fast_path: bool,
+    /// Access-log lines written per second at most, over all listeners
+    /// with `access_log: true` (a token bucket with one second of burst);
+    /// lines beyond it are dropped and counted. Unset: 1000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_log_lines_per_second: Option<u32>,
+    /// W3C Trace Context on HTTP requests (propagate `traceparent`, start
+    /// a trace when a request has none; the sidecar is a span). Unset: on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_context: Option<bool>,
+    /// Share (0–100) of the traces the sidecar starts that are marked
+    /// sampled. Unset: 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_sample_percent: Option<f64>,
+    /// Most (route, peer identity) pairs with series of their own in the
+    /// per-peer route metrics; observations beyond go to the pair
+    /// (`overflow`, `overflow`). Unset: 300.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route_metrics_max_series: Option<usize>,
+}
+
+impl RuntimeConfig {
+    pub fn access_log_lines_per_second(&self) -> u32 {
+        self.access_log_lines_per_second.unwrap_or(1000)
+    }
+    pub fn trace_context(&self) -> bool {
+        self.trace_context.unwrap_or(true)
+    }
+    pub fn trace_sample_percent(&self) -> f64 {
+        self.trace_sample_percent.unwrap_or(100.0)
+    }
+    pub fn route_metrics_max_series(&self) -> usize {
+        self.route_metrics_max_series.unwrap_or(300)
+    }
 }
 
 impl Default for RuntimeConfig {
@@ -183,6 +216,10 @@ impl Default for RuntimeConfig {
             event_interval: None,
             h1_fast_path: true,
             global_queue_interval: None,
+            access_log_lines_per_second: None,
+            trace_context: None,
+            trace_sample_percent: None,
+            route_metrics_max_series: None,
         }
     }
 }

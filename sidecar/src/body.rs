@@ -12,6 +12,8 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::sync::Notify;
 
+use crate::access_log::Pending;
+
 /// Requests in flight on one downstream connection. The HTTP/1 park path
 /// waits for zero (a safe point between requests).
 #[derive(Debug, Default)]
@@ -62,7 +64,28 @@ pub enum ProxyBody {
     Streamed {
         body: Incoming,
         done: Option<InFlightGuard>,
+        /// Counts the body's bytes into an access-log line, released at
+        /// the end like `done`.
+        tap: Option<Tap>,
     },
+}
+
+/// Which byte count of an access-log line a body feeds.
+#[derive(Debug)]
+pub enum Tap {
+    /// A request body (client → upstream).
+    In(Arc<Pending>),
+    /// A response body (upstream → client).
+    Out(Arc<Pending>),
+}
+
+impl Tap {
+    fn count(&self, n: usize) {
+        match self {
+            Tap::In(p) => p.add_in(n as u64),
+            Tap::Out(p) => p.add_out(n as u64),
+        }
+    }
 }
 
 impl ProxyBody {
@@ -71,18 +94,35 @@ impl ProxyBody {
     }
 
     pub fn streamed(body: Incoming) -> Self {
-        ProxyBody::Streamed { body, done: None }
+        ProxyBody::Streamed {
+            body,
+            done: None,
+            tap: None,
+        }
     }
 
     /// Attach a completion callback (kept until end-of-stream or drop).
     pub fn with_done(self, done: Option<InFlightGuard>) -> Self {
         match (self, done) {
-            (ProxyBody::Streamed { body, .. }, Some(d)) => ProxyBody::Streamed {
+            (ProxyBody::Streamed { body, tap, .. }, Some(d)) => ProxyBody::Streamed {
                 body,
                 done: Some(d),
+                tap,
             },
             (other, _) => other, // buffered bodies finish immediately; the guard drops here
         }
+    }
+
+    /// Count this body into an access-log line. A buffered body is
+    /// counted whole, now; a streamed one as its frames pass.
+    pub fn with_tap(mut self, new: Option<Tap>) -> Self {
+        let Some(new) = new else { return self };
+        match &mut self {
+            ProxyBody::Streamed { tap, .. } => *tap = Some(new),
+            ProxyBody::Full(Some(b)) => new.count(b.len()),
+            ProxyBody::Full(None) | ProxyBody::Empty => {}
+        }
+        self
     }
 }
 
@@ -97,10 +137,19 @@ impl Body for ProxyBody {
         match self.get_mut() {
             ProxyBody::Empty => Poll::Ready(None),
             ProxyBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            ProxyBody::Streamed { body, done } => {
+            ProxyBody::Streamed { body, done, tap } => {
                 let r = Pin::new(body).poll_frame(cx);
-                if let Poll::Ready(None) | Poll::Ready(Some(Err(_))) = &r {
-                    done.take();
+                match &r {
+                    Poll::Ready(Some(Ok(f))) => {
+                        if let (Some(t), Some(d)) = (tap.as_ref(), f.data_ref()) {
+                            t.count(d.len());
+                        }
+                    }
+                    Poll::Ready(None) | Poll::Ready(Some(Err(_))) => {
+                        done.take();
+                        tap.take();
+                    }
+                    Poll::Pending => {}
                 }
                 r
             }

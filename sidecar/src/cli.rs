@@ -253,7 +253,13 @@ pub fn init_tracing() -> Option<crate::admin::LogLevelHook> {
     let (filter, handle): (_, LogHandle) = tracing_subscriber::reload::Layer::new(filter);
     let ok = tracing_subscriber::registry()
         .with(filter)
-        .with(tracing_subscriber::fmt::layer().with_target(true))
+        // stderr: stdout carries only the access log's JSON lines, so a
+        // log pipeline can parse the stream without telling them apart.
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_target(true)
+                .with_writer(std::io::stderr),
+        )
         .try_init()
         .is_ok();
     ok.then(|| {

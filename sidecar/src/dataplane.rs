@@ -120,11 +120,11 @@ impl Serving for Shared {
                     let end = match r.down {
                         ParkedIo::Tcp(d) => {
                             let p = proxy_resumed(d, up, a, b, &meta, park, rx, tx);
-                            until_revoked(p, &shared, &meta, versions).await
+                            until_revoked(p, TcpEnd::Closed, &shared, &meta, versions).await
                         }
                         ParkedIo::Boxed(d) => {
                             let p = proxy_resumed(d, up, a, b, &meta, park, rx, tx);
-                            until_revoked(p, &shared, &meta, versions).await
+                            until_revoked(p, TcpEnd::Closed, &shared, &meta, versions).await
                         }
                     };
                     if let TcpEnd::Error(e) = end {

@@ -49,6 +49,10 @@ pub struct Shared {
     pub conn_counts: std::sync::Mutex<std::collections::HashMap<String, Arc<AtomicU32>>>,
     pub bytes_rx: prometheus_client::metrics::counter::Counter,
     pub bytes_tx: prometheus_client::metrics::counter::Counter,
+    /// Access-log lines of listeners with `access_log: true`.
+    pub access_log: Arc<crate::access_log::AccessLog>,
+    /// Requests by route and peer identity (bounded).
+    pub peer_routes: crate::route_metrics::PeerRouteMetrics,
     /// The runtime that serves traffic. A handoff runs on a thread of its
     /// own (`baton_handoff::sched::on_own_thread`) and registers the connections it adopts
     /// or gives back with this one, so they outlive the handoff.
@@ -57,7 +61,13 @@ pub struct Shared {
 
 impl Shared {
     /// Must be called inside the runtime that will serve traffic.
-    pub fn new(store: Arc<ConfigStore>, metrics: Arc<Metrics>, lifecycle: Lifecycle) -> Arc<Self> {
+    /// `access_out`: where access-log lines go (stdout when `None`).
+    pub fn new(
+        store: Arc<ConfigStore>,
+        metrics: Arc<Metrics>,
+        lifecycle: Lifecycle,
+        access_out: Option<Box<dyn std::io::Write + Send>>,
+    ) -> Arc<Self> {
         let rt = store.snapshot().runtime.clone();
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(Duration::from_secs(1)));
@@ -83,6 +93,8 @@ impl Shared {
             conn_counts: Default::default(),
             bytes_rx,
             bytes_tx,
+            access_log: crate::access_log::AccessLog::start(&metrics, access_out),
+            peer_routes: crate::route_metrics::PeerRouteMetrics::new(&metrics),
             metrics,
             runtime: tokio::runtime::Handle::current(),
         })
@@ -301,7 +313,22 @@ fn clone_parts(p: &http::request::Parts) -> http::request::Parts {
 }
 
 impl HttpService {
-    async fn handle(&self, mut req: Request<Incoming>) -> Response<ProxyBody> {
+    /// One request; its access-log line (when the listener has one) gets
+    /// the answer's status and counts the response body as it passes.
+    async fn handle(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+        let mut pending = None;
+        let resp = self.handle_request(req, &mut pending).await;
+        match pending {
+            Some(p) => crate::access_log::finish_http(resp, p),
+            None => resp,
+        }
+    }
+
+    async fn handle_request(
+        &self,
+        mut req: Request<Incoming>,
+        pending: &mut Option<Arc<crate::access_log::Pending>>,
+    ) -> Response<ProxyBody> {
         let started = Instant::now();
         let guard = self.inflight.enter();
         let active = self.shared.store.load();
@@ -314,6 +341,22 @@ impl HttpService {
                 metrics,
             );
         };
+        // The sidecar's span and the request's access-log line, before
+        // anything can answer it.
+        let rt = &active.config.snapshot.runtime;
+        let span = rt
+            .trace_context()
+            .then(|| crate::trace::Span::from_headers(req.headers(), rt.trace_sample_percent()));
+        if listener.config.access_log {
+            *pending = Some(crate::access_log::start_http(
+                &self.shared.access_log,
+                rt.access_log_lines_per_second(),
+                started,
+                &self.conn,
+                &req,
+                span.as_ref(),
+            ));
+        }
 
         // Route.
         let authority = req
@@ -353,6 +396,11 @@ impl HttpService {
             Target::Cluster(c) => active.upstreams.clusters[*c].name.clone(),
             Target::Passthrough(_) => Arc::from("passthrough"),
         });
+        // The line names the route before anything can answer: a denied
+        // request's line says which route it asked for.
+        if let (Some(p), Some(name)) = (pending.as_ref(), &route_name) {
+            p.update(|r| r.route = Some(name.to_string()));
+        }
 
         // Authorization, under the config this request arrived under (one
         // `load` per request: a keep-alive connection opened before a
@@ -369,6 +417,10 @@ impl HttpService {
             v.record(metrics, &self.conn, Some(&facts));
             v
         });
+        if let (Some(v), Some(p)) = (&authz, pending.as_ref()) {
+            let word = crate::access_log::Authz::of(v);
+            p.update(|r| r.authz = word);
+        }
         // The request's verdict stays here for what reads it later (the
         // access log); a denied request ends now.
         if authz.as_ref().is_some_and(Verdict::denied) {
@@ -430,6 +482,9 @@ impl HttpService {
         let downstream_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
         strip_hop_by_hop(&mut parts.headers, upgrade);
+        if let Some(s) = &span {
+            s.apply(&mut parts.headers);
+        }
         // The authority the request was routed by is the one the upstream
         // gets: an absolute-form target's wins over `Host` (RFC 9112 §3.2.2:
         // a proxy generates `Host` from it), as does HTTP/2's `:authority`.
@@ -460,7 +515,13 @@ impl HttpService {
                 .is_some_and(|n| n <= max_buf)
         {
             match body.collect().await {
-                Ok(c) => buffered = Some(c.to_bytes()),
+                Ok(c) => {
+                    let b = c.to_bytes();
+                    if let Some(p) = pending.as_ref() {
+                        p.add_in(b.len() as u64);
+                    }
+                    buffered = Some(b);
+                }
                 Err(_) => {
                     return local(
                         StatusCode::BAD_REQUEST,
@@ -489,9 +550,13 @@ impl HttpService {
                     Some(a) => {
                         parts.uri = upstream_uri(&a, &parts.uri);
                         parts.version = Version::HTTP_11;
+                        if let Some(p) = pending.as_ref() {
+                            p.update(|r| r.upstream = Some(dst.to_string()));
+                        }
+                        let tap = pending.clone().map(crate::body::Tap::In);
                         let body = buffered
                             .map(ProxyBody::full)
-                            .or(streamed.map(ProxyBody::streamed))
+                            .or(streamed.map(|s| ProxyBody::streamed(s).with_tap(tap)))
                             .unwrap_or_default();
                         self.shared
                             .passthrough
@@ -516,6 +581,7 @@ impl HttpService {
                     buffered,
                     streamed,
                     &route_name,
+                    pending.as_ref(),
                 )
                 .await
             }
@@ -528,6 +594,7 @@ impl HttpService {
                     buffered,
                     streamed,
                     &route_name,
+                    pending.as_ref(),
                 );
                 match r.timeout {
                     Some(t) => tokio::time::timeout(t, fut).await.unwrap_or_else(|_| {
@@ -614,12 +681,24 @@ impl HttpService {
         access_log: bool,
     ) {
         record_request(&self.shared.metrics, compiled, route, status, started);
+        let max = self
+            .shared
+            .store
+            .snapshot()
+            .runtime
+            .route_metrics_max_series();
+        self.shared
+            .peer_routes
+            .pair(route, self.conn.peer_identity.as_deref(), max)
+            .record(status.as_u16(), started.elapsed().as_secs_f64());
         if access_log {
-            tracing::info!(target: "access", conn = self.conn.id, peer = %self.conn.peer, route = %route, status = status.as_u16(), micros = started.elapsed().as_micros() as u64, "request");
+            tracing::debug!(target: "access", conn = self.conn.id, peer = %self.conn.peer, route = %route, status = status.as_u16(), micros = started.elapsed().as_micros() as u64, "request");
         }
     }
 
     /// Send to the route's (or a fixed) cluster, retrying where safe.
+    // `log`: the request's access-log line, told each attempt's endpoint.
+    #[allow(clippy::too_many_arguments)]
     async fn send_with_retries(
         &self,
         picker: ClusterPicker,
@@ -628,6 +707,7 @@ impl HttpService {
         buffered: Option<Bytes>,
         mut streamed: Option<Incoming>,
         route_name: &Arc<str>,
+        log: Option<&Arc<crate::access_log::Pending>>,
     ) -> Result<Response<Incoming>, (Failure, String)> {
         let retry = route.as_ref().and_then(|r| r.retry.as_ref());
         if let Some(r) = retry {
@@ -646,6 +726,9 @@ impl HttpService {
                     format!("cluster {} has no endpoints", cluster.name),
                 ));
             };
+            if let Some(p) = log {
+                p.update(|r| r.upstream = Some(ep.endpoint().addr.to_string()));
+            }
             let more_attempts = retry.is_some_and(|r| attempt < r.attempts) && replayable;
             let mut p = if more_attempts {
                 clone_parts(parts.as_ref().expect("parts kept while retries remain"))
@@ -659,7 +742,9 @@ impl HttpService {
             };
             let body = match (&buffered, streamed.take()) {
                 (Some(b), _) => ProxyBody::full(b.clone()),
-                (None, Some(s)) => ProxyBody::streamed(s),
+                (None, Some(s)) => {
+                    ProxyBody::streamed(s).with_tap(log.cloned().map(crate::body::Tap::In))
+                }
                 (None, None) => ProxyBody::Empty,
             };
             let fut = cluster.client.request(Request::from_parts(p, body));

@@ -19,6 +19,9 @@
 //! * [`http_proxy`], [`h1fast`], [`http_conn`], [`tcp_proxy`], [`upstream`], [`body`] — proxying;
 //! * [`h1valid`] — the HTTP/1.1 request-head validation both HTTP/1 paths run;
 //! * [`admin`], [`metrics`], [`loop_lag`], [`lifecycle`] — operating it;
+//!   [`access_log`], [`trace`], [`route_metrics`] — what happened to each
+//!   request: JSON access-log lines, W3C trace context, golden metrics per
+//!   route and peer identity;
 //! * [`init`], [`orig_dst`] — transparent capture;
 //! * [`handoff`] — the hot upgrade's mechanism (the `baton-handoff` crate:
 //!   wire format, both sides, flow control, the connection registry),
@@ -28,6 +31,7 @@
 //! * [`server`], [`process`], [`cli`] — assembling a process: the data
 //!   plane, the main loop with the handoff, the command line.
 
+mod access_log;
 pub mod admin;
 mod body;
 pub mod cli;
@@ -51,12 +55,14 @@ mod loop_lag;
 pub mod metrics;
 mod orig_dst;
 mod process;
+mod route_metrics;
 mod routing;
 mod sched;
 pub mod server;
 mod tcp_proxy;
 pub mod tls;
 mod tls_settings;
+mod trace;
 mod upstream;
 
 /// The handoff mechanism, under the name the sidecar has always used.

@@ -434,6 +434,11 @@ async fn serve_tcp<I: ParkableIo>(
     let Some(l) = active.config.listener(&meta.listener) else {
         return;
     };
+    // The connection's access-log line, written however it ends.
+    let mut log = l.config.access_log.then(|| {
+        let rate = active.config.snapshot.runtime.access_log_lines_per_second();
+        crate::access_log::TcpLine::start(&shared.access_log, rate, &meta)
+    });
     // The listener's policy governs connections that are not HTTP too:
     // decided once, before the upstream connect (no byte reaches the app
     // of a denied one), by what a connection has: identity, address, port.
@@ -441,6 +446,9 @@ async fn serve_tcp<I: ParkableIo>(
     if let Some(rbac) = &l.rbac {
         let verdict = rbac.check(&meta, None);
         verdict.record(&shared.metrics, &meta, None);
+        if let Some(line) = &mut log {
+            line.record.authz = crate::access_log::Authz::of(&verdict);
+        }
         if verdict.denied() {
             shared.metrics.local_response("rbac_denied");
             return;
@@ -487,6 +495,9 @@ async fn serve_tcp<I: ParkableIo>(
         );
         return;
     };
+    if let Some(line) = &mut log {
+        line.record.upstream = Some(addr.to_string());
+    }
     let connected = match &ep {
         Some((_, cluster)) => cluster.connect_tcp(addr, connect_timeout).await,
         // Original-destination passthrough: plain TCP, 1 s connect timeout.
@@ -511,7 +522,7 @@ async fn serve_tcp<I: ParkableIo>(
         }
     };
     let (prefix, io) = io.into_parts();
-    let end = until_revoked(
+    let (end, moved) = until_revoked(
         crate::tcp_proxy::proxy(
             io,
             up,
@@ -521,12 +532,20 @@ async fn serve_tcp<I: ParkableIo>(
             &shared.bytes_rx,
             &shared.bytes_tx,
         ),
+        (crate::tcp_proxy::TcpEnd::Closed, crate::tcp_proxy::Moved::default()),
         &shared,
         &meta,
         versions,
     )
     .await;
     drop(ep);
+    if let Some(line) = &mut log {
+        line.record.bytes_in = moved.up;
+        line.record.bytes_out = moved.down;
+        if matches!(end, crate::tcp_proxy::TcpEnd::Parked) {
+            line.skip();
+        }
+    }
     if let crate::tcp_proxy::TcpEnd::Error(e) = end {
         tracing::debug!(conn = meta.id, error = %e, "tcp proxy ended with an error");
     }
@@ -538,12 +557,13 @@ async fn serve_tcp<I: ParkableIo>(
 /// logged (docs/decisions/0047: a revoked permission ends established
 /// connections too, as it ends the next request of an HTTP one). A config
 /// whose listener has no policy, or which drops the listener, leaves it be.
-pub(crate) async fn until_revoked(
-    proxy: impl Future<Output = crate::tcp_proxy::TcpEnd>,
+pub(crate) async fn until_revoked<T>(
+    proxy: impl Future<Output = T>,
+    closed: T,
     shared: &Shared,
     meta: &ConnMeta,
     mut versions: tokio::sync::watch::Receiver<u64>,
-) -> crate::tcp_proxy::TcpEnd {
+) -> T {
     let revoked = async {
         loop {
             if versions.changed().await.is_err() {
@@ -575,7 +595,7 @@ pub(crate) async fn until_revoked(
                 peer = %meta.peer, identity = meta.peer_identity.as_deref().unwrap_or("-"),
                 tls = meta.tls, policy = verdict.policy(), rule = verdict.rule(),
                 "established connection closed: the policy now in force denies it");
-            crate::tcp_proxy::TcpEnd::Closed
+            closed
         }
     }
 }

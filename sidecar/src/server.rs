@@ -55,6 +55,8 @@ pub struct StartOptions {
     pub tls_hook: Option<TlsHook>,
     pub log_level: Option<LogLevelHook>,
     pub metrics: Option<Arc<Metrics>>,
+    /// Where access-log lines go; stdout when `None` (tests read them).
+    pub access_log: Option<Box<dyn std::io::Write + Send>>,
     /// Start in [`Phase::Adopting`] instead of `Serving` (the new process of
     /// a handoff; the handoff moves it to `Serving` when complete).
     pub adopting: bool,
@@ -192,7 +194,12 @@ pub async fn start(snapshot: Snapshot, mut opts: StartOptions) -> Result<Running
     if let Some(hook) = opts.tls_hook.take() {
         store.set_tls_hook(hook);
     }
-    let shared = Shared::new(store.clone(), metrics, lifecycle.clone());
+    let shared = Shared::new(
+        store.clone(),
+        metrics,
+        lifecycle.clone(),
+        opts.access_log.take(),
+    );
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
 

@@ -113,6 +113,15 @@ enum Stop {
     Err(std::io::Error),
 }
 
+/// Bytes one proxied connection moved (for its access-log line).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Moved {
+    /// Client → upstream.
+    pub up: u64,
+    /// Upstream → client.
+    pub down: u64,
+}
+
 /// Proxy `down` ⇄ `up` until both directions close, an error occurs, or a
 /// park request arrives. `to_upstream` holds bytes already read from `down`
 /// (during detection) that must reach `up` first.
@@ -124,8 +133,10 @@ pub async fn proxy<D: ParkableIo>(
     park: oneshot::Receiver<ParkRequest>,
     rx: &Counter,
     tx: &Counter,
-) -> TcpEnd {
-    proxy_resumed(down, up, to_upstream, &[], meta, park, rx, tx).await
+) -> (TcpEnd, Moved) {
+    let mut moved = Moved::default();
+    let end = proxy_counted(down, up, to_upstream, &[], meta, park, rx, tx, &mut moved).await;
+    (end, moved)
 }
 
 /// [`proxy`] for a connection adopted from another process (the handoff):
@@ -133,6 +144,32 @@ pub async fn proxy<D: ParkableIo>(
 /// yet written to `down`; they reach `down` before anything newer.
 #[allow(clippy::too_many_arguments)]
 pub async fn proxy_resumed<D: ParkableIo>(
+    down: D,
+    up: TcpUpstream,
+    to_upstream: &[u8],
+    to_downstream: &[u8],
+    meta: &ConnMeta,
+    park: oneshot::Receiver<ParkRequest>,
+    rx: &Counter,
+    tx: &Counter,
+) -> TcpEnd {
+    let mut moved = Moved::default();
+    proxy_counted(
+        down,
+        up,
+        to_upstream,
+        to_downstream,
+        meta,
+        park,
+        rx,
+        tx,
+        &mut moved,
+    )
+    .await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn proxy_counted<D: ParkableIo>(
     mut down: D,
     mut up: TcpUpstream,
     to_upstream: &[u8],
@@ -141,6 +178,7 @@ pub async fn proxy_resumed<D: ParkableIo>(
     mut park: oneshot::Receiver<ParkRequest>,
     rx: &Counter,
     tx: &Counter,
+    moved: &mut Moved,
 ) -> TcpEnd {
     let mut c2s = Pipe::new(to_upstream);
     let mut s2c = Pipe::new(to_downstream);
@@ -166,6 +204,8 @@ pub async fn proxy_resumed<D: ParkableIo>(
         let b = s2c.poll_pipe(cx, Pin::new(&mut up), Pin::new(&mut down), &mut down_n);
         rx.inc_by(up_n);
         tx.inc_by(down_n);
+        moved.up += up_n;
+        moved.down += down_n;
         match (a, b) {
             (Poll::Ready(Err(e)), _) | (_, Poll::Ready(Err(e))) => Poll::Ready(Err(Stop::Err(e))),
             (Poll::Ready(Ok(())), Poll::Ready(Ok(()))) => Poll::Ready(Ok(())),
@@ -250,7 +290,7 @@ mod tests {
         let (req, reply_rx) = ParkRequest::new(true);
         park_tx.send(req).unwrap();
         let parked = reply_rx.await.unwrap().parked;
-        assert!(matches!(task.await.unwrap(), TcpEnd::Parked));
+        assert!(matches!(task.await.unwrap().0, TcpEnd::Parked));
         let Parked::Tcp {
             downstream,
             upstream,
@@ -304,6 +344,8 @@ mod tests {
         let mut resp = Vec::new();
         client.read_to_end(&mut resp).await.unwrap();
         assert_eq!(resp, b"resp");
-        assert!(matches!(task.await.unwrap(), TcpEnd::Closed));
+        let (end, moved) = task.await.unwrap();
+        assert!(matches!(end, TcpEnd::Closed));
+        assert_eq!(moved, Moved { up: 3, down: 4 });
     }
 }

@@ -328,8 +328,10 @@ async fn sidecar(path: Path, upstream: SocketAddr) -> Running {
         Path::FastDeclined => (true, true),
         Path::Hyper => (false, false),
     };
+    // Trace context off: the corpus pins the forwarded heads byte for
+    // byte, and the sidecar's own `traceparent` would be in every one.
     let text = format!(
-        "runtime: {{h1_fast_path: {fast_path}}}\nlisteners: [{{name: out, address: '127.0.0.1:0', access_log: {access_log}}}]\nclusters: [{{name: a, endpoints: ['{upstream}']}}]\nroutes: [{{name: r, backends: [{{cluster: a}}]}}]"
+        "runtime: {{h1_fast_path: {fast_path}, trace_context: false}}\nlisteners: [{{name: out, address: '127.0.0.1:0', access_log: {access_log}}}]\nclusters: [{{name: a, endpoints: ['{upstream}']}}]\nroutes: [{{name: r, backends: [{{cluster: a}}]}}]"
     );
     let mut snap = yaml::parse(&text).unwrap();
     snap.admin.address = "127.0.0.1:0".parse().unwrap();

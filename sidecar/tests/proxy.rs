@@ -1333,8 +1333,15 @@ async fn the_http1_fast_path_copies_every_framing_strips_hop_by_hop_headers_and_
     let r = ask("POST /echo?q=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: keep-alive, x-drop\r\nX-Drop: 1\r\nTE: trailers\r\nX-Keep: 2\r\n\r\nhello", false).await;
     assert!(r.ends_with("\r\n\r\nhello"), "{r}");
     let last = up.seen.lock().unwrap().last().cloned().unwrap();
+    // The sidecar's own trace context comes last (a new trace: the
+    // request had none).
+    let (rest, traceparent) = last
+        .split_once("traceparent: ")
+        .expect("a traceparent is forwarded");
+    let (traceparent, body) = traceparent.split_once("\r\n").unwrap();
+    assert_eq!(traceparent.len(), 55, "{traceparent}");
     assert_eq!(
-        last,
+        format!("{rest}{body}"),
         "POST /echo?q=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nX-Keep: 2\r\n\r\nhello"
     );
     // All of that on one upstream connection, bound to this client's.

@@ -179,6 +179,15 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
     if rt.h2_max_concurrent_streams == 0 {
         p.push("runtime.h2_max_concurrent_streams", "must be > 0");
     }
+    if rt
+        .trace_sample_percent
+        .is_some_and(|v| !(0.0..=100.0).contains(&v))
+    {
+        p.push("runtime.trace_sample_percent", "must be 0..=100");
+    }
+    if rt.route_metrics_max_series.is_some_and(|v| v > 100_000) {
+        p.push("runtime.route_metrics_max_series", "must be 0..=100000");
+    }
 
     // Clusters.
     let mut cluster_index = HashMap::new();
