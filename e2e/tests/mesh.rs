@@ -1339,26 +1339,38 @@ async fn identity_strict_mtls_carries_http1_http2_and_tcp_and_allowed_clients_de
 /// key.)
 async fn mesh_leaf(client: &Client, uri: &str, not_after: u64) -> (String, String) {
     use baton_crds::contract::{SYSTEM_NAMESPACE, identity};
-    let ca = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), SYSTEM_NAMESPACE)
-        .get(identity::CA_SECRET)
-        .await
-        .expect("the mesh CA Secret");
+    let ca =
+        Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), SYSTEM_NAMESPACE)
+            .get(identity::CA_SECRET)
+            .await
+            .expect("the mesh CA Secret");
     let data = ca.data.expect("the CA Secret has data");
     let pem = |k: &str| {
-        String::from_utf8(data.get(k).unwrap_or_else(|| panic!("CA Secret {k}")).0.clone())
-            .expect("PEM text")
+        String::from_utf8(
+            data.get(k)
+                .unwrap_or_else(|| panic!("CA Secret {k}"))
+                .0
+                .clone(),
+        )
+        .expect("PEM text")
     };
     let ca_key = rcgen::KeyPair::from_pem(&pem("tls.key")).expect("the CA key parses");
     let issuer = rcgen::Issuer::from_ca_cert_pem(&pem("tls.crt"), ca_key).expect("the CA cert");
     let key = rcgen::KeyPair::generate().expect("P-256 key");
     let mut params = rcgen::CertificateParams::default();
-    params.subject_alt_names = vec![rcgen::SanType::URI(
-        uri.try_into().expect("a valid URI"),
-    )];
+    params.subject_alt_names = vec![rcgen::SanType::URI(uri.try_into().expect("a valid URI"))];
+    // What cert-manager writes for a workload certificate.
+    params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+    ];
     let epoch = rcgen::date_time_ymd(1970, 1, 1);
     params.not_before = epoch + Duration::from_secs(unix_now() - 300);
     params.not_after = epoch + Duration::from_secs(not_after);
-    let cert = params.signed_by(&key, &issuer).expect("signed by the mesh CA");
+    let cert = params
+        .signed_by(&key, &issuer)
+        .expect("signed by the mesh CA");
     (cert.pem(), key.serialize_pem())
 }
 
@@ -1383,7 +1395,9 @@ async fn put_tls_secret(client: &Client, ns: &str, name: &str, (crt, key): (Stri
 #[ignore = "needs the e2e cluster (e2e/run.sh)"]
 async fn tlspolicy_secret_certificate_is_served_replaced_without_a_restart_and_kept_across_a_handoff()
  {
-    use baton_e2e::rollout::{app_restarts, complete_on, make_versions, restarts, sidecar_image, wait_release};
+    use baton_e2e::rollout::{
+        app_restarts, complete_on, make_versions, restarts, sidecar_image, wait_release,
+    };
     let _serial = SERIAL.lock().await;
     let scope = "tls-secret";
     with_temp_ns_labelled(
@@ -1393,7 +1407,13 @@ async fn tlspolicy_secret_certificate_is_served_replaced_without_a_restart_and_k
             let uri = format!("spiffe://cluster.local/ns/{ns}/sa/server");
             let now = unix_now();
             let first = now + 3 * 86_400 + 17;
-            put_tls_secret(&client, &ns, "server-tls", mesh_leaf(&client, &uri, first).await).await;
+            put_tls_secret(
+                &client,
+                &ns,
+                "server-tls",
+                mesh_leaf(&client, &uri, first).await,
+            )
+            .await;
             // The policy before the Pods: the webhook mounts the Secret into
             // the Pods it admits while the policy selects them.
             let policy = json!({
@@ -1404,7 +1424,11 @@ async fn tlspolicy_secret_certificate_is_served_replaced_without_a_restart_and_k
                          "certificate": {"source": "Secret", "secretRef": {"name": "server-tls"}}}
             });
             Api::<baton_crds::TlsPolicy>::namespaced(client.clone(), &ns)
-                .patch("server", &PatchParams::apply("baton-e2e").force(), &Patch::Apply(&policy))
+                .patch(
+                    "server",
+                    &PatchParams::apply("baton-e2e").force(),
+                    &Patch::Apply(&policy),
+                )
                 .await
                 .unwrap_or_else(|e| panic!("apply TlsPolicy server: {e}"));
             let s = id_scene(client, ns, scope).await;
@@ -1431,20 +1455,32 @@ async fn tlspolicy_secret_certificate_is_served_replaced_without_a_restart_and_k
             // A replaced Secret is served without a restart (the kubelet
             // refreshes the mount on its sync, 10 s on this cluster).
             let second = now + 4 * 86_400 + 29;
-            put_tls_secret(&s.client, &s.ns, "server-tls", mesh_leaf(&s.client, &uri, second).await)
-                .await;
+            put_tls_secret(
+                &s.client,
+                &s.ns,
+                "server-tls",
+                mesh_leaf(&s.client, &uri, second).await,
+            )
+            .await;
             let t0 = std::time::Instant::now();
-            wait_for("the server's sidecar serves the replaced Secret", Duration::from_secs(120), || async {
-                match server_expiry(&s).await {
-                    e if e == second => Check::Done(()),
-                    e => Check::NotYet(format!("notAfter {e}")),
-                }
-            })
+            wait_for(
+                "the server's sidecar serves the replaced Secret",
+                Duration::from_secs(120),
+                || async {
+                    match server_expiry(&s).await {
+                        e if e == second => Check::Done(()),
+                        e => Check::NotYet(format!("notAfter {e}")),
+                    }
+                },
+            )
             .await
             .unwrap_or_else(|e| panic!("{e}"));
             eprintln!("replaced Secret served after {:?}", t0.elapsed());
             let mid = restarts(&s.pods_all().await);
-            assert_eq!(before, mid, "no container restarted for the new certificate");
+            assert_eq!(
+                before, mid,
+                "no container restarted for the new certificate"
+            );
 
             // A hot upgrade: the next process reads the same mount.
             let release = s.release.0.clone();
@@ -1453,14 +1489,21 @@ async fn tlspolicy_secret_certificate_is_served_replaced_without_a_restart_and_k
                 .patch(&release, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
                 .unwrap_or_else(|e| panic!("patching {release} to s2: {e}"));
-            wait_release(&s.client, &release, "every Pod on s2", Duration::from_secs(240), |st| {
-                complete_on(st, "s2", 3)
-            }, |_| {})
+            wait_release(
+                &s.client,
+                &release,
+                "every Pod on s2",
+                Duration::from_secs(240),
+                |st| complete_on(st, "s2", 3),
+                |_| {},
+            )
             .await
             .unwrap_or_else(|e| panic!("{e}"));
             let server_pod = s.pods("app=server").await.remove(0);
             assert_eq!(
-                baton_e2e::rollout::last_handoff(&server_pod).map(|(v, _)| v).as_deref(),
+                baton_e2e::rollout::last_handoff(&server_pod)
+                    .map(|(v, _)| v)
+                    .as_deref(),
                 Some("s2"),
                 "the server's sidecar was handed off"
             );

@@ -37,9 +37,7 @@ use baton_crds::route::{
     HeaderModifier, HttpMethod, PathMatchType, RouteMatch, RouteProtocol, RouteRule,
     StringMatchType,
 };
-use baton_crds::tls_policy::{
-    MtlsMode, OffloadMode, TlsVersion, client_identity,
-};
+use baton_crds::tls_policy::{MtlsMode, OffloadMode, TlsVersion, client_identity};
 use baton_crds::{Route, TlsPolicy};
 
 use super::index::{EndpointInfo, Index, ObjKey, ServiceInfo, creation};

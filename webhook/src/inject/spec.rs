@@ -8,8 +8,9 @@ use k8s_openapi::{
     api::core::v1::{
         Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
         EnvVar, EnvVarSource, ExecAction, HTTPGetAction, Lifecycle, LifecycleHandler,
-        ObjectFieldSelector, Probe, ProjectedVolumeSource, ResourceRequirements, SecretVolumeSource, SecurityContext,
-        ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
+        ObjectFieldSelector, Probe, ProjectedVolumeSource, ResourceRequirements,
+        SecretVolumeSource, SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount,
+        VolumeProjection,
     },
     apimachinery::pkg::{api::resource::Quantity, util::intstr::IntOrString},
 };

@@ -1247,11 +1247,12 @@ fn secret_policy(name: &str, selector: Value, secret: &str) -> Arc<TlsPolicy> {
 fn a_secret_certificate_is_mounted_read_only_into_both_slots_and_nothing_else() {
     use baton_crds::contract::volumes;
     let mut f = Fixture::new();
-    f.releases = vec![release(
-        "default",
-        json!({"emptyImage": "baton/empty:1"}),
+    f.releases = vec![release("default", json!({"emptyImage": "baton/empty:1"}))];
+    f.policies = vec![secret_policy(
+        "web-cert",
+        json!({"matchLabels": {"app": "web"}}),
+        "web-tls",
     )];
-    f.policies = vec![secret_policy("web-cert", json!({"matchLabels": {"app": "web"}}), "web-tls")];
     let (_, p) = f.inject(&app_pod());
     let spec = p.spec.as_ref().unwrap();
     let vol = spec
@@ -1263,7 +1264,11 @@ fn a_secret_certificate_is_mounted_read_only_into_both_slots_and_nothing_else() 
         .expect("the Secret's volume");
     let secret = vol.secret.as_ref().unwrap();
     assert_eq!(secret.secret_name.as_deref(), Some("web-tls"));
-    assert_eq!(secret.optional, Some(true), "a missing Secret never blocks the app");
+    assert_eq!(
+        secret.optional,
+        Some(true),
+        "a missing Secret never blocks the app"
+    );
     for slot in [containers::SLOT_A, containers::SLOT_B] {
         let m = container(&p, slot)
             .volume_mounts
@@ -1292,11 +1297,21 @@ fn pods_a_secret_policy_does_not_select_get_no_secret_volume() {
     f.policies = vec![
         secret_policy("other", json!({"matchLabels": {"app": "db"}}), "db-tls"),
         // A Mesh policy selecting the pod mounts nothing either.
-        policy("apps", "web", json!({"matchLabels": {"app": "web"}}), json!({"mode": "Disabled"})),
+        policy(
+            "apps",
+            "web",
+            json!({"matchLabels": {"app": "web"}}),
+            json!({"mode": "Disabled"}),
+        ),
     ];
     let (_, p) = f.inject(&app_pod());
     let spec = p.spec.as_ref().unwrap();
-    assert!(spec.volumes.iter().flatten().all(|v| v.name != volumes::TLS_SECRET));
+    assert!(
+        spec.volumes
+            .iter()
+            .flatten()
+            .all(|v| v.name != volumes::TLS_SECRET)
+    );
     assert!(
         container(&p, containers::SLOT_A)
             .volume_mounts
