@@ -197,7 +197,8 @@ pub enum CertSource {
     },
 }
 
-const DEFAULT_POLL_MS: u64 = 1000;
+/// How often a `files` source is checked for changes by default.
+pub const DEFAULT_POLL_MS: u64 = 1000;
 
 fn default_poll_ms() -> u64 {
     DEFAULT_POLL_MS

@@ -124,6 +124,17 @@ pub mod volumes {
     pub const TRUST_MOUNT_PATH: &str = "/var/run/secrets/baton.dev/trust";
     /// The bundle file in that mount (PEM, public certificates only).
     pub const TRUST_BUNDLE_PATH: &str = "/var/run/secrets/baton.dev/trust/ca.crt";
+    /// The `kubernetes.io/tls` Secret a TlsPolicy with `certificate.source:
+    /// Secret` names, mounted into both slots of the Pods it selects when
+    /// they are admitted. The kubelet reads it with the Pod's authority and
+    /// refreshes the files when the Secret changes; the sidecar polls them
+    /// (its `files` certificate source). The operator never reads Secrets.
+    pub const TLS_SECRET: &str = "baton-tls-secret";
+    pub const TLS_SECRET_MOUNT_PATH: &str = "/var/run/secrets/baton.dev/tls";
+    /// The certificate chain in that mount (the Secret's `tls.crt`).
+    pub const TLS_SECRET_CERT_PATH: &str = "/var/run/secrets/baton.dev/tls/tls.crt";
+    /// The private key in that mount (the Secret's `tls.key`).
+    pub const TLS_SECRET_KEY_PATH: &str = "/var/run/secrets/baton.dev/tls/tls.key";
 }
 
 pub mod kubernetes {

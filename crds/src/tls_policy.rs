@@ -252,6 +252,16 @@ pub struct CertificateSource {
     pub secret_ref: Option<SecretRef>,
 }
 
+impl CertificateSource {
+    /// The Secret the sidecars' certificate comes from, with source Secret.
+    pub fn secret_name(&self) -> Option<&str> {
+        match (self.source, &self.secret_ref) {
+            (CertificateSourceKind::Secret, Some(r)) if !r.name.is_empty() => Some(&r.name),
+            _ => None,
+        }
+    }
+}
+
 /// Where a certificate comes from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum CertificateSourceKind {

@@ -1329,6 +1329,209 @@ async fn identity_strict_mtls_carries_http1_http2_and_tcp_and_allowed_clients_de
     .await;
 }
 
+// ------------------------------------------------ certificate from a Secret
+//
+// Run with `e2e/run.sh tlspolicy_secret`.
+
+/// A leaf for `uri` signed by the mesh CA (the operator's CA Secret),
+/// valid until `not_after` (unix seconds): distinct values tell the
+/// certificates apart through the sidecar's expiry metric. (PEM chain, PEM
+/// key.)
+async fn mesh_leaf(client: &Client, uri: &str, not_after: u64) -> (String, String) {
+    use baton_crds::contract::{SYSTEM_NAMESPACE, identity};
+    let ca =
+        Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), SYSTEM_NAMESPACE)
+            .get(identity::CA_SECRET)
+            .await
+            .expect("the mesh CA Secret");
+    let data = ca.data.expect("the CA Secret has data");
+    let pem = |k: &str| {
+        String::from_utf8(
+            data.get(k)
+                .unwrap_or_else(|| panic!("CA Secret {k}"))
+                .0
+                .clone(),
+        )
+        .expect("PEM text")
+    };
+    let ca_key = rcgen::KeyPair::from_pem(&pem("tls.key")).expect("the CA key parses");
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&pem("tls.crt"), ca_key).expect("the CA cert");
+    let key = rcgen::KeyPair::generate().expect("P-256 key");
+    let mut params = rcgen::CertificateParams::default();
+    params.subject_alt_names = vec![rcgen::SanType::URI(uri.try_into().expect("a valid URI"))];
+    // What cert-manager writes for a workload certificate.
+    params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let epoch = rcgen::date_time_ymd(1970, 1, 1);
+    params.not_before = epoch + Duration::from_secs(unix_now() - 300);
+    params.not_after = epoch + Duration::from_secs(not_after);
+    let cert = params
+        .signed_by(&key, &issuer)
+        .expect("signed by the mesh CA");
+    (cert.pem(), key.serialize_pem())
+}
+
+/// Creates or replaces the `kubernetes.io/tls` Secret `name`.
+async fn put_tls_secret(client: &Client, ns: &str, name: &str, (crt, key): (String, String)) {
+    let api = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), ns);
+    let secret = json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+        "metadata": {"name": name},
+        "stringData": {"tls.crt": crt, "tls.key": key},
+    });
+    api.patch(
+        name,
+        &PatchParams::apply("baton-e2e").force(),
+        &Patch::Apply(&secret),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("apply Secret {name}: {e}"));
+}
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster (e2e/run.sh)"]
+async fn tlspolicy_secret_certificate_is_served_replaced_without_a_restart_and_kept_across_a_handoff()
+ {
+    use baton_e2e::rollout::{
+        app_restarts, complete_on, make_versions, restarts, sidecar_image, wait_release,
+    };
+    let _serial = SERIAL.lock().await;
+    let scope = "tls-secret";
+    with_temp_ns_labelled(
+        baton::injected_namespace_labels(scope),
+        |client, ns| async move {
+            make_versions(&["s2"], &[]).unwrap_or_else(|e| panic!("tagging s2: {e}"));
+            let uri = format!("spiffe://cluster.local/ns/{ns}/sa/server");
+            let now = unix_now();
+            let first = now + 3 * 86_400 + 17;
+            put_tls_secret(
+                &client,
+                &ns,
+                "server-tls",
+                mesh_leaf(&client, &uri, first).await,
+            )
+            .await;
+            // The policy before the Pods: the webhook mounts the Secret into
+            // the Pods it admits while the policy selects them.
+            let policy = json!({
+                "apiVersion": "baton.dev/v1alpha1", "kind": "TlsPolicy",
+                "metadata": {"name": "server"},
+                "spec": {"podSelector": {"matchLabels": {"app": "server"}},
+                         "mtls": {"mode": "Strict"},
+                         "certificate": {"source": "Secret", "secretRef": {"name": "server-tls"}}}
+            });
+            Api::<baton_crds::TlsPolicy>::namespaced(client.clone(), &ns)
+                .patch(
+                    "server",
+                    &PatchParams::apply("baton-e2e").force(),
+                    &Patch::Apply(&policy),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("apply TlsPolicy server: {e}"));
+            let s = id_scene(client, ns, scope).await;
+            // Served over Strict mTLS: the client's sidecar verified the
+            // server's certificate against the mesh roots and its SPIFFE ID.
+            s.meshed().await;
+            let server_expiry = |s: &IdScene| {
+                let ip = s.server_pod;
+                async move {
+                    sidecar_metric(ip, |l| {
+                        l.starts_with("baton_sidecar_tls_cert_expiry_timestamp_seconds")
+                    })
+                    .await as u64
+                }
+            };
+            assert_eq!(
+                server_expiry(&s).await,
+                first,
+                "the server's sidecar serves the Secret's certificate"
+            );
+            let before = restarts(&s.pods_all().await);
+            let load = s.load();
+
+            // A replaced Secret is served without a restart (the kubelet
+            // refreshes the mount on its sync, 10 s on this cluster).
+            let second = now + 4 * 86_400 + 29;
+            put_tls_secret(
+                &s.client,
+                &s.ns,
+                "server-tls",
+                mesh_leaf(&s.client, &uri, second).await,
+            )
+            .await;
+            let t0 = std::time::Instant::now();
+            wait_for(
+                "the server's sidecar serves the replaced Secret",
+                Duration::from_secs(120),
+                || async {
+                    match server_expiry(&s).await {
+                        e if e == second => Check::Done(()),
+                        e => Check::NotYet(format!("notAfter {e}")),
+                    }
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+            eprintln!("replaced Secret served after {:?}", t0.elapsed());
+            let mid = restarts(&s.pods_all().await);
+            assert_eq!(
+                before, mid,
+                "no container restarted for the new certificate"
+            );
+
+            // A hot upgrade: the next process reads the same mount.
+            let release = s.release.0.clone();
+            let patch = json!({"spec": {"version": "s2", "image": sidecar_image("s2")}});
+            Api::<baton_crds::SidecarRelease>::all(s.client.clone())
+                .patch(&release, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap_or_else(|e| panic!("patching {release} to s2: {e}"));
+            wait_release(
+                &s.client,
+                &release,
+                "every Pod on s2",
+                Duration::from_secs(240),
+                |st| complete_on(st, "s2", 3),
+                |_| {},
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+            let server_pod = s.pods("app=server").await.remove(0);
+            assert_eq!(
+                baton_e2e::rollout::last_handoff(&server_pod)
+                    .map(|(v, _)| v)
+                    .as_deref(),
+                Some("s2"),
+                "the server's sidecar was handed off"
+            );
+            assert_eq!(
+                server_expiry(&s).await,
+                second,
+                "the new process serves the Secret's certificate"
+            );
+            // Still served through the mesh after the handoff.
+            until_via(
+                s.driver,
+                "the client is served after the handoff",
+                &s.spec(FetchProtocol::Http1, 10),
+                |r| r.status(200) == 10,
+            )
+            .await;
+            no_failures("Secret replaced, then a hot upgrade", &load.finish().await);
+            let after = restarts(&s.pods_all().await);
+            assert!(
+                app_restarts(&before, &after).is_empty(),
+                "application containers restarted: {:?}",
+                app_restarts(&before, &after)
+            );
+        },
+    )
+    .await;
+}
+
 /// Scales the operator Deployment back to two replicas when dropped, so a
 /// failing test never leaves the cluster without its control plane.
 struct OperatorBack;

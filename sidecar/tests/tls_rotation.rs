@@ -224,3 +224,29 @@ fn material_whose_key_does_not_match_the_certificate_is_refused_and_the_old_stay
     assert!(err.to_string().contains("does not match"), "{err}");
     assert_eq!(server.metrics().material_generation.get(), 1);
 }
+
+#[test]
+fn a_certificate_naming_another_workload_is_refused_and_the_old_stays() {
+    // A TlsPolicy's Secret is mounted as files; the snapshot names the
+    // workload's identity, and peers expect exactly that one.
+    let pki = Pki::new("mesh-ca");
+    let mut s = settings(TlsMode::Strict);
+    s.identity.local = Some(id("backend").to_string());
+    let server = context(&s, pki.leaf("backend", Key::P256));
+    let err = server
+        .update_material(pki.leaf("frontend", Key::P256))
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&id("frontend").to_string()) && msg.contains(&id("backend").to_string()),
+        "{msg}"
+    );
+    assert_eq!(server.metrics().material_generation.get(), 1);
+    // Its own identity is taken.
+    assert_eq!(
+        server
+            .update_material(pki.leaf("backend", Key::P256))
+            .unwrap(),
+        2
+    );
+}

@@ -37,9 +37,7 @@ use baton_crds::route::{
     HeaderModifier, HttpMethod, PathMatchType, RouteMatch, RouteProtocol, RouteRule,
     StringMatchType,
 };
-use baton_crds::tls_policy::{
-    CertificateSourceKind, MtlsMode, OffloadMode, TlsVersion, client_identity,
-};
+use baton_crds::tls_policy::{MtlsMode, OffloadMode, TlsVersion, client_identity};
 use baton_crds::{Route, TlsPolicy};
 
 use super::index::{EndpointInfo, Index, ObjKey, ServiceInfo, creation};
@@ -197,12 +195,7 @@ pub fn tls_policy_refusal(policy: &TlsPolicy) -> Option<Refusal> {
             message: baton_crds::validation::summarize(&errors),
         });
     }
-    (policy.spec.certificate.source == CertificateSourceKind::Secret).then(|| Refusal {
-        reason: "UnsupportedValue",
-        message: "certificate.source Secret is not programmed into sidecars yet; \
-                  use source Mesh"
-            .into(),
-    })
+    None
 }
 
 /// The TlsPolicy that applies to a Pod: among the accepted policies of its
@@ -438,12 +431,7 @@ fn tls_section(
             )),
             expected_peers: BTreeMap::new(),
         },
-        source: Some(tls::CertSource::IdentityService {
-            url: identity.url.clone(),
-            ca_bundle: identity.ca_bundle.clone(),
-            token_path: None,
-            key_type: tls::KeyType::default(),
-        }),
+        source: Some(cert_source(identity, policy)),
         offload: tls::OffloadSettings {
             mode: match offload {
                 OffloadMode::Disabled => tls::OffloadMode::Disabled,
@@ -453,6 +441,30 @@ fn tls_section(
             ..Default::default()
         },
         ..Default::default()
+    }
+}
+
+/// Where the sidecar's certificate comes from: the identity service, or
+/// with `certificate.source: Secret` the files of the Secret the webhook
+/// mounted into both slots (polled by the sidecar, so a changed Secret is
+/// served without a restart, and the next process of a hot upgrade reads
+/// the same files). Peers check it like any mesh certificate: it must chain
+/// to the mesh trust bundle and name the workload's SPIFFE ID.
+fn cert_source(identity: &IdentitySource, policy: Option<&TlsPolicy>) -> tls::CertSource {
+    use baton_crds::contract::volumes;
+    if policy.is_some_and(|p| p.spec.certificate.secret_name().is_some()) {
+        return tls::CertSource::Files {
+            cert_chain: volumes::TLS_SECRET_CERT_PATH.into(),
+            key: volumes::TLS_SECRET_KEY_PATH.into(),
+            trust_bundle: volumes::TRUST_BUNDLE_PATH.into(),
+            poll_interval_ms: tls::DEFAULT_POLL_MS,
+        };
+    }
+    tls::CertSource::IdentityService {
+        url: identity.url.clone(),
+        ca_bundle: identity.ca_bundle.clone(),
+        token_path: None,
+        key_type: tls::KeyType::default(),
     }
 }
 

@@ -525,16 +525,16 @@ mod tests {
             &now(),
         );
         assert!(ok.conditions.iter().all(|c| c.status == conditions::TRUE));
+        // An invalid policy (one that got past admission) is refused.
         p.spec.certificate.source = baton_crds::tls_policy::CertificateSourceKind::Secret;
-        p.spec.certificate.secret_ref =
-            Some(baton_crds::tls_policy::SecretRef { name: "s".into() });
+        p.spec.certificate.secret_ref = None;
         let refused = tls_policy_status(&p, &Programmed::default(), &now());
         let accepted = refused
             .conditions
             .iter()
             .find(|c| c.type_ == tc::ACCEPTED)
             .unwrap();
-        assert_eq!(accepted.reason, "UnsupportedValue");
+        assert_eq!(accepted.reason, "Invalid");
         assert_eq!(refused.observed_generation, Some(2));
     }
 

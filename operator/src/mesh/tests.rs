@@ -1172,14 +1172,33 @@ fn of_several_matching_policies_the_alphabetically_first_applies_and_others_sele
 }
 
 #[test]
-fn a_secret_certificate_source_is_refused_and_the_policy_not_applied() {
+fn a_secret_certificate_source_is_served_from_the_files_the_webhook_mounts() {
+    use baton_crds::contract::volumes;
     let mut ix = shop();
     let mut p = tls_policy("server", json!({}), "Strict");
     p.spec.certificate.source = baton_crds::tls_policy::CertificateSourceKind::Secret;
     p.spec.certificate.secret_ref = Some(baton_crds::tls_policy::SecretRef { name: "s".into() });
-    assert_eq!(tls_policy_refusal(&p).unwrap().reason, "UnsupportedValue");
+    assert!(tls_policy_refusal(&p).is_none());
     ix.apply_tls_policy(&p);
-    assert_eq!(compiled(&ix, &server_v1()).tls_policy, None);
+    let out = compiled(&ix, &server_v1());
+    assert_eq!(out.tls_policy, Some(ObjKey::new(NS, "server")));
+    let tls = out.snapshot.tls.expect("a tls section");
+    assert_eq!(tls.mode, TlsMode::Strict);
+    assert_eq!(
+        tls.source,
+        Some(baton_config::tls::CertSource::Files {
+            cert_chain: volumes::TLS_SECRET_CERT_PATH.into(),
+            key: volumes::TLS_SECRET_KEY_PATH.into(),
+            trust_bundle: volumes::TRUST_BUNDLE_PATH.into(),
+            poll_interval_ms: baton_config::tls::DEFAULT_POLL_MS,
+        })
+    );
+    // The workload's identity stays what peers expect: the sidecar refuses
+    // a Secret whose certificate names another.
+    assert_eq!(
+        tls.identity.local.as_deref(),
+        Some("spiffe://cluster.local/ns/shop/sa/server")
+    );
 }
 
 #[test]

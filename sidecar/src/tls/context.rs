@@ -168,6 +168,7 @@ impl TlsContext {
             return Err(TlsError::NoSource(settings.mode));
         };
         let material = Material::from_files(cert_chain, key, trust_bundle)?;
+        check_identity(settings, &material)?;
         TlsContext::with_selected_offload(settings, material, metrics)
     }
 
@@ -213,6 +214,7 @@ impl TlsContext {
     /// Rotation: new certificate/key/bundle for new handshakes. Returns the
     /// new generation. Invalid material is refused and the old stays.
     pub fn update_material(&self, material: Material) -> Result<u64, TlsError> {
+        check_identity(&self.settings, &material)?;
         let certified = certify(&material, &self.offload)?;
         let roots = Arc::new(material.root_store()?);
         let generation = self.store.swap(certified, roots, material.identity());
@@ -561,4 +563,22 @@ impl Connector {
         let peer = PeerInfo::of(stream.get_ref().1, &self.ctx.policy.trust_domain);
         Ok((stream, peer))
     }
+}
+
+/// When the settings name this workload's identity, the certificate must
+/// carry it: a Secret's certificate issued for another name would be
+/// refused by every peer that expects this workload, so it is refused here,
+/// with the reason, and the last good certificate stays.
+fn check_identity(settings: &TlsSettings, material: &Material) -> Result<(), TlsError> {
+    let Some(expected) = &settings.identity.local else {
+        return Ok(());
+    };
+    let found = material.identity().map(|id| id.to_string());
+    if found.as_deref() == Some(expected.as_str()) {
+        return Ok(());
+    }
+    Err(TlsError::IdentityMismatch {
+        expected: expected.clone(),
+        found: found.unwrap_or_else(|| "no SPIFFE ID".into()),
+    })
 }

@@ -72,6 +72,13 @@ pub enum TlsError {
     NoSource(settings::TlsMode),
     #[error("certificate material: {0}")]
     Material(#[from] material::MaterialError),
+    /// A certificate from files (a TlsPolicy's Secret) that names another
+    /// workload: mesh peers would refuse it, so it is never served.
+    #[error(
+        "the certificate names {found}, not this workload's identity {expected}: \
+         issue it for {expected} (a URI SAN) from a root in the mesh trust bundle"
+    )]
+    IdentityMismatch { expected: String, found: String },
     #[error("private-key offload: {0}")]
     Offload(#[from] offload::OffloadError),
     #[error("rustls: {0}")]
@@ -102,7 +109,7 @@ impl TlsError {
         match self {
             TlsError::Settings(_) | TlsError::NoSource(_) => "settings",
             TlsError::NoRuntime => "runtime",
-            TlsError::Material(_) => "material",
+            TlsError::Material(_) | TlsError::IdentityMismatch { .. } => "material",
             TlsError::Offload(_) => "offload",
             TlsError::Rustls(_) => "rustls",
             TlsError::Verifier(_) => "verifier",

@@ -191,6 +191,7 @@ pub fn mutate(pod: &Pod, view: &ClusterView<'_>, config: &InjectConfig) -> Resul
     let exclusions = exclusions(pod_annotations, &who)?;
 
     let policy = offload::policy_for(view.tls_policies, view.namespace, pod_labels);
+    let tls_secret = policy.and_then(|p| p.spec.certificate.secret_name());
     let pinned_node = spec.node_name.as_deref();
     let offload = offload::decide(
         policy,
@@ -241,13 +242,14 @@ pub fn mutate(pod: &Pod, view: &ClusterView<'_>, config: &InjectConfig) -> Resul
         native,
         offload_mode: offload.mode_str(),
         grant: grant.as_ref(),
+        tls_secret,
         config,
     };
     let slot_a = spec::slot_a(&inputs);
     let slot_b = inputs.empty_image.map(|img| spec::slot_b(&inputs, img));
     let init = (capture == CaptureMode::Transparent)
         .then(|| spec::init_container(&release.spec.image, &exclusions, config));
-    let volumes = spec::injected_volumes();
+    let volumes = spec::injected_volumes(tls_secret);
 
     let config_hash = config_hash(&slot_a, slot_b.as_ref(), init.as_ref(), capture);
 

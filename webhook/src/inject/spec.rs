@@ -8,8 +8,9 @@ use k8s_openapi::{
     api::core::v1::{
         Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
         EnvVar, EnvVarSource, ExecAction, HTTPGetAction, Lifecycle, LifecycleHandler,
-        ObjectFieldSelector, Probe, ProjectedVolumeSource, ResourceRequirements, SecurityContext,
-        ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
+        ObjectFieldSelector, Probe, ProjectedVolumeSource, ResourceRequirements,
+        SecretVolumeSource, SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount,
+        VolumeProjection,
     },
     apimachinery::pkg::{api::resource::Quantity, util::intstr::IntOrString},
 };
@@ -33,6 +34,9 @@ pub struct SlotInputs<'a> {
     pub native: bool,
     pub offload_mode: &'a str,
     pub grant: Option<&'a DeviceGrant>,
+    /// The Secret of the TlsPolicy that selects the Pod, when its
+    /// certificate comes from one (`certificate.source: Secret`).
+    pub tls_secret: Option<&'a str>,
     pub config: &'a InjectConfig,
 }
 
@@ -88,8 +92,8 @@ fn sidecar_security_context(extra_caps: Vec<String>) -> SecurityContext {
     }
 }
 
-fn sidecar_mounts() -> Vec<VolumeMount> {
-    vec![
+fn sidecar_mounts(tls_secret: Option<&str>) -> Vec<VolumeMount> {
+    let mut mounts = vec![
         VolumeMount {
             name: volumes::SHARED.to_owned(),
             mount_path: volumes::SHARED_MOUNT_PATH.to_owned(),
@@ -107,7 +111,16 @@ fn sidecar_mounts() -> Vec<VolumeMount> {
             read_only: Some(true),
             ..VolumeMount::default()
         },
-    ]
+    ];
+    if tls_secret.is_some() {
+        mounts.push(VolumeMount {
+            name: volumes::TLS_SECRET.to_owned(),
+            mount_path: volumes::TLS_SECRET_MOUNT_PATH.to_owned(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+    }
+    mounts
 }
 
 fn common_env(
@@ -193,7 +206,7 @@ pub fn slot_a(inputs: &SlotInputs<'_>) -> Container {
         liveness_probe: Some(http_probe(commands::LIVE_PATH, 10, 3)),
         resources: Some(resources),
         security_context: Some(sidecar_security_context(caps)),
-        volume_mounts: Some(sidecar_mounts()),
+        volume_mounts: Some(sidecar_mounts(inputs.tls_secret)),
         termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
         ..Container::default()
     };
@@ -263,7 +276,7 @@ pub fn slot_b(inputs: &SlotInputs<'_>, empty_image: &str) -> Container {
         )),
         resources: Some(resources),
         security_context: Some(sidecar_security_context(caps)),
-        volume_mounts: Some(sidecar_mounts()),
+        volume_mounts: Some(sidecar_mounts(inputs.tls_secret)),
         restart_policy: inputs.native.then(|| "Always".to_owned()),
         termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
         ..Container::default()
@@ -343,10 +356,11 @@ pub fn explicit_capture_env() -> Vec<EnvVar> {
     ]
 }
 
-/// The shared emptyDir, the projected mesh-identity token and the mesh
-/// trust bundle.
-pub fn injected_volumes() -> Vec<Volume> {
-    vec![
+/// The shared emptyDir, the projected mesh-identity token, the mesh
+/// trust bundle, and the TlsPolicy's Secret when the certificate comes
+/// from one.
+pub fn injected_volumes(tls_secret: Option<&str>) -> Vec<Volume> {
+    let mut out = vec![
         Volume {
             name: volumes::SHARED.to_owned(),
             empty_dir: Some(EmptyDirVolumeSource {
@@ -387,14 +401,36 @@ pub fn injected_volumes() -> Vec<Volume> {
             }),
             ..Volume::default()
         },
-    ]
+    ];
+    if let Some(name) = tls_secret {
+        out.push(Volume {
+            name: volumes::TLS_SECRET.to_owned(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(name.to_owned()),
+                // A missing Secret must not keep the application from
+                // starting: the sidecar finds no certificate, stays
+                // not-ready with that reason and NACKs the config, which
+                // the TlsPolicy's status shows; the kubelet fills the mount
+                // once the Secret exists.
+                optional: Some(true),
+                // The default 0644 of the files: the sidecar runs as its
+                // own uid without an fsGroup, and only the sidecar
+                // containers mount the volume.
+                default_mode: None,
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+    }
+    out
 }
 
 /// Names of the volumes Baton injects.
-pub fn reserved_volume_names() -> [&'static str; 3] {
+pub fn reserved_volume_names() -> [&'static str; 4] {
     [
         contract::volumes::SHARED,
         contract::volumes::TOKEN,
         contract::volumes::TRUST,
+        contract::volumes::TLS_SECRET,
     ]
 }

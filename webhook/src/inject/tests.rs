@@ -1230,3 +1230,93 @@ fn the_slots_take_config_from_the_operator_with_the_namespaces_trust_bundle() {
         Some("false")
     );
 }
+
+fn secret_policy(name: &str, selector: Value, secret: &str) -> Arc<TlsPolicy> {
+    Arc::new(
+        serde_json::from_value(json!({
+            "apiVersion": "baton.dev/v1alpha1", "kind": "TlsPolicy",
+            "metadata": {"name": name, "namespace": "apps"},
+            "spec": {"podSelector": selector,
+                     "certificate": {"source": "Secret", "secretRef": {"name": secret}}},
+        }))
+        .unwrap(),
+    )
+}
+
+#[test]
+fn a_secret_certificate_is_mounted_read_only_into_both_slots_and_nothing_else() {
+    use baton_crds::contract::volumes;
+    let mut f = Fixture::new();
+    f.releases = vec![release("default", json!({"emptyImage": "baton/empty:1"}))];
+    f.policies = vec![secret_policy(
+        "web-cert",
+        json!({"matchLabels": {"app": "web"}}),
+        "web-tls",
+    )];
+    let (_, p) = f.inject(&app_pod());
+    let spec = p.spec.as_ref().unwrap();
+    let vol = spec
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|v| v.name == volumes::TLS_SECRET)
+        .expect("the Secret's volume");
+    let secret = vol.secret.as_ref().unwrap();
+    assert_eq!(secret.secret_name.as_deref(), Some("web-tls"));
+    assert_eq!(
+        secret.optional,
+        Some(true),
+        "a missing Secret never blocks the app"
+    );
+    for slot in [containers::SLOT_A, containers::SLOT_B] {
+        let m = container(&p, slot)
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|m| m.name == volumes::TLS_SECRET)
+            .unwrap_or_else(|| panic!("{slot} mounts the Secret"));
+        assert_eq!(m.mount_path, volumes::TLS_SECRET_MOUNT_PATH);
+        assert_eq!(m.read_only, Some(true));
+    }
+    let app = container(&p, "app");
+    assert!(
+        app.volume_mounts
+            .iter()
+            .flatten()
+            .all(|m| m.name != volumes::TLS_SECRET),
+        "the application never sees the key"
+    );
+}
+
+#[test]
+fn pods_a_secret_policy_does_not_select_get_no_secret_volume() {
+    use baton_crds::contract::volumes;
+    let mut f = Fixture::new();
+    f.policies = vec![
+        secret_policy("other", json!({"matchLabels": {"app": "db"}}), "db-tls"),
+        // A Mesh policy selecting the pod mounts nothing either.
+        policy(
+            "apps",
+            "web",
+            json!({"matchLabels": {"app": "web"}}),
+            json!({"mode": "Disabled"}),
+        ),
+    ];
+    let (_, p) = f.inject(&app_pod());
+    let spec = p.spec.as_ref().unwrap();
+    assert!(
+        spec.volumes
+            .iter()
+            .flatten()
+            .all(|v| v.name != volumes::TLS_SECRET)
+    );
+    assert!(
+        container(&p, containers::SLOT_A)
+            .volume_mounts
+            .iter()
+            .flatten()
+            .all(|m| m.name != volumes::TLS_SECRET)
+    );
+}
