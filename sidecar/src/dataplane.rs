@@ -21,7 +21,7 @@ use crate::handoff::protocol::ConnKind as WireKind;
 use crate::handoff::{DataPlane, Resumed, Serving};
 use crate::http_proxy::Shared;
 use crate::lifecycle::Phase;
-use crate::listener::serve_plain;
+use crate::listener::{serve_plain, until_revoked};
 use crate::metrics::ConnLabels;
 use crate::server::Running;
 use crate::tcp_proxy::{TcpEnd, proxy_resumed};
@@ -106,11 +106,26 @@ impl Serving for Shared {
                     .clone();
                 active.inc();
                 tokio::spawn(async move {
+                    // The policy in force here governs the adopted
+                    // connection as it would a new one: now (the config this
+                    // process serves may be newer than the one that admitted
+                    // it) and on every later change.
+                    let versions = shared.store.subscribe();
+                    if revoked_now(&shared, &meta) {
+                        active.dec();
+                        return;
+                    }
                     let (rx, tx) = (&shared.bytes_rx, &shared.bytes_tx);
                     let (a, b) = (&r.to_upstream[..], &r.to_downstream[..]);
                     let end = match r.down {
-                        ParkedIo::Tcp(d) => proxy_resumed(d, up, a, b, &meta, park, rx, tx).await,
-                        ParkedIo::Boxed(d) => proxy_resumed(d, up, a, b, &meta, park, rx, tx).await,
+                        ParkedIo::Tcp(d) => {
+                            let p = proxy_resumed(d, up, a, b, &meta, park, rx, tx);
+                            until_revoked(p, &shared, &meta, versions).await
+                        }
+                        ParkedIo::Boxed(d) => {
+                            let p = proxy_resumed(d, up, a, b, &meta, park, rx, tx);
+                            until_revoked(p, &shared, &meta, versions).await
+                        }
                     };
                     if let TcpEnd::Error(e) = end {
                         tracing::debug!(conn = meta.id, error = %e, "resumed tcp connection ended with an error");
@@ -138,6 +153,26 @@ impl Serving for Shared {
             ),
         }
     }
+}
+
+/// Whether the serving config's policy denies an adopted TCP connection
+/// (counted and logged when it does).
+fn revoked_now(shared: &Shared, meta: &ConnMeta) -> bool {
+    let active = shared.store.load();
+    let Some(rbac) = active
+        .config
+        .listener(&meta.listener)
+        .and_then(|l| l.rbac.clone())
+    else {
+        return false;
+    };
+    let verdict = rbac.check(meta, None);
+    if !verdict.denied() {
+        return false;
+    }
+    verdict.record(&shared.metrics, meta, None);
+    shared.metrics.local_response("rbac_denied");
+    true
 }
 
 /// An HTTP/1.1 connection resumed between two requests: the bytes already

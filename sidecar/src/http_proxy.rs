@@ -27,7 +27,7 @@ use crate::body::{InFlight, ProxyBody};
 use crate::config::UpstreamProtocol;
 use crate::config::store::{Active, ConfigStore};
 use crate::conn::{ConnRegistry, H1Refusal};
-use crate::filters::{ConnMeta, FilterAction, RequestInfo, StreamFilter, fast_rand};
+use crate::filters::{ConnMeta, FilterAction, RequestFacts, StreamFilter, Verdict, fast_rand};
 use crate::h1valid::Refusal;
 use crate::lifecycle::Lifecycle;
 use crate::metrics::{Metrics, RequestLabels, RouteLabels, RouteMetrics, StatusClass};
@@ -336,56 +336,80 @@ impl HttpService {
             headers: req.headers(),
         };
         let target = match match_route(&listener.routes, &view) {
-            Some(r) => Target::Route(r.clone()),
+            Some(r) => Some(Target::Route(r.clone())),
             None => {
                 let port = host_port.unwrap_or(self.conn.dst_port());
                 match (listener.port_map.get(&port), self.conn.original_dst) {
-                    (Some(c), _) => Target::Cluster(*c),
-                    (None, Some(dst)) if listener.config.passthrough => Target::Passthrough(dst),
-                    _ => {
-                        let body =
-                            format!("no route for host {host:?} path {:?}\n", req.uri().path());
-                        return local(StatusCode::NOT_FOUND, "no_route", body, metrics);
+                    (Some(c), _) => Some(Target::Cluster(*c)),
+                    (None, Some(dst)) if listener.config.passthrough => {
+                        Some(Target::Passthrough(dst))
                     }
+                    _ => None,
                 }
             }
         };
-        let route_name: Arc<str> = match &target {
+        let route_name: Option<Arc<str>> = target.as_ref().map(|t| match t {
             Target::Route(r) => r.name.clone(),
             Target::Cluster(c) => active.upstreams.clusters[*c].name.clone(),
             Target::Passthrough(_) => Arc::from("passthrough"),
+        });
+
+        // Authorization, under the config this request arrived under (one
+        // `load` per request: a keep-alive connection opened before a
+        // policy change is governed by the new policy from its next
+        // request on), before anything is answered: a denied client gets
+        // 403 whether or not a route exists.
+        let authz: Option<Verdict> = listener.rbac.as_ref().map(|rbac| {
+            let facts = RequestFacts {
+                method: req.method(),
+                path: req.uri().path(),
+                headers: req.headers(),
+            };
+            let v = rbac.check(&self.conn, Some(&facts));
+            v.record(metrics, &self.conn, Some(&facts));
+            v
+        });
+        // The request's verdict stays here for what reads it later (the
+        // access log); a denied request ends now.
+        if authz.as_ref().is_some_and(Verdict::denied) {
+            let resp = local(
+                StatusCode::FORBIDDEN,
+                "rbac_denied",
+                "denied by rbac policy\n",
+                metrics,
+            );
+            if let Some(route_name) = &route_name {
+                let compiled = match &target {
+                    Some(Target::Route(r)) => Some(&**r),
+                    _ => None,
+                };
+                self.record_status(
+                    compiled,
+                    route_name,
+                    resp.status(),
+                    started,
+                    listener.config.access_log,
+                );
+            }
+            return resp;
+        }
+        let (Some(target), Some(route_name)) = (target, route_name) else {
+            let body = format!("no route for host {host:?} path {:?}\n", req.uri().path());
+            return local(StatusCode::NOT_FOUND, "no_route", body, metrics);
         };
 
-        // Stream filters, in chain order: RBAC, then fault injection.
+        // Stream filters, in chain order: fault injection.
         let draw = fast_rand() % 10_000;
-        let info = RequestInfo {
-            conn: &self.conn,
-            method: req.method(),
-            path: req.uri().path(),
-        };
-        let rbac = listener.rbac.clone().map(StreamFilter::Rbac);
         let fault = match &target {
             Target::Route(r) => r.fault.clone().map(StreamFilter::Fault),
             _ => None,
         };
-        for filter in rbac.iter().chain(fault.iter()) {
-            match filter.on_request(&info, draw) {
+        for filter in fault.iter() {
+            match filter.on_request(draw) {
                 FilterAction::Continue => {}
                 FilterAction::Delay(d) => tokio::time::sleep(d).await,
                 FilterAction::Respond(status, body) => {
-                    let reason = if matches!(filter, StreamFilter::Rbac(_)) {
-                        // Who was refused, as the TCP path logs it: a
-                        // refusal of a client the list names is a bug to see.
-                        tracing::info!(conn = self.conn.id, listener = %self.conn.listener,
-                            peer = %self.conn.peer, tls = self.conn.tls,
-                            identity = self.conn.peer_identity.as_deref().unwrap_or("-"),
-                            method = %req.method(), path = req.uri().path(),
-                            "request denied by rbac policy");
-                        "rbac_denied"
-                    } else {
-                        "fault_abort"
-                    };
-                    let resp = local(status, reason, body, metrics);
+                    let resp = local(status, "fault_abort", body, metrics);
                     let compiled = match &target {
                         Target::Route(r) => Some(&**r),
                         _ => None,

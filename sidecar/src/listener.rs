@@ -427,20 +427,24 @@ async fn serve_tcp<I: ParkableIo>(
     shared: Arc<Shared>,
     park: oneshot::Receiver<ParkRequest>,
 ) {
+    // Subscribed before the config is loaded: a policy applied from here
+    // on is seen by the re-check below.
+    let versions = shared.store.subscribe();
     let active = shared.store.load();
     let Some(l) = active.config.listener(&meta.listener) else {
         return;
     };
-    // An allow-list on this listener also governs connections that are
-    // not HTTP: decided once, by the peer's identity and address.
-    if let Some(rbac) = &l.rbac
-        && rbac.evaluate_connection(meta.peer_identity.as_deref(), meta.peer.ip())
-            == crate::config::RbacAction::Deny
-    {
-        shared.metrics.local_response("rbac_denied");
-        tracing::info!(conn = meta.id, listener = %meta.listener, peer = %meta.peer,
-            identity = meta.peer_identity.as_deref().unwrap_or("-"), "tcp connection denied by rbac policy");
-        return;
+    // The listener's policy governs connections that are not HTTP too:
+    // decided once, before the upstream connect (no byte reaches the app
+    // of a denied one), by what a connection has: identity, address, port.
+    // Rules that need a request never match here.
+    if let Some(rbac) = &l.rbac {
+        let verdict = rbac.check(&meta, None);
+        verdict.record(&shared.metrics, &meta, None);
+        if verdict.denied() {
+            shared.metrics.local_response("rbac_denied");
+            return;
+        }
     }
     let port = meta.dst_port();
     // A tcp route owns its destination outright (it is the most specific
@@ -507,18 +511,71 @@ async fn serve_tcp<I: ParkableIo>(
         }
     };
     let (prefix, io) = io.into_parts();
-    let end = crate::tcp_proxy::proxy(
-        io,
-        up,
-        &prefix,
+    let end = until_revoked(
+        crate::tcp_proxy::proxy(
+            io,
+            up,
+            &prefix,
+            &meta,
+            park,
+            &shared.bytes_rx,
+            &shared.bytes_tx,
+        ),
+        &shared,
         &meta,
-        park,
-        &shared.bytes_rx,
-        &shared.bytes_tx,
+        versions,
     )
     .await;
     drop(ep);
     if let crate::tcp_proxy::TcpEnd::Error(e) = end {
         tracing::debug!(conn = meta.id, error = %e, "tcp proxy ended with an error");
+    }
+}
+
+/// Runs a proxied TCP connection (`proxy`) until it ends, or until a config
+/// applied after it was admitted has a policy that denies it: then the
+/// connection is closed (both sockets dropped), counted as a denial and
+/// logged (docs/decisions/0047: a revoked permission ends established
+/// connections too, as it ends the next request of an HTTP one). A config
+/// whose listener has no policy, or which drops the listener, leaves it be.
+pub(crate) async fn until_revoked(
+    proxy: impl Future<Output = crate::tcp_proxy::TcpEnd>,
+    shared: &Shared,
+    meta: &ConnMeta,
+    mut versions: tokio::sync::watch::Receiver<u64>,
+) -> crate::tcp_proxy::TcpEnd {
+    let revoked = async {
+        loop {
+            if versions.changed().await.is_err() {
+                // The store is gone: nothing will change any more.
+                return std::future::pending().await;
+            }
+            let active = shared.store.load();
+            let Some(rbac) = active
+                .config
+                .listener(&meta.listener)
+                .and_then(|l| l.rbac.clone())
+            else {
+                continue;
+            };
+            let verdict = rbac.check(meta, None);
+            if verdict.denied() {
+                return verdict;
+            }
+        }
+    };
+    tokio::select! {
+        // The proxy first: a park request it answers is never cut short.
+        biased;
+        end = proxy => end,
+        verdict = revoked => {
+            verdict.count(&shared.metrics);
+            shared.metrics.local_response("rbac_denied");
+            tracing::info!(target: "authz", conn = meta.id, listener = %meta.listener,
+                peer = %meta.peer, identity = meta.peer_identity.as_deref().unwrap_or("-"),
+                tls = meta.tls, policy = verdict.policy(), rule = verdict.rule(),
+                "established connection closed: the policy now in force denies it");
+            crate::tcp_proxy::TcpEnd::Closed
+        }
     }
 }

@@ -95,6 +95,9 @@ impl CompiledListener {
             port_map: _,
             passthrough: _,
             max_connections: _,
+            // Classified from the compiled policy (`rbac` above): the fast
+            // path does not evaluate policies; every request of a listener
+            // with one takes the general path, which does, per request.
             rbac: _,
             access_log,
             terminate_tls: _,
@@ -257,7 +260,10 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
                     p.push(&at, "duplicate policy name");
                 }
             }
-            Err(e) => p.push(&at, e),
+            Err(e) => p.push(
+                format!("policies.rbac[{i}].rules[{}] ({})", e.rule, policy.name),
+                e.reason,
+            ),
         }
     }
 
@@ -567,25 +573,6 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
             p.push(
                 &at,
                 "a tcp listener needs tcp_cluster, port_map or passthrough",
-            );
-        }
-        // RBAC is evaluated per HTTP request: connections that skip
-        // detection never carry one, so the policy would never apply.
-        if l.rbac.is_some() && l.protocol == ListenerProtocol::Tcp {
-            p.push(
-                format!("{at}.rbac"),
-                "rbac applies to HTTP requests; on a protocol: tcp listener every connection \
-                 would pass unchecked (use protocol: auto, http1 or http2)",
-            );
-        }
-        if l.rbac.is_some() && !l.opaque_ports.is_empty() {
-            p.push(
-                format!("{at}.rbac"),
-                format!(
-                    "rbac applies to HTTP requests; connections to opaque_ports {:?} would pass \
-                     unchecked (move those ports to a listener without rbac)",
-                    l.opaque_ports
-                ),
             );
         }
         if l.terminate_tls == TlsTermination::All && l.direction != Direction::Inbound {
@@ -965,25 +952,77 @@ policies:
     }
 
     #[test]
-    fn rejects_rbac_on_listeners_whose_connections_skip_http() {
+    fn accepts_rbac_on_listeners_whose_connections_skip_http() {
+        // Connections that are not HTTP are checked per connection
+        // (`listener::serve_tcp`), so a policy on a tcp listener or one
+        // with opaque ports governs them too.
         let rbac =
             "policies: {rbac: [{name: p, rules: [{action: allow, cidrs: ['10.0.0.0/8']}]}]}\n";
-        assert_refused(
-            &format!(
+        for l in [
+            "{name: l, address: '127.0.0.1:0', protocol: tcp, tcp_cluster: a, rbac: p}",
+            "{name: l, address: '127.0.0.1:0', opaque_ports: [5432], tcp_cluster: a, rbac: p}",
+            "{name: l, address: '127.0.0.1:0', rbac: p}",
+        ] {
+            let p = problems(&format!("{C}{rbac}listeners: [{l}]"));
+            assert!(p.is_empty(), "{l}: {p:?}");
+        }
+        let c = compile(
+            &parse(&format!(
                 "{C}{rbac}listeners: [{{name: l, address: '127.0.0.1:0', protocol: tcp, tcp_cluster: a, rbac: p}}]"
-            ),
-            "every connection would pass unchecked",
-        );
-        assert_refused(
-            &format!(
-                "{C}{rbac}listeners: [{{name: l, address: '127.0.0.1:0', opaque_ports: [5432], tcp_cluster: a, rbac: p}}]"
-            ),
-            "opaque_ports [5432] would pass unchecked",
-        );
-        assert!(
-            problems(&format!(
-                "{C}{rbac}listeners: [{{name: l, address: '127.0.0.1:0', rbac: p}}]"
             ))
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            c.listener("l").unwrap().general_path,
+            Some(GeneralPath::Rbac),
+            "whatever HTTP such a listener sees takes the general path"
+        );
+    }
+
+    #[test]
+    fn refuses_policies_it_cannot_evaluate_naming_the_rule() {
+        for (rule, needle) in [
+            ("{action: allow, cidrs: ['10.0.0.0/33']}", "10.0.0.0/33"),
+            ("{action: allow, methods: ['G T']}", "invalid method"),
+            ("{action: deny, methods: ['get']}", "case-sensitive"),
+            (
+                "{action: allow, identities: ['']}",
+                "empty identity pattern",
+            ),
+            (
+                "{action: allow, identities: ['spiffe://*/ns/a']}",
+                "'*' only as the whole pattern or at its end",
+            ),
+            (
+                "{action: allow, headers: [{name: 'bad header'}]}",
+                "invalid header name",
+            ),
+            (
+                "{action: allow, headers: [{name: x, exact: a, prefix: b}]}",
+                "not both",
+            ),
+            ("{action: allow, paths: [admin]}", "must start with '/'"),
+            ("{action: allow, ports: [0]}", "port 0"),
+            ("{name: default, action: allow}", "reserved"),
+        ] {
+            let yaml =
+                format!("policies: {{rbac: [{{name: p, rules: [{{action: allow}}, {rule}]}}]}}");
+            let p = problems(&yaml);
+            assert!(
+                p.iter()
+                    .any(|s| s.starts_with("policies.rbac[0].rules[1] (p): ") && s.contains(needle)),
+                "{rule}: expected policies.rbac[0].rules[1] and {needle:?}, got {p:?}"
+            );
+        }
+        // Everything the model has compiles.
+        assert!(
+            problems(
+                "policies: {rbac: [{name: p, default_action: audit, rules: [
+                  {name: 'ns/p/rules[0]', action: audit, identities: ['spiffe://td/ns/a/*', '*'], authenticated: true,
+                   cidrs: ['10.0.0.0/8', '::1'], ports: [80, 8080], methods: [GET, PURGE], paths: [/x],
+                   path_prefixes: [/y/], headers: [{name: X-Team, exact: a}, {name: x-b, prefix: c}, {name: x-c}]}]}]}"
+            )
             .is_empty()
         );
     }
@@ -1085,14 +1124,6 @@ tls: {min_version: '1.3', cipher_suites: [TLS13_AES_128_GCM_SHA256, NOPE],
         assert_refused(
             "clusters: [{name: a, endpoints: ['127.0.0.1:1', '127.0.0.1:1']}]",
             "duplicate endpoint",
-        );
-    }
-
-    #[test]
-    fn rejects_bad_rbac_cidrs() {
-        assert_refused(
-            "policies: {rbac: [{name: p, rules: [{action: allow, cidrs: ['10.0.0.0/33']}]}]}",
-            "10.0.0.0/33",
         );
     }
 

@@ -421,6 +421,13 @@ mod tests {
             m.h1_fast_path_requests.inc();
             m.h1_fast_path_fallback("head");
             m.admin_refused("/shutdown");
+            m.authz
+                .get_or_create(&crate::metrics::AuthzLabels {
+                    policy: Arc::from("p"),
+                    rule: Arc::from("default"),
+                    verdict: "deny",
+                })
+                .inc();
             hm.handoffs
                 .get_or_create(&vec![("role", "old"), ("result", "complete")])
                 .inc();

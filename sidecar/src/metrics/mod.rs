@@ -76,6 +76,18 @@ pub struct ConnLabels {
     pub protocol: &'static str,
 }
 
+/// `baton_sidecar_authz_total`: what authorization policies decided. The
+/// values of `policy` and `rule` come only from the config (policy names,
+/// rule names or `rules[i]`, and `default`), `verdict` is one of `allow`,
+/// `deny`, `audit`: the series are bounded by the config's rules, never by
+/// the traffic (no peer, path or identity is a label).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct AuthzLabels {
+    pub policy: Arc<str>,
+    pub rule: Arc<str>,
+    pub verdict: &'static str,
+}
+
 type Labels = Vec<(&'static str, &'static str)>;
 
 /// Per-route metric handles, resolved once per compiled route so the hot
@@ -204,6 +216,10 @@ pub struct Metrics {
     /// Admin requests refused because the caller is not on the Pod's
     /// loopback, by endpoint (see [`crate::admin`]).
     pub admin_refused: Family<Labels, Counter>,
+    /// Authorization verdicts by policy, rule and verdict (see
+    /// [`AuthzLabels`]; handles resolved per compiled policy:
+    /// `crate::filters::Verdict::count`).
+    pub authz: Family<AuthzLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -246,6 +262,7 @@ impl Metrics {
             h1_fast_path_fallbacks: Family::default(),
             event_loop_lag: crate::loop_lag::histogram(),
             admin_refused: Family::default(),
+            authz: Family::default(),
         };
         r.register(
             "requests",
@@ -347,6 +364,11 @@ impl Metrics {
             "admin_refused",
             "Admin requests refused because the caller is not on the Pod's loopback, by endpoint",
             m.admin_refused.clone(),
+        );
+        r.register(
+            "authz",
+            "Authorization verdicts by policy, rule (or default) and verdict (allow, deny, audit: let through by an audit rule or default)",
+            m.authz.clone(),
         );
         *m.registry.lock().unwrap_or_else(|e| e.into_inner()) = registry;
         *m.counter_families.lock().unwrap_or_else(|e| e.into_inner()) = counters;
