@@ -1906,11 +1906,9 @@ mod authorization {
         }))
     }
 
-    /// Compiles without the sidecar check of [`compiled`]: the sidecar on
-    /// this branch does not evaluate ports, paths, headers, audit and
-    /// `authenticated` yet (branch authz-sidecar does).
+    /// [`compiled_with`]: every compiled policy is one the sidecar accepts.
     fn compile_for(ix: &Index, params: &MeshParams, pod: &ObjKey) -> WorkloadConfig {
-        compile(ix, &attach_routes(ix), params, pod).unwrap()
+        compiled_with(ix, params, pod)
     }
 
     fn rbac(ix: &Index, pod: &ObjKey) -> Option<RbacPolicy> {
