@@ -81,6 +81,13 @@ pub mod annotations {
     /// the patch that ends it. The per-Pod record of every handoff: Events
     /// fold a Pod's repeats into one series, so they cannot be counted.
     pub const LAST_HANDOFF: &str = "baton.dev/last-handoff";
+    /// On a Namespace: what its Pods' inbound sides do with requests no
+    /// AuthorizationPolicy decides (`all-unauthenticated`,
+    /// `all-authenticated`, `cluster-authenticated`, `deny`, `audit`);
+    /// absent, the operator's `--default-authorization`.
+    pub const DEFAULT_AUTHORIZATION: &str = "baton.dev/default-authorization";
+    /// On a Pod: `"true"` writes an access log line per inbound request.
+    pub const ACCESS_LOG: &str = "baton.dev/access-log";
 }
 
 pub mod containers {

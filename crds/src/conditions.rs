@@ -86,6 +86,22 @@ pub mod tls_policy {
     }
 }
 
+pub mod authorization_policy {
+    //! AuthorizationPolicy conditions.
+
+    /// The policy is valid (its identities are in this mesh's trust domain).
+    pub const ACCEPTED: &str = "Accepted";
+    /// The policy reached the sidecars of the pods it selects.
+    pub const PROGRAMMED: &str = "Programmed";
+
+    pub mod reasons {
+        pub const ACCEPTED: &str = "Accepted";
+        pub const INVALID: &str = "Invalid";
+        pub const PROGRAMMED: &str = "Programmed";
+        pub const PENDING: &str = "Pending";
+    }
+}
+
 pub mod accelerator_pool {
     //! AcceleratorPool conditions. Ready and Exhausted describe capacity;
     //! Degraded says the books and the nodes disagree (devices lost) or

@@ -12,6 +12,7 @@
 //! sidecar_release  SidecarRelease  cluster  which sidecar version runs where, rollout knobs
 //! route            Route           ns       L7/L4 routing for one Service port
 //! tls_policy       TlsPolicy       ns       mTLS mode, TLS version/ciphers, key offload
+//! authorization_policy AuthorizationPolicy ns who may call which port, method, path
 //! accelerator_pool AcceleratorPool cluster  QAT devices the operator hands to sidecars
 //! common           shared field types (backend refs, durations, header names)
 //! conditions       status condition types, reasons and an upsert helper
@@ -30,6 +31,7 @@ pub use baton_contract as contract;
 
 pub mod accelerator;
 pub mod accelerator_pool;
+pub mod authorization_policy;
 pub mod common;
 pub mod conditions;
 pub mod objects;
@@ -43,6 +45,9 @@ pub mod validation;
 pub mod yaml;
 
 pub use accelerator_pool::{AcceleratorPool, AcceleratorPoolSpec, AcceleratorPoolStatus};
+pub use authorization_policy::{
+    AuthorizationPolicy, AuthorizationPolicySpec, AuthorizationPolicyStatus,
+};
 pub use route::{Route, RouteSpec, RouteStatus};
 pub use sidecar_release::{SidecarRelease, SidecarReleaseSpec, SidecarReleaseStatus};
 pub use tls_policy::{TlsPolicy, TlsPolicySpec, TlsPolicyStatus};

@@ -6,7 +6,13 @@
 use crate::validation::{FieldError, Validate};
 
 /// Kinds [`validate_object`] knows.
-pub const KINDS: &[&str] = &["SidecarRelease", "Route", "TlsPolicy", "AcceleratorPool"];
+pub const KINDS: &[&str] = &[
+    "SidecarRelease",
+    "Route",
+    "TlsPolicy",
+    "AcceleratorPool",
+    "AuthorizationPolicy",
+];
 
 /// Validates a Baton object as the webhook receives it (JSON, already
 /// defaulted by the API server or not): parses it as `kind`, then runs the
@@ -33,6 +39,7 @@ pub fn validate_object(
         "Route" => run::<crate::Route>(object),
         "TlsPolicy" => run::<crate::TlsPolicy>(object),
         "AcceleratorPool" => run::<crate::AcceleratorPool>(object),
+        "AuthorizationPolicy" => run::<crate::AuthorizationPolicy>(object),
         _ => return None,
     })
 }

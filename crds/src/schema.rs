@@ -11,7 +11,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 use serde_json::Value;
 
-use crate::{AcceleratorPool, Route, SidecarRelease, TlsPolicy};
+use crate::{AcceleratorPool, AuthorizationPolicy, Route, SidecarRelease, TlsPolicy};
 
 /// Every Baton CRD, in a stable order, ready to apply.
 pub fn crds() -> Vec<CustomResourceDefinition> {
@@ -20,6 +20,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         Route::crd(),
         TlsPolicy::crd(),
         AcceleratorPool::crd(),
+        AuthorizationPolicy::crd(),
     ]
     .into_iter()
     .map(for_old_apiservers)

@@ -60,7 +60,8 @@ fn crdgen_without_out_prints_every_crd_to_stdout() {
             "sidecarreleases.baton.dev",
             "routes.baton.dev",
             "tlspolicies.baton.dev",
-            "acceleratorpools.baton.dev"
+            "acceleratorpools.baton.dev",
+            "authorizationpolicies.baton.dev"
         ]
     );
     for (_, doc) in committed() {

@@ -414,6 +414,7 @@ fn the_operator_writes_status_and_pods_but_never_specs_of_baton_objects() {
         "routes",
         "tlspolicies",
         "acceleratorpools",
+        "authorizationpolicies",
     ] {
         assert_eq!(grants(&cr, contract::GROUP, r, "watch").len(), 1, "{r}");
         assert!(

@@ -13,7 +13,13 @@ use baton_crds::schema::{crds, file_name, render, stream, strip_null_from_enums}
 use serde_json::{Value, json};
 use support::schema_of;
 
-const KINDS: [&str; 4] = ["SidecarRelease", "Route", "TlsPolicy", "AcceleratorPool"];
+const KINDS: [&str; 5] = [
+    "SidecarRelease",
+    "Route",
+    "TlsPolicy",
+    "AcceleratorPool",
+    "AuthorizationPolicy",
+];
 
 fn walk<'a>(path: &str, v: &'a Value, visit: &mut dyn FnMut(&str, &'a Value)) {
     visit(path, v);
@@ -36,7 +42,7 @@ fn walk<'a>(path: &str, v: &'a Value, visit: &mut dyn FnMut(&str, &'a Value)) {
 fn generated_crds_match_the_committed_manifests() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/crds");
     let docs = render().unwrap();
-    assert_eq!(docs.len(), 4);
+    assert_eq!(docs.len(), 5);
     for (name, doc) in &docs {
         let committed = std::fs::read_to_string(dir.join(name)).unwrap_or_else(|e| {
             panic!("manifests/crds/{name}: {e}; run crdgen --out manifests/crds")
@@ -66,6 +72,7 @@ fn crds_are_named_plural_dot_group_with_expected_scope_and_short_names() {
         ("routes.baton.dev", "Namespaced", "brt"),
         ("tlspolicies.baton.dev", "Namespaced", "tlsp"),
         ("acceleratorpools.baton.dev", "Cluster", "accpool"),
+        ("authorizationpolicies.baton.dev", "Namespaced", "authz"),
     ];
     let got: Vec<(String, String, String)> = crds()
         .iter()
@@ -342,14 +349,14 @@ fn every_cel_rule_compiles() {
             compiled.compilation_errors()
         );
     }
-    assert_eq!(total, 11, "CEL rule count changed: update docs/crds.md");
+    assert_eq!(total, 15, "CEL rule count changed: update docs/crds.md");
 }
 
 #[test]
 fn stdout_stream_is_a_multi_document_yaml_with_every_crd() {
     let docs = render().unwrap();
     let s = stream(&docs);
-    assert_eq!(s.matches("---\n").count(), 4);
+    assert_eq!(s.matches("---\n").count(), 5);
     for (_, doc) in &docs {
         assert!(s.contains(doc.as_str()));
     }

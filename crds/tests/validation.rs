@@ -852,3 +852,114 @@ fn rejects_devices_per_sidecar_outside_1_to_16() {
 fn validate_object_ignores_kinds_that_are_not_batons() {
     assert!(baton_crds::objects::validate_object("Pod", &json!({})).is_none());
 }
+
+// ---------------------------------------------------------- AuthorizationPolicy
+
+fn authz() -> Value {
+    object(
+        "AuthorizationPolicy",
+        json!({
+            "podSelector": {"matchLabels": {"app": "server"}},
+            "ports": [8080],
+            "action": "Allow",
+            "rules": [{
+                "from": {"serviceAccounts": ["client"], "namespaces": ["default"],
+                         "identities": ["spiffe://cluster.local/ns/default/sa/client"],
+                         "ipBlocks": ["10.88.0.0/16"]},
+                "to": {"methods": ["GET"], "paths": [{"exact": "/public"}, {"prefix": "/static/"}],
+                       "headers": [{"name": "x-tenant", "prefix": "a"}]}
+            }]
+        }),
+    )
+}
+
+#[test]
+fn accepts_an_authorization_policy_using_every_field() {
+    check("AuthorizationPolicy", &authz(), &[], &[]);
+}
+
+#[test]
+fn rejects_a_deny_policy_without_rules_in_both_enforcers() {
+    let a = object("AuthorizationPolicy", json!({"action": "Deny"}));
+    check(
+        "AuthorizationPolicy",
+        &a,
+        &["spec.rules: a Deny or Audit policy without rules matches nothing"],
+        &["a Deny or Audit policy without rules matches nothing"],
+    );
+}
+
+#[test]
+fn rejects_a_path_with_both_or_neither_of_exact_and_prefix_in_both_enforcers() {
+    let a = set(
+        authz(),
+        "spec.rules.0.to.paths.0",
+        json!({"exact": "/a", "prefix": "/b"}),
+    );
+    check(
+        "AuthorizationPolicy",
+        &a,
+        &["spec.rules[0].to.paths[0]: a path names exactly one of exact or prefix"],
+        &["a path names exactly one of exact or prefix"],
+    );
+}
+
+#[test]
+fn rejects_a_header_with_both_exact_and_prefix_in_both_enforcers() {
+    let a = set(authz(), "spec.rules.0.to.headers.0.exact", json!("a"));
+    check(
+        "AuthorizationPolicy",
+        &a,
+        &["spec.rules[0].to.headers[0]: a header names at most one of exact or prefix"],
+        &["a header names at most one of exact or prefix"],
+    );
+}
+
+#[test]
+fn rejects_unauthenticated_peers_named_by_identity_in_both_enforcers() {
+    let a = set(authz(), "spec.rules.0.from.authenticated", json!(false));
+    check(
+        "AuthorizationPolicy",
+        &a,
+        &[
+            "spec.rules[0].from.authenticated: authenticated: false matches peers without a mesh identity",
+        ],
+        &["authenticated: false matches peers without a mesh identity"],
+    );
+}
+
+#[test]
+fn rejects_a_bad_cidr_method_and_port_with_messages_that_say_what_to_use() {
+    let a = set(
+        authz(),
+        "spec.rules.0.from.ipBlocks.0",
+        json!("10.0.0.0/40"),
+    );
+    let a = set(a, "spec.rules.0.to.methods.0", json!("FETCH"));
+    let a = set(a, "spec.ports.0", json!(70000));
+    check(
+        "AuthorizationPolicy",
+        &a,
+        &[
+            "spec.ports[0]: use 1 to 65535",
+            "spec.rules[0].from.ipBlocks[0]: prefix length must be 0 to 32",
+            "spec.rules[0].to.methods[0]: use one of GET, HEAD, POST",
+        ],
+        &[],
+    );
+}
+
+#[test]
+fn rejects_an_identity_that_is_not_a_workload_spiffe_id() {
+    let a = set(
+        authz(),
+        "spec.rules.0.from.identities.0",
+        json!("spiffe://cluster.local/web"),
+    );
+    check(
+        "AuthorizationPolicy",
+        &a,
+        &["spec.rules[0].from.identities[0]: is not a workload SPIFFE ID"],
+        &[],
+    );
+}

@@ -636,7 +636,7 @@ fn example_settled(kind: &str, object: &serde_json::Value) -> Result<(), String>
     let observed = object["status"]["observedGeneration"] == object["metadata"]["generation"];
     let ok = match kind {
         "Route" => is("Accepted", "True") && is("ResolvedRefs", "True") && is("Programmed", "True"),
-        "TlsPolicy" => is("Accepted", "True") && is("Programmed", "True"),
+        "TlsPolicy" | "AuthorizationPolicy" => is("Accepted", "True") && is("Programmed", "True"),
         "SidecarRelease" => observed && is("Complete", "True"),
         "AcceleratorPool" => {
             observed

@@ -1532,6 +1532,153 @@ async fn tlspolicy_secret_certificate_is_served_replaced_without_a_restart_and_k
     .await;
 }
 
+/// Server-side applies AuthorizationPolicy `name` with `spec` in `ns`.
+async fn apply_authz(client: &Client, ns: &str, name: &str, spec: serde_json::Value) {
+    let api = Api::<baton_crds::AuthorizationPolicy>::namespaced(client.clone(), ns);
+    let manifest = json!({
+        "apiVersion": "baton.dev/v1alpha1", "kind": "AuthorizationPolicy",
+        "metadata": {"name": name}, "spec": spec
+    });
+    api.patch(
+        name,
+        &PatchParams::apply("baton-e2e").force(),
+        &Patch::Apply(&manifest),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("apply AuthorizationPolicy {name}: {e}"));
+}
+
+/// `baton_sidecar_authz_total` of one rule and verdict on a Pod's sidecar.
+async fn authz_count(ip: IpAddr, rule: &str, verdict: &str) -> f64 {
+    let (rule, verdict) = (format!("rule=\"{rule}\""), format!("verdict=\"{verdict}\""));
+    sidecar_metric(ip, |l| {
+        l.starts_with("baton_sidecar_authz_total{") && l.contains(&rule) && l.contains(&verdict)
+    })
+    .await
+}
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster (e2e/run.sh)"]
+async fn authz_policy_allows_a_service_account_one_path_denies_tcp_audits_and_changes_live() {
+    let _serial = SERIAL.lock().await;
+    let scope = "authz";
+    with_temp_ns_labelled(
+        baton::injected_namespace_labels(scope),
+        |client, ns| async move {
+            let s = id_scene(client, ns, scope).await;
+            s.policy(&[]).await;
+            s.meshed().await;
+            let before = s.restarts().await;
+            let get = |driver: SocketAddr, path: &str, n: usize| {
+                let mut spec = s.spec(FetchProtocol::Http1, n);
+                spec.path = path.to_owned();
+                (driver, spec)
+            };
+
+            // Allow: the client's ServiceAccount may GET /public on the
+            // http port; on that port nothing else is allowed.
+            apply_authz(&s.client, &s.ns, "web", json!({
+                "podSelector": {"matchLabels": {"app": "server"}},
+                "ports": [PORT],
+                "rules": [{"from": {"serviceAccounts": ["client"]},
+                           "to": {"methods": ["GET"], "paths": [{"exact": "/public"}]}}]
+            }))
+            .await;
+            let (d, private) = get(s.driver, "/private", 5);
+            until_via(d, "the Allow policy reaches the server's sidecar", &private, |r| {
+                r.status(403) == 5
+            })
+            .await;
+            let (d, public) = get(s.driver, "/public", 50);
+            let r = fetch_from(d, &public).await;
+            assert_eq!(r.status(200), 50, "client GET /public: {r:?}");
+            let (d, private) = get(s.driver, "/private", 20);
+            let r = fetch_from(d, &private).await;
+            assert_eq!(r.status(403), 20, "client GET /private: {r:?}");
+            assert_eq!(r.from_servers("server-"), 0, "a 403 never reached the app: {r:?}");
+            let (d, public) = get(s.intruder, "/public", 20);
+            let r = fetch_from(d, &public).await;
+            assert_eq!(r.status(403), 20, "intruder GET /public: {r:?}");
+            // Ports no Allow policy selects keep the default: TCP echoes.
+            let tcp = fetch_from(s.driver, &s.spec(FetchProtocol::Tcp, 20)).await;
+            assert_eq!((tcp.echoed, tcp.errors), (20, 0), "{tcp:?}");
+
+            // Programmed, with the server's one sidecar counted.
+            let api = Api::<baton_crds::AuthorizationPolicy>::namespaced(s.client.clone(), &s.ns);
+            wait_for("AuthorizationPolicy web is Programmed 1/1", PROPAGATION, || {
+                let api = api.clone();
+                async move {
+                    let p = api.get("web").await.expect("get web");
+                    let status = p.status.clone().unwrap_or_default();
+                    let programmed = status.conditions.iter().find(|c| c.type_ == "Programmed");
+                    match programmed {
+                        Some(c) if c.status == "True" && c.message == "1/1 sidecars ACKed"
+                            && status.observed_generation == p.metadata.generation => Check::Done(()),
+                        _ => Check::NotYet(format!("{status:?}")),
+                    }
+                }
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+
+            // Deny on the TCP port: the connection is closed, nothing echoed.
+            apply_authz(&s.client, &s.ns, "no-tcp", json!({
+                "podSelector": {"matchLabels": {"app": "server"}},
+                "ports": [TCP_PORT], "action": "Deny", "rules": [{}]
+            }))
+            .await;
+            until_via(s.driver, "the Deny policy closes TCP connections", &s.spec(FetchProtocol::Tcp, 5), |r| {
+                r.echoed == 0 && r.errors == 5
+            })
+            .await;
+            let r = fetch_from(s.driver, &s.spec(FetchProtocol::Tcp, 20)).await;
+            assert_eq!((r.echoed, r.errors), (0, 20), "denied TCP: {r:?}");
+            let denied = authz_count(s.server_pod, &format!("{}/no-tcp/rules[0]", s.ns), "deny").await;
+            assert!(denied >= 20.0, "the deny rule counted its connections: {denied}");
+
+            // Audit: lets the client through and the counter names the rule.
+            apply_authz(&s.client, &s.ns, "watch", json!({
+                "podSelector": {"matchLabels": {"app": "server"}},
+                "action": "Audit",
+                "rules": [{"from": {"namespaces": [s.ns.clone()]}, "to": {"paths": [{"prefix": "/pub"}]}}]
+            }))
+            .await;
+            let audit_rule = format!("{}/watch/rules[0]", s.ns);
+            let (d, public) = get(s.driver, "/public", 10);
+            wait_for("the Audit policy records the client's requests", PROPAGATION, || {
+                let (public, audit_rule) = (&public, &audit_rule);
+                async move {
+                    let r = fetch_from(d, public).await;
+                    let audited = authz_count(s.server_pod, audit_rule, "audit").await;
+                    if r.status(200) == 10 && audited >= 10.0 {
+                        Check::Done(())
+                    } else {
+                        Check::NotYet(format!("{r:?}, {audited} audited"))
+                    }
+                }
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+
+            // A live change: the intruder's ServiceAccount is added, no
+            // restart anywhere.
+            apply_authz(&s.client, &s.ns, "web", json!({
+                "podSelector": {"matchLabels": {"app": "server"}},
+                "ports": [PORT],
+                "rules": [{"from": {"serviceAccounts": ["client", "intruder"]},
+                           "to": {"methods": ["GET"], "paths": [{"exact": "/public"}]}}]
+            }))
+            .await;
+            let started = std::time::Instant::now();
+            let (d, public) = get(s.intruder, "/public", 5);
+            until_via(d, "the edited policy lets the intruder in", &public, |r| r.status(200) == 5).await;
+            eprintln!("policy edit live after {:?}", started.elapsed());
+            assert_eq!(s.restarts().await, before, "no container restarted");
+        },
+    )
+    .await;
+}
+
 /// Scales the operator Deployment back to two replicas when dropped, so a
 /// failing test never leaves the cluster without its control plane.
 struct OperatorBack;

@@ -254,6 +254,7 @@ fn operator(streams: usize) {
             trust_domain: "cluster.local".into(),
             cluster_domain: "cluster.local".into(),
             identity: None,
+            default_authorization: Default::default(),
         },
         PushMetrics::default(),
     ));

@@ -111,6 +111,16 @@ pub struct PushArgs {
         env = "BATON_CONFIG_PUSH_IDENTITY_CA_BUNDLE"
     )]
     pub identity_ca_bundle: Option<std::path::PathBuf>,
+    /// What meshed Pods' inbound sides do with requests no
+    /// AuthorizationPolicy decides, in namespaces without a
+    /// baton.dev/default-authorization annotation: all-unauthenticated,
+    /// all-authenticated, cluster-authenticated, deny or audit.
+    #[arg(
+        long = "default-authorization",
+        env = "BATON_DEFAULT_AUTHORIZATION",
+        default_value = "all-unauthenticated"
+    )]
+    pub default_authorization: baton_crds::authorization_policy::DefaultAuthorization,
 }
 
 impl PushArgs {
@@ -126,6 +136,7 @@ impl PushArgs {
                     url,
                     ca_bundle: self.identity_ca_bundle.clone(),
                 }),
+            default_authorization: self.default_authorization,
         }
     }
 }

@@ -133,6 +133,7 @@ async fn start_operator() -> Operator {
             trust_domain: "cluster.local".into(),
             cluster_domain: "cluster.local".into(),
             identity: None,
+            default_authorization: Default::default(),
         },
         PushMetrics::default(),
     ));

@@ -532,7 +532,10 @@ async fn serve_tcp<I: ParkableIo>(
             &shared.bytes_rx,
             &shared.bytes_tx,
         ),
-        (crate::tcp_proxy::TcpEnd::Closed, crate::tcp_proxy::Moved::default()),
+        (
+            crate::tcp_proxy::TcpEnd::Closed,
+            crate::tcp_proxy::Moved::default(),
+        ),
         &shared,
         &meta,
         versions,

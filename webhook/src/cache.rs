@@ -71,6 +71,8 @@ impl Snapshot {
         ValidationView {
             tls_policies: &self.tls_policies,
             routes: &self.routes,
+            // A setting, not cluster state: the handler fills it in.
+            trust_domain: "",
         }
     }
 }

@@ -36,7 +36,7 @@ use crate::{
     metrics::{DecisionLabels, Metrics},
     review::{self, Decoded},
     server::{SimpleRequest, SimpleResponse, response},
-    validate::{self, Verdict},
+    validate::{self, ValidationView, Verdict},
 };
 
 /// Longest a device grant this replica made counts against its pool on top
@@ -352,12 +352,11 @@ impl Admission {
         };
         let namespace = request.namespace.clone().unwrap_or_default();
         let (snapshot, _) = self.state.snapshot(&namespace);
-        match validate::validate(
-            &request.kind.group,
-            &request.kind.kind,
-            &value,
-            &snapshot.validation_view(),
-        ) {
+        let view = ValidationView {
+            trust_domain: &self.config.trust_domain,
+            ..snapshot.validation_view()
+        };
+        match validate::validate(&request.kind.group, &request.kind.kind, &value, &view) {
             Verdict::Allowed(warnings) => {
                 let mut resp = base;
                 if !warnings.is_empty() {

@@ -108,6 +108,10 @@ pub struct Args {
     /// and TlsPolicies do not reach them.
     #[arg(long, env = "BATON_INJECT_CONFIG_PUSH", default_value_t = true, action = clap::ArgAction::Set)]
     pub config_push: bool,
+    /// The mesh's SPIFFE trust domain, as the operator's --trust-domain:
+    /// AuthorizationPolicies naming identities of another are refused.
+    #[arg(long, env = "BATON_TRUST_DOMAIN", default_value = baton_crds::contract::identity::DEFAULT_TRUST_DOMAIN)]
+    pub trust_domain: String,
     /// Seconds the postStart hook of ordinary-container sidecars (servers
     /// before 1.32) waits for the proxy.
     #[arg(long, default_value_t = 60)]
@@ -144,6 +148,7 @@ impl Args {
                 .filter(|a| !a.trim().is_empty())
                 .unwrap_or_else(|| default_control_plane_address(&self.namespace)),
             config_push: self.config_push,
+            trust_domain: self.trust_domain.clone(),
             ..InjectConfig::default()
         }
     }

@@ -16,7 +16,7 @@
 use std::{collections::BTreeMap, sync::Arc};
 
 use baton_crds::{
-    AcceleratorPool, Route, SidecarRelease, TlsPolicy,
+    AcceleratorPool, AuthorizationPolicy, Route, SidecarRelease, TlsPolicy,
     contract::GROUP,
     selector,
     validation::{Validate, summarize},
@@ -29,6 +29,9 @@ use serde::de::DeserializeOwned;
 pub struct ValidationView<'a> {
     pub tls_policies: &'a [Arc<TlsPolicy>],
     pub routes: &'a [Arc<Route>],
+    /// The mesh's trust domain; empty: identities are not checked against
+    /// one.
+    pub trust_domain: &'a str,
 }
 
 /// The verdict on one object.
@@ -65,8 +68,28 @@ pub fn validate(
             Ok(r) => route_conflicts(&r, view.routes),
             Err(m) => Verdict::Denied(m),
         },
+        "AuthorizationPolicy" => match per_object::<AuthorizationPolicy>(kind, object) {
+            Ok(p) => foreign_identities(&p, view.trust_domain),
+            Err(m) => Verdict::Denied(m),
+        },
         other => Verdict::Denied(format!(
-            "the Baton validator does not know kind {other:?}: expected SidecarRelease, Route, TlsPolicy or AcceleratorPool"
+            "the Baton validator does not know kind {other:?}: expected SidecarRelease, Route, TlsPolicy, AcceleratorPool or AuthorizationPolicy"
+        )),
+    }
+}
+
+/// An AuthorizationPolicy naming an identity of another trust domain
+/// would never match a peer of this mesh: refused, with the domain to use.
+fn foreign_identities(policy: &AuthorizationPolicy, trust_domain: &str) -> Verdict {
+    if trust_domain.is_empty() {
+        return Verdict::Allowed(vec![]);
+    }
+    match policy.foreign_identities(trust_domain).as_slice() {
+        [] => Verdict::Allowed(vec![]),
+        errors => Verdict::Denied(format!(
+            "AuthorizationPolicy {} is invalid: {}",
+            display_name(&policy.metadata),
+            summarize(errors)
         )),
     }
 }
@@ -237,6 +260,49 @@ mod tests {
 
     fn arc<K: DeserializeOwned>(v: serde_json::Value) -> Arc<K> {
         Arc::new(serde_json::from_value(v).unwrap())
+    }
+
+    #[test]
+    fn an_authorization_policy_naming_another_trust_domain_is_refused_with_the_mesh_s() {
+        let policy = |id: &str| {
+            json!({"apiVersion": "baton.dev/v1alpha1", "kind": "AuthorizationPolicy",
+                   "metadata": {"name": "p", "namespace": "apps"},
+                   "spec": {"rules": [{"from": {"identities": [id]}}]}})
+        };
+        let view = ValidationView {
+            trust_domain: "mesh.example",
+            ..ValidationView::default()
+        };
+        let m = denied(validate(
+            GROUP,
+            "AuthorizationPolicy",
+            &policy("spiffe://cluster.local/ns/apps/sa/web"),
+            &view,
+        ));
+        assert!(
+            m.starts_with(
+                "AuthorizationPolicy apps/p is invalid: spec.rules[0].from.identities[0]"
+            ),
+            "{m}"
+        );
+        assert!(m.contains("not this mesh's \"mesh.example\""), "{m}");
+        assert_eq!(
+            validate(
+                GROUP,
+                "AuthorizationPolicy",
+                &policy("spiffe://mesh.example/ns/apps/sa/web"),
+                &view
+            ),
+            Verdict::Allowed(vec![])
+        );
+        // A malformed identity is refused whatever the trust domain.
+        let m = denied(validate(
+            GROUP,
+            "AuthorizationPolicy",
+            &policy("apps/web"),
+            &view,
+        ));
+        assert!(m.contains("is not a SPIFFE ID"), "{m}");
     }
 
     fn denied(v: Verdict) -> String {

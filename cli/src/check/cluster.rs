@@ -530,7 +530,7 @@ mod tests {
             *crd = serde_json::from_value(v).unwrap();
         }
         let checks = crds(&installed_as(&installed), &expected());
-        assert_eq!(checks.len(), 4);
+        assert_eq!(checks.len(), 5);
         for c in &checks {
             assert_eq!(c.status, Status::Ok, "{c:?}");
         }

@@ -24,7 +24,7 @@ pub fn schema_of(kind: &str) -> Value {
 
 /// A full object of `kind` with `spec`.
 pub fn object(kind: &str, spec: Value) -> Value {
-    let namespaced = matches!(kind, "Route" | "TlsPolicy");
+    let namespaced = matches!(kind, "Route" | "TlsPolicy" | "AuthorizationPolicy");
     let mut metadata = json!({ "name": "sample", "generation": 1 });
     if namespaced {
         metadata["namespace"] = json!("default");

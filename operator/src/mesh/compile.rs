@@ -27,19 +27,21 @@ use std::path::PathBuf;
 
 use baton_config::{
     ClusterConfig, ClusterMtls, FaultAbort, FaultConfig, FaultDelay, HeaderRewrite,
-    INBOUND_LISTENER, MatchConfig, MirrorConfig, OUTBOUND_LISTENER, PathMatch, RbacAction,
-    RbacPolicy, RbacRule, RetryConfig, RouteConfig, Snapshot, TcpRouteConfig, TlsSettings,
-    UpstreamProtocol, ValueMatch, WeightedBackend, tls,
+    INBOUND_LISTENER, MatchConfig, MirrorConfig, OUTBOUND_LISTENER, PathMatch, RetryConfig,
+    RouteConfig, Snapshot, TcpRouteConfig, TlsSettings, UpstreamProtocol, ValueMatch,
+    WeightedBackend, tls,
 };
 use baton_crds::Validate;
+use baton_crds::authorization_policy::DefaultAuthorization;
 use baton_crds::common::parse_duration;
 use baton_crds::route::{
     HeaderModifier, HttpMethod, PathMatchType, RouteMatch, RouteProtocol, RouteRule,
     StringMatchType,
 };
-use baton_crds::tls_policy::{MtlsMode, OffloadMode, TlsVersion, client_identity};
+use baton_crds::tls_policy::{MtlsMode, OffloadMode, TlsVersion};
 use baton_crds::{Route, TlsPolicy};
 
+use super::authz;
 use super::index::{EndpointInfo, Index, ObjKey, ServiceInfo, creation};
 
 /// Cluster-wide settings the compiled snapshots depend on.
@@ -52,6 +54,9 @@ pub struct MeshParams {
     /// Where sidecars get their certificates. `None`: no TLS section is
     /// compiled and every connection stays plaintext (a mesh without a CA).
     pub identity: Option<IdentitySource>,
+    /// What inbound sides do with requests no AuthorizationPolicy decides,
+    /// in namespaces without a `baton.dev/default-authorization` annotation.
+    pub default_authorization: DefaultAuthorization,
 }
 
 /// The identity service as sidecars reach it.
@@ -232,6 +237,8 @@ pub struct WorkloadConfig {
     pub routes: BTreeSet<ObjKey>,
     /// The TlsPolicy that gave its TLS settings.
     pub tls_policy: Option<ObjKey>,
+    /// The AuthorizationPolicies compiled into its inbound authorization.
+    pub authorization_policies: BTreeSet<ObjKey>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -251,17 +258,28 @@ pub enum CompileKey {
         namespace: String,
         service_account: String,
         tls_policy: Option<ObjKey>,
+        authorization_policies: Vec<ObjKey>,
+        /// The Pod's httpGet probes and access-log annotation: inbound
+        /// authorization and logging read them.
+        probes: Vec<(u16, String)>,
+        access_log: bool,
     },
     /// A Pod the index does not hold (its compile fails on its own).
     Unknown(ObjKey),
 }
 
-pub fn compile_key(index: &Index, pod: &ObjKey) -> CompileKey {
+pub fn compile_key(index: &Index, trust_domain: &str, pod: &ObjKey) -> CompileKey {
     match index.pods.get(pod) {
         Some(info) => CompileKey::Group {
             namespace: pod.namespace.clone(),
             service_account: info.service_account.clone(),
             tls_policy: select_tls_policy(index, pod).map(|(k, _)| k.clone()),
+            authorization_policies: authz::select(index, trust_domain, pod)
+                .into_iter()
+                .map(|(k, _)| k.clone())
+                .collect(),
+            probes: info.probes.clone(),
+            access_log: info.access_log,
         },
         None => CompileKey::Unknown(pod.clone()),
     }
@@ -327,47 +345,29 @@ pub fn compile(
             policy.map(|(_, p)| p),
         ))
     });
-    if let Some((key, p)) = policy {
-        allow_clients(&mut snapshot, params, key, p);
-    }
-    Ok(WorkloadConfig {
-        snapshot,
-        routes: out.programmed,
-        tls_policy: policy.map(|(k, _)| k.clone()),
-    })
-}
-
-/// A policy's `mtls.allowedClients` as the inbound listener's RBAC: allow
-/// those identities, deny everything else. Compiled even without an
-/// identity source (no client then has an identity: all are refused), so an
-/// allow-list never fails open.
-fn allow_clients(snapshot: &mut Snapshot, params: &MeshParams, key: &ObjKey, policy: &TlsPolicy) {
-    let allowed = &policy.spec.mtls.allowed_clients;
-    if allowed.is_empty() {
-        return;
-    }
-    let name = format!("tlspolicy:{key}");
-    let identities = allowed
-        .iter()
-        // Entries were validated before the policy was selected.
-        .filter_map(|e| client_identity(e, &params.trust_domain).ok())
-        .collect();
-    snapshot.policies.rbac.push(RbacPolicy {
-        name: name.clone(),
-        rules: vec![RbacRule {
-            action: RbacAction::Allow,
-            identities,
-            ..RbacRule::default()
-        }],
-        default_action: RbacAction::Deny,
-    });
+    let authorization = authz::select(index, &params.trust_domain, pod);
+    let inbound = authz::compile(
+        &params.trust_domain,
+        authz::default_for(index, &pod.namespace, params.default_authorization),
+        info,
+        policy,
+        &authorization,
+    );
     for l in snapshot
         .listeners
         .iter_mut()
         .filter(|l| l.name == INBOUND_LISTENER)
     {
-        l.rbac = Some(name.clone());
+        l.rbac = inbound.rbac.as_ref().map(|p| p.name.clone());
+        l.access_log |= inbound.access_log;
     }
+    snapshot.policies.rbac.extend(inbound.rbac);
+    Ok(WorkloadConfig {
+        snapshot,
+        routes: out.programmed,
+        tls_policy: policy.map(|(k, _)| k.clone()),
+        authorization_policies: authorization.into_iter().map(|(k, _)| k.clone()).collect(),
+    })
 }
 
 /// How a cluster speaks HTTP to its endpoints: HTTP/2 when the Service

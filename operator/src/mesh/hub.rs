@@ -40,14 +40,25 @@ pub type StreamId = u64;
 pub enum Source {
     Route(ObjKey, i64),
     TlsPolicy(ObjKey, i64),
+    AuthorizationPolicy(ObjKey, i64),
+}
+
+/// What a Source names, whatever its generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Kind {
+    Route,
+    TlsPolicy,
+    AuthorizationPolicy,
 }
 
 impl Source {
-    /// Every one of `routes` and `policies` at its generation: Routes
-    /// first, in order, then the policies.
+    /// Every one of `routes`, `policies` and `authorization` at its
+    /// generation: Routes first, in order, then the TlsPolicies, then the
+    /// AuthorizationPolicies.
     pub fn all_of<'a>(
         routes: impl IntoIterator<Item = &'a Arc<baton_crds::Route>>,
         policies: impl IntoIterator<Item = &'a Arc<baton_crds::TlsPolicy>>,
+        authorization: impl IntoIterator<Item = &'a Arc<baton_crds::AuthorizationPolicy>>,
     ) -> Vec<Source> {
         let generation = |g: Option<i64>| g.unwrap_or(0);
         routes
@@ -56,14 +67,21 @@ impl Source {
             .chain(policies.into_iter().map(|p| {
                 Source::TlsPolicy(ObjKey::of(p.as_ref()), generation(p.metadata.generation))
             }))
+            .chain(authorization.into_iter().map(|p| {
+                Source::AuthorizationPolicy(
+                    ObjKey::of(p.as_ref()),
+                    generation(p.metadata.generation),
+                )
+            }))
             .collect()
     }
 
-    /// The object, whatever its generation: (is a Route, key).
-    fn object(&self) -> (bool, &ObjKey) {
+    /// The object, whatever its generation.
+    fn object(&self) -> (Kind, &ObjKey) {
         match self {
-            Source::Route(k, _) => (true, k),
-            Source::TlsPolicy(k, _) => (false, k),
+            Source::Route(k, _) => (Kind::Route, k),
+            Source::TlsPolicy(k, _) => (Kind::TlsPolicy, k),
+            Source::AuthorizationPolicy(k, _) => (Kind::AuthorizationPolicy, k),
         }
     }
 }
@@ -129,6 +147,25 @@ struct Inner {
     compiled_sources: Arc<BTreeSet<Source>>,
     streams: HashMap<StreamId, Stream>,
     next_id: StreamId,
+}
+
+/// The objects status is written for, as the index holds them.
+#[derive(Debug, Clone, Default)]
+pub struct Objects {
+    pub routes: Vec<Arc<baton_crds::Route>>,
+    pub tls_policies: Vec<Arc<baton_crds::TlsPolicy>>,
+    pub authorization_policies: Vec<Arc<baton_crds::AuthorizationPolicy>>,
+}
+
+impl Objects {
+    /// Every object at its generation, in [`Source::all_of`]'s order.
+    pub fn sources(&self) -> Vec<Source> {
+        Source::all_of(
+            &self.routes,
+            &self.tls_policies,
+            &self.authorization_policies,
+        )
+    }
 }
 
 /// State of one sidecar's config, as status reports it.
@@ -311,7 +348,7 @@ impl Hub {
     /// streams × the sources each stream was sent.
     pub fn programmed_all(&self, sources: &[Source]) -> Vec<Programmed> {
         // Object → where it is asked for (once per generation asked).
-        let mut wanted: HashMap<(bool, &ObjKey), Vec<usize>> = HashMap::new();
+        let mut wanted: HashMap<(Kind, &ObjKey), Vec<usize>> = HashMap::new();
         for (i, s) in sources.iter().enumerate() {
             wanted.entry(s.object()).or_default().push(i);
         }
@@ -343,13 +380,25 @@ impl Hub {
         out
     }
 
-    /// The Routes and TlsPolicies in the index (for the status writer).
-    pub fn objects(&self) -> (Vec<Arc<baton_crds::Route>>, Vec<Arc<baton_crds::TlsPolicy>>) {
+    /// The Routes, TlsPolicies and AuthorizationPolicies in the index (for
+    /// the status writer).
+    pub fn objects(&self) -> Objects {
         let inner = self.lock();
-        (
-            inner.index.routes.values().cloned().collect(),
-            inner.index.tls_policies.values().cloned().collect(),
-        )
+        Objects {
+            routes: inner.index.routes.values().cloned().collect(),
+            tls_policies: inner.index.tls_policies.values().cloned().collect(),
+            authorization_policies: inner
+                .index
+                .authorization_policies
+                .values()
+                .cloned()
+                .collect(),
+        }
+    }
+
+    /// The cluster-wide parameters the hub compiles with.
+    pub fn params(&self) -> &MeshParams {
+        &self.params
     }
 
     /// Route attachment as of the last recompile.
@@ -376,6 +425,7 @@ impl Hub {
             Source::all_of(
                 inner.index.routes.values(),
                 inner.index.tls_policies.values(),
+                inner.index.authorization_policies.values(),
             )
             .into_iter()
             .collect(),
@@ -391,7 +441,7 @@ impl Hub {
         let mut deltas: HashMap<(*const Compiled, *const Compiled), Bytes> = HashMap::new();
         let mut pushes = 0;
         for s in streams.values_mut() {
-            let key = compile_key(index, &s.pod);
+            let key = compile_key(index, &self.params.trust_domain, &s.pod);
             let Some(new) = compiled
                 .entry(key)
                 .or_insert_with(
@@ -409,6 +459,13 @@ impl Hub {
                                 .chain(c.tls_policy.iter().filter_map(|k| {
                                     let p = index.tls_policies.get(k)?;
                                     Some(Source::TlsPolicy(k.clone(), generation(&p.metadata)))
+                                }))
+                                .chain(c.authorization_policies.iter().filter_map(|k| {
+                                    let p = index.authorization_policies.get(k)?;
+                                    Some(Source::AuthorizationPolicy(
+                                        k.clone(),
+                                        generation(&p.metadata),
+                                    ))
                                 }))
                                 .collect::<BTreeSet<_>>()
                                 .into();

@@ -1,5 +1,6 @@
 //! In-memory indexes of what the config compiler reads: Services, their
-//! endpoints, injected Pods, Routes and TlsPolicies.
+//! endpoints, injected Pods, Routes, TlsPolicies, AuthorizationPolicies and
+//! the namespaces' default-authorization annotations.
 //!
 //! Why our own index rather than kube-runtime's reflector stores: the
 //! compiler runs for every affected sidecar on every change, so it must read
@@ -16,8 +17,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use baton_crds::contract;
-use baton_crds::{Route, TlsPolicy};
-use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
+use baton_crds::{AuthorizationPolicy, Route, TlsPolicy};
+use k8s_openapi::api::core::v1::{Container, Endpoints, Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
@@ -93,6 +94,56 @@ pub struct PodInfo {
     pub serving_through_swap: bool,
     /// Carries Baton's sidecar (the webhook's `baton.dev/injected` label).
     pub injected: bool,
+    /// The application containers' httpGet probes (port, path without the
+    /// query), which the inbound authorization lets through.
+    pub probes: Vec<(u16, String)>,
+    /// The `baton.dev/access-log: "true"` annotation.
+    pub access_log: bool,
+}
+
+/// Every httpGet probe (readiness, liveness, startup) of the Pod's
+/// application containers: the kubelet sends them through the inbound
+/// sidecar, so authorization must admit them. A named port is resolved
+/// against the container's own ports; one that names none is skipped.
+pub fn http_probes(pod: &Pod) -> Vec<(u16, String)> {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let is_sidecar = |c: &Container| {
+        c.name == contract::containers::SLOT_A || c.name == contract::containers::SLOT_B
+    };
+    let mut out: Vec<(u16, String)> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.containers.iter())
+        .filter(|c| !is_sidecar(c))
+        .flat_map(|c| {
+            [&c.readiness_probe, &c.liveness_probe, &c.startup_probe]
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p.http_get.as_ref())
+                .filter_map(move |h| {
+                    let port = match &h.port {
+                        IntOrString::Int(n) => u16::try_from(*n).ok()?,
+                        IntOrString::String(name) => c
+                            .ports
+                            .iter()
+                            .flatten()
+                            .find(|p| p.name.as_deref() == Some(name.as_str()))
+                            .and_then(|p| u16::try_from(p.container_port).ok())?,
+                    };
+                    let path = h.path.as_deref().unwrap_or("/");
+                    let path = path.split(['?', '#']).next().unwrap_or("/");
+                    let path = if path.starts_with('/') {
+                        path.to_owned()
+                    } else {
+                        format!("/{path}")
+                    };
+                    Some((port, path))
+                })
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// Whether a Pod serves although the API may call it not Ready, because a
@@ -169,6 +220,10 @@ pub struct Index {
     pub pods: BTreeMap<ObjKey, PodInfo>,
     pub routes: BTreeMap<ObjKey, Arc<Route>>,
     pub tls_policies: BTreeMap<ObjKey, Arc<TlsPolicy>>,
+    pub authorization_policies: BTreeMap<ObjKey, Arc<AuthorizationPolicy>>,
+    /// Namespace → its `baton.dev/default-authorization` annotation, for
+    /// namespaces that carry one.
+    pub namespace_defaults: BTreeMap<String, String>,
 }
 
 /// Label of an EndpointSlice naming its Service.
@@ -308,6 +363,11 @@ impl Index {
                 .labels()
                 .get(contract::labels::INJECTED)
                 .is_some_and(|v| v == "true"),
+            probes: http_probes(pod),
+            access_log: pod
+                .annotations()
+                .get(contract::annotations::ACCESS_LOG)
+                .is_some_and(|v| v == "true"),
         };
         self.pods.insert(ObjKey::of(pod), info);
     }
@@ -332,6 +392,36 @@ impl Index {
 
     pub fn delete_tls_policy(&mut self, key: &ObjKey) {
         self.tls_policies.remove(key);
+    }
+
+    pub fn apply_authorization_policy(&mut self, policy: &AuthorizationPolicy) {
+        self.authorization_policies
+            .insert(ObjKey::of(policy), Arc::new(policy.clone()));
+    }
+
+    pub fn delete_authorization_policy(&mut self, key: &ObjKey) {
+        self.authorization_policies.remove(key);
+    }
+
+    /// A Namespace's default-authorization annotation (only the annotation
+    /// is kept: a namespace without one takes no room).
+    pub fn apply_namespace(&mut self, ns: &Namespace) {
+        let name = ns.name_any();
+        match ns
+            .annotations()
+            .get(contract::annotations::DEFAULT_AUTHORIZATION)
+        {
+            Some(v) => {
+                self.namespace_defaults.insert(name, v.clone());
+            }
+            None => {
+                self.namespace_defaults.remove(&name);
+            }
+        }
+    }
+
+    pub fn delete_namespace(&mut self, name: &str) {
+        self.namespace_defaults.remove(name);
     }
 
     /// The endpoints of `service` (every source merged, duplicates of one

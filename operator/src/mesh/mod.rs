@@ -3,11 +3,13 @@
 //!
 //! ```text
 //!  watchers ──► index (pure in-memory records of Services, endpoints,
-//!                      injected Pods, Routes, TlsPolicies)
+//!                      injected Pods, Routes, TlsPolicies,
+//!                      AuthorizationPolicies, namespace defaults)
 //!                 │
 //!                 ├─► attach_routes(index)            cluster-wide: which Route
 //!                 │                                   steers which Service port
 //!                 └─► compile(index, attachments, pod) → that Pod's Snapshot
+//!                       └─ authz::compile              its inbound RbacPolicy
 //! ```
 //!
 //! [`index`] and [`compile`] are pure (tested with objects fed straight
@@ -15,6 +17,7 @@
 //! [`server`] serves the sidecars' streams, [`tally`] counts them across
 //! replicas for [`status`].
 
+pub mod authz;
 pub mod compile;
 pub mod hub;
 pub mod index;

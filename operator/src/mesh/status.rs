@@ -1,6 +1,8 @@
-//! Route and TlsPolicy status: what users read in `kubectl get brt`.
+//! Route, TlsPolicy and AuthorizationPolicy status: what users read in
+//! `kubectl get brt,tlsp,authz`.
 //!
-//! [`route_status`] and [`tls_policy_status`] are pure (object, verdict,
+//! [`route_status`], [`tls_policy_status`] and
+//! [`authorization_policy_status`] are pure (object, verdict,
 //! how many sidecars serve it → status); [`run`] is the leader's writer,
 //! applying a status only when it changed (server-side apply, the
 //! operator's one field manager).
@@ -12,8 +14,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_crds::conditions::{route as rc, tls_policy as tc, upsert};
-use baton_crds::{Route, RouteStatus, TlsPolicy, TlsPolicyStatus, contract};
+use baton_crds::conditions::{authorization_policy as ac, route as rc, tls_policy as tc, upsert};
+use baton_crds::{
+    AuthorizationPolicy, AuthorizationPolicyStatus, Route, RouteStatus, TlsPolicy, TlsPolicyStatus,
+    contract,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -23,7 +28,7 @@ use kube::{Api, Client};
 pub const REFUSED: &str = "Refused";
 
 use super::compile::{RouteVerdict, tls_policy_refusal};
-use super::hub::{Hub, Programmed, Source};
+use super::hub::{Hub, Programmed};
 use super::index::ObjKey;
 use super::tally::{self, Tally};
 
@@ -187,6 +192,49 @@ pub fn tls_policy_status(policy: &TlsPolicy, p: &Programmed, now: &Time) -> TlsP
     status
 }
 
+/// An AuthorizationPolicy's status: Accepted unless invalid or naming
+/// identities outside `trust_domain`; Programmed counts the sidecars of the
+/// Pods it selects.
+pub fn authorization_policy_status(
+    policy: &AuthorizationPolicy,
+    trust_domain: &str,
+    p: &Programmed,
+    now: &Time,
+) -> AuthorizationPolicyStatus {
+    let generation = policy.metadata.generation;
+    let mut status = policy.status.clone().unwrap_or_default();
+    status.observed_generation = generation;
+    let c = &mut status.conditions;
+    let accepted = match super::authz::refusal(policy, trust_domain) {
+        None => {
+            upsert(
+                c,
+                ac::ACCEPTED,
+                true,
+                ac::reasons::ACCEPTED,
+                "valid",
+                generation,
+                now,
+            );
+            true
+        }
+        Some(refusal) => {
+            upsert(
+                c,
+                ac::ACCEPTED,
+                false,
+                refusal.reason,
+                &refusal.message,
+                generation,
+                now,
+            );
+            false
+        }
+    };
+    programmed(c, ac::PROGRAMMED, accepted, p, generation, now);
+    status
+}
+
 /// Writes changed statuses every `period` until dropped (leader only).
 /// `namespace` holds the replicas' tallies; `replica` is this one's name.
 pub async fn run(client: Client, hub: Arc<Hub>, period: Duration, namespace: &str, replica: &str) {
@@ -259,8 +307,13 @@ pub async fn write_once(
     now: &Time,
 ) -> usize {
     let attachments = hub.attachments();
-    let (routes, policies) = hub.objects();
-    let sources = Source::all_of(&routes, &policies);
+    let objects = hub.objects();
+    let sources = objects.sources();
+    let super::hub::Objects {
+        routes,
+        tls_policies: policies,
+        authorization_policies,
+    } = objects;
     let mut counts = hub.programmed_all(&sources).into_iter().zip(&sources);
     // An object whose generation the hub has not compiled yet waits for
     // the next pass: no stream can have been sent it, and "0/0 ACKed"
@@ -298,6 +351,29 @@ pub async fn write_once(
         }
         let p = tally::merged(own, source, peers);
         let status = tls_policy_status(&policy, &p, now);
+        let before = policy.status.as_ref().map(|s| s.conditions.as_slice());
+        if policy.status.as_ref() != Some(&status)
+            && apply_status(
+                client,
+                recorder,
+                policy.as_ref(),
+                before,
+                &status.conditions,
+                &status,
+            )
+            .await
+        {
+            written += 1;
+        }
+    }
+    let trust_domain = &hub.params().trust_domain;
+    for policy in authorization_policies {
+        let (own, source) = counts.next().expect("one count per authorization policy");
+        if !compiled.contains(source) {
+            continue;
+        }
+        let p = tally::merged(own, source, peers);
+        let status = authorization_policy_status(&policy, trust_domain, &p, now);
         let before = policy.status.as_ref().map(|s| s.conditions.as_slice());
         if policy.status.as_ref() != Some(&status)
             && apply_status(
@@ -550,6 +626,7 @@ mod tests {
                 trust_domain: "cluster.local".into(),
                 cluster_domain: "cluster.local".into(),
                 identity: None,
+                default_authorization: Default::default(),
             },
             PushMetrics::default(),
         );
@@ -646,6 +723,7 @@ mod tests {
                 trust_domain: "cluster.local".into(),
                 cluster_domain: "cluster.local".into(),
                 identity: None,
+                default_authorization: Default::default(),
             },
             PushMetrics::default(),
         );

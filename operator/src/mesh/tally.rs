@@ -49,7 +49,8 @@ pub struct Tally {
     pub replica: String,
     /// When it was computed, in Unix seconds.
     pub at: i64,
-    /// By [`key`]: `Route/<ns>/<name>` or `TlsPolicy/<ns>/<name>`.
+    /// By [`key`]: `Route/<ns>/<name>`, `TlsPolicy/<ns>/<name>` or
+    /// `AuthorizationPolicy/<ns>/<name>`.
     pub objects: BTreeMap<String, Entry>,
 }
 
@@ -69,6 +70,7 @@ fn key(source: &Source) -> (String, i64) {
     match source {
         Source::Route(k, g) => (format!("Route/{k}"), *g),
         Source::TlsPolicy(k, g) => (format!("TlsPolicy/{k}"), *g),
+        Source::AuthorizationPolicy(k, g) => (format!("AuthorizationPolicy/{k}"), *g),
     }
 }
 

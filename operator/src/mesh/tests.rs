@@ -112,6 +112,7 @@ fn params() -> MeshParams {
             url: "https://baton-identity.baton-system.svc:8443/v1/sign".into(),
             ca_bundle: Some("/var/run/secrets/baton.dev/ca/ca.crt".into()),
         }),
+        default_authorization: Default::default(),
     }
 }
 
@@ -1397,7 +1398,10 @@ fn pods_with_one_key_compile_alike() {
     let p = params();
     for a in &pods {
         for b in &pods {
-            let (ka, kb) = (compile_key(&ix, a), compile_key(&ix, b));
+            let (ka, kb) = (
+                compile_key(&ix, "cluster.local", a),
+                compile_key(&ix, "cluster.local", b),
+            );
             let (sa, sb) = (
                 compiled_with(&ix, &p, a).snapshot,
                 compiled_with(&ix, &p, b).snapshot,
@@ -1409,19 +1413,19 @@ fn pods_with_one_key_compile_alike() {
     }
     // The groups: labels alone do not split a group, a policy does.
     assert_eq!(
-        compile_key(&ix, &client()),
-        compile_key(&ix, &ObjKey::new(NS, "client-2"))
+        compile_key(&ix, "cluster.local", &client()),
+        compile_key(&ix, "cluster.local", &ObjKey::new(NS, "client-2"))
     );
     assert_ne!(
-        compile_key(&ix, &client()),
-        compile_key(&ix, &ObjKey::new(NS, "canary"))
+        compile_key(&ix, "cluster.local", &client()),
+        compile_key(&ix, "cluster.local", &ObjKey::new(NS, "canary"))
     );
     assert_ne!(
-        compile_key(&ix, &client()),
-        compile_key(&ix, &ObjKey::new("other", "client"))
+        compile_key(&ix, "cluster.local", &client()),
+        compile_key(&ix, "cluster.local", &ObjKey::new("other", "client"))
     );
     assert_eq!(
-        compile_key(&ix, &ObjKey::new(NS, "gone")),
+        compile_key(&ix, "cluster.local", &ObjKey::new(NS, "gone")),
         CompileKey::Unknown(ObjKey::new(NS, "gone"))
     );
 }
@@ -1717,9 +1721,9 @@ mod push_kind {
         hub.recompile();
         ack(&hub, id, &take(&mut rx).unwrap());
         let counts = |hub: &Hub| {
-            let (routes, policies) = hub.objects();
+            let o = hub.objects();
             (
-                routes.len() + policies.len(),
+                o.routes.len() + o.tls_policies.len() + o.authorization_policies.len(),
                 hub.attachments().verdicts.len(),
                 hub.compiled_sources().len(),
                 of_hub(hub, "op-a", 0).objects.len(),
@@ -1818,15 +1822,19 @@ fn allowed_clients_become_the_inbound_listeners_allow_list() {
         .iter()
         .find(|l| l.name == baton_config::INBOUND_LISTENER)
         .expect("an inbound listener");
-    assert_eq!(inbound.rbac.as_deref(), Some("tlspolicy:shop/server"));
+    assert_eq!(inbound.rbac.as_deref(), Some("inbound-authorization"));
     assert_eq!(
         serde_json::to_value(&s.policies.rbac).unwrap(),
         json!([{
-            "name": "tlspolicy:shop/server",
-            "rules": [{"action": "allow", "identities": [
-                "spiffe://cluster.local/ns/shop/sa/client",
-                "spiffe://cluster.local/ns/ops/sa/prober"]}],
-            "default_action": "deny"
+            "name": "inbound-authorization",
+            "rules": [
+                {"name": "tlspolicy:shop/server/mtls.allowedClients",
+                 "action": "allow", "identities": [
+                    "spiffe://cluster.local/ns/shop/sa/client",
+                    "spiffe://cluster.local/ns/ops/sa/prober"]},
+                {"name": "implicit-deny", "action": "deny"}
+            ],
+            "default_action": "allow"
         }])
     );
     // The outbound side and other Pods are untouched.
@@ -1897,5 +1905,490 @@ fn service_ports_named_for_http2_get_http2_clusters() {
             want,
             "port name {name:?}"
         );
+    }
+}
+
+// ---------------------------------------------------- AuthorizationPolicy
+
+mod authorization {
+    use super::*;
+    use crate::mesh::authz;
+    use baton_config::{RbacAction, RbacPolicy, RbacRule};
+    use baton_crds::AuthorizationPolicy;
+    use baton_crds::authorization_policy::DefaultAuthorization;
+
+    fn policy(name: &str, spec: Value) -> AuthorizationPolicy {
+        from(json!({
+            "apiVersion": "baton.dev/v1alpha1", "kind": "AuthorizationPolicy",
+            "metadata": {"name": name, "namespace": NS, "generation": 1},
+            "spec": spec
+        }))
+    }
+
+    /// [`compiled_with`]: every compiled policy is one the sidecar accepts.
+    fn compile_for(ix: &Index, params: &MeshParams, pod: &ObjKey) -> WorkloadConfig {
+        compiled_with(ix, params, pod)
+    }
+
+    fn rbac(ix: &Index, pod: &ObjKey) -> Option<RbacPolicy> {
+        rbac_with(ix, &params(), pod)
+    }
+
+    fn rbac_with(ix: &Index, params: &MeshParams, pod: &ObjKey) -> Option<RbacPolicy> {
+        let s = compile_for(ix, params, pod).snapshot;
+        let inbound = s
+            .listeners
+            .iter()
+            .find(|l| l.name == baton_config::INBOUND_LISTENER)
+            .unwrap();
+        assert_eq!(
+            inbound.rbac.as_deref(),
+            s.policies.rbac.first().map(|p| p.name.as_str()),
+            "the inbound listener names the compiled policy"
+        );
+        assert!(s.policies.rbac.len() <= 1);
+        s.policies.rbac.into_iter().next()
+    }
+
+    fn names(p: &RbacPolicy) -> Vec<(&str, RbacAction)> {
+        p.rules
+            .iter()
+            .map(|r| (r.name.as_str(), r.action))
+            .collect()
+    }
+
+    fn with_default(d: DefaultAuthorization) -> MeshParams {
+        MeshParams {
+            default_authorization: d,
+            ..params()
+        }
+    }
+
+    fn server_probed() -> Pod {
+        from(json!({
+            "metadata": {"name": "server-v1", "namespace": NS,
+                         "labels": {"app": "server", "version": "v1", "baton.dev/injected": "true"}},
+            "spec": {"serviceAccountName": "server", "containers": [
+                {"name": "app", "ports": [{"name": "http", "containerPort": 8080}],
+                 "readinessProbe": {"httpGet": {"port": "http", "path": "/ready?full=1"}},
+                 "livenessProbe": {"httpGet": {"port": 8081}},
+                 "startupProbe": {"tcpSocket": {"port": 8080}}},
+                {"name": "baton-sidecar-a",
+                 "readinessProbe": {"httpGet": {"port": 15021, "path": "/ready"}}}
+            ]},
+            "status": {"podIP": "10.1.1.1", "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+    }
+
+    #[test]
+    fn without_policies_the_default_default_compiles_no_rbac() {
+        let ix = shop();
+        assert_eq!(rbac(&ix, &server_v1()), None);
+    }
+
+    #[test]
+    fn rules_compile_deny_then_audit_then_allow_then_the_implicit_deny_then_the_default() {
+        let mut ix = shop();
+        let sel = json!({"matchLabels": {"app": "server"}});
+        ix.apply_authorization_policy(&policy("a-allow", json!({"podSelector": sel,
+            "rules": [{"from": {"serviceAccounts": ["client"]}}, {"from": {"namespaces": ["ops"]}}]})));
+        ix.apply_authorization_policy(&policy(
+            "b-audit",
+            json!({"podSelector": sel, "action": "Audit",
+            "rules": [{"to": {"paths": [{"prefix": "/admin/"}]}}]}),
+        ));
+        ix.apply_authorization_policy(&policy(
+            "c-deny",
+            json!({"podSelector": sel, "action": "Deny",
+            "rules": [{"from": {"ipBlocks": ["10.9.0.0/16"]}}]}),
+        ));
+        // Selects other Pods: not compiled here.
+        ix.apply_authorization_policy(&policy(
+            "d-other",
+            json!({"podSelector": {"matchLabels": {"app": "client"}},
+            "action": "Deny", "rules": [{}]}),
+        ));
+        let p = rbac(&ix, &server_v1()).unwrap();
+        assert_eq!(
+            names(&p),
+            [
+                ("shop/c-deny/rules[0]", RbacAction::Deny),
+                ("shop/b-audit/rules[0]", RbacAction::Audit),
+                ("shop/a-allow/rules[0]", RbacAction::Allow),
+                ("shop/a-allow/rules[1]", RbacAction::Allow),
+                ("implicit-deny", RbacAction::Deny),
+            ]
+        );
+        assert_eq!(p.default_action, RbacAction::Allow);
+        assert_eq!(p.rules[0].cidrs, ["10.9.0.0/16"]);
+        assert_eq!(p.rules[1].path_prefixes, ["/admin/"]);
+        assert_eq!(
+            p.rules[2].identities,
+            ["spiffe://cluster.local/ns/shop/sa/client"]
+        );
+        assert_eq!(p.rules[3].identities, ["spiffe://cluster.local/ns/ops/*"]);
+        assert!(
+            p.rules[4].ports.is_empty(),
+            "an Allow policy on every port denies the rest everywhere"
+        );
+        let out = compile_for(&ix, &params(), &server_v1());
+        assert_eq!(
+            out.authorization_policies,
+            ["a-allow", "b-audit", "c-deny"]
+                .iter()
+                .map(|n| ObjKey::new(NS, *n))
+                .collect()
+        );
+    }
+
+    #[test]
+    fn the_implicit_deny_covers_only_the_ports_allow_policies_select() {
+        let mut ix = shop();
+        let sel = json!({"matchLabels": {"app": "server"}});
+        ix.apply_authorization_policy(&policy(
+            "web",
+            json!({"podSelector": sel, "ports": [8080],
+            "rules": [{"to": {"methods": ["GET"], "paths": [{"exact": "/public"}]}}]}),
+        ));
+        ix.apply_authorization_policy(&policy(
+            "admin",
+            json!({"podSelector": sel, "ports": [9000, 8080],
+            "rules": [{"from": {"serviceAccounts": ["ops/admin"]}}]}),
+        ));
+        let p = rbac(&ix, &server_v1()).unwrap();
+        let deny = p.rules.last().unwrap();
+        assert_eq!(
+            (deny.name.as_str(), deny.action),
+            ("implicit-deny", RbacAction::Deny)
+        );
+        assert_eq!(deny.ports, [8080, 9000]);
+        assert_eq!(
+            p.rules[0].ports,
+            [8080, 9000],
+            "a rule carries its policy's ports"
+        );
+        assert_eq!(p.rules[1].ports, [8080]);
+        assert_eq!(p.rules[1].methods, ["GET"]);
+        assert_eq!(p.rules[1].paths, ["/public"]);
+        // Other ports: the default decides.
+        assert_eq!(p.default_action, RbacAction::Allow);
+    }
+
+    #[test]
+    fn allowed_clients_compile_like_an_allow_policy_on_every_port() {
+        let mut by_tls = shop();
+        let mut t = server_policy("Strict");
+        t.spec.mtls.allowed_clients = vec!["shop/client".into()];
+        by_tls.apply_tls_policy(&t);
+        let mut by_authz = shop();
+        by_authz.apply_tls_policy(&server_policy("Strict"));
+        by_authz.apply_authorization_policy(&policy(
+            "server",
+            json!({
+            "podSelector": {"matchLabels": {"app": "server"}},
+            "rules": [{"from": {"identities": ["spiffe://cluster.local/ns/shop/sa/client"]}}]}),
+        ));
+        let strip = |mut p: RbacPolicy| {
+            p.rules.iter_mut().for_each(|r| r.name.clear());
+            p
+        };
+        let a = strip(rbac(&by_tls, &server_v1()).unwrap());
+        let b = strip(rbac(&by_authz, &server_v1()).unwrap());
+        assert_eq!(a, b);
+        assert_eq!(a.rules.len(), 2);
+    }
+
+    #[test]
+    fn every_default_compiles_to_its_documented_rule_and_action() {
+        let ix = shop();
+        let cases = [
+            (DefaultAuthorization::AllUnauthenticated, None, None),
+            (
+                DefaultAuthorization::AllAuthenticated,
+                Some(RbacRule {
+                    name: "default:all-authenticated".into(),
+                    action: RbacAction::Allow,
+                    authenticated: Some(true),
+                    ..Default::default()
+                }),
+                Some(RbacAction::Deny),
+            ),
+            (
+                DefaultAuthorization::ClusterAuthenticated,
+                Some(RbacRule {
+                    name: "default:cluster-authenticated".into(),
+                    action: RbacAction::Allow,
+                    identities: vec!["spiffe://cluster.local/*".into()],
+                    ..Default::default()
+                }),
+                Some(RbacAction::Deny),
+            ),
+            (DefaultAuthorization::Deny, None, Some(RbacAction::Deny)),
+            (DefaultAuthorization::Audit, None, Some(RbacAction::Audit)),
+        ];
+        for (d, rule, action) in cases {
+            let p = rbac_with(&ix, &with_default(d), &server_v1());
+            assert_eq!(p.as_ref().map(|p| p.default_action), action, "{d}");
+            assert_eq!(
+                p.map(|p| p.rules).unwrap_or_default(),
+                rule.into_iter().collect::<Vec<_>>(),
+                "{d}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_namespace_annotation_overrides_the_flag_and_an_invalid_one_falls_back_to_it() {
+        let mut ix = shop();
+        let ns = |v: &str| -> k8s_openapi::api::core::v1::Namespace {
+            from(json!({"metadata": {"name": NS,
+                "annotations": {"baton.dev/default-authorization": v}}}))
+        };
+        ix.apply_namespace(&ns("deny"));
+        let p = rbac(&ix, &server_v1()).unwrap();
+        assert_eq!(p.default_action, RbacAction::Deny);
+        // Another namespace keeps the flag's default.
+        assert_eq!(
+            authz::default_for(&ix, "other", DefaultAuthorization::Audit),
+            DefaultAuthorization::Audit
+        );
+        ix.apply_namespace(&ns("nobody"));
+        assert_eq!(rbac(&ix, &server_v1()), None);
+        let audit = with_default(DefaultAuthorization::Audit);
+        assert_eq!(
+            rbac_with(&ix, &audit, &server_v1()).unwrap().default_action,
+            RbacAction::Audit
+        );
+        ix.delete_namespace(NS);
+        assert!(ix.namespace_defaults.is_empty());
+    }
+
+    #[test]
+    fn http_probes_are_allowed_where_the_default_or_an_allow_policy_would_refuse_them() {
+        let mut ix = shop();
+        ix.apply_pod(&server_probed());
+        assert_eq!(
+            ix.pods[&server_v1()].probes,
+            [(8080, "/ready".to_owned()), (8081, "/".to_owned())],
+            "named ports resolve, queries are dropped, the sidecar's own probes and tcp probes are not taken"
+        );
+        // all-unauthenticated and no policy: nothing to compile.
+        assert_eq!(rbac(&ix, &server_v1()), None);
+        for d in [
+            DefaultAuthorization::Deny,
+            DefaultAuthorization::AllAuthenticated,
+            DefaultAuthorization::ClusterAuthenticated,
+            DefaultAuthorization::Audit,
+        ] {
+            let p = rbac_with(&ix, &with_default(d), &server_v1()).unwrap();
+            let probes: Vec<&RbacRule> = p
+                .rules
+                .iter()
+                .filter(|r| r.name.starts_with("probe:"))
+                .collect();
+            assert_eq!(probes.len(), 2, "{d}");
+            assert_eq!(probes[0].name, "probe:8080/ready");
+            assert_eq!(probes[0].action, RbacAction::Allow);
+            assert_eq!(probes[0].ports, [8080]);
+            assert_eq!(probes[0].methods, ["GET"]);
+            assert_eq!(probes[0].paths, ["/ready"]);
+        }
+        // An Allow policy on 8080 only: the 8080 probe needs a rule, the
+        // 8081 one falls to the default (allow) and needs none.
+        ix.apply_authorization_policy(&policy(
+            "web",
+            json!({"podSelector": {}, "ports": [8080],
+            "rules": [{"from": {"serviceAccounts": ["client"]}}]}),
+        ));
+        let p = rbac(&ix, &server_v1()).unwrap();
+        assert_eq!(
+            names(&p),
+            [
+                ("shop/web/rules[0]", RbacAction::Allow),
+                ("probe:8080/ready", RbacAction::Allow),
+                ("implicit-deny", RbacAction::Deny),
+            ]
+        );
+        // An explicit Deny still comes first: a user can refuse probes.
+        ix.apply_authorization_policy(&policy(
+            "all",
+            json!({"podSelector": {}, "action": "Deny", "rules": [{}]}),
+        ));
+        assert_eq!(
+            rbac(&ix, &server_v1()).unwrap().rules[0].name,
+            "shop/all/rules[0]"
+        );
+    }
+
+    #[test]
+    fn peer_fields_and_with_each_other_and_paths_or_within_a_rule() {
+        let mut ix = shop();
+        ix.apply_authorization_policy(&policy("p", json!({"podSelector": {}, "rules": [
+            {"from": {"serviceAccounts": ["client", "ops/admin"], "namespaces": ["shop"]},
+             "to": {"paths": [{"exact": "/a"}, {"prefix": "/b/"}],
+                    "headers": [{"name": "X-Tenant", "exact": "t1"}]}},
+            {"from": {"serviceAccounts": ["ops/admin"], "namespaces": ["shop"]}},
+            {"from": {"identities": ["spiffe://cluster.local/ns/ops/sa/admin"], "namespaces": ["ops"],
+                      "authenticated": true}}
+        ]})));
+        let p = rbac(&ix, &server_v1()).unwrap();
+        assert_eq!(
+            names(&p),
+            [
+                ("shop/p/rules[0]", RbacAction::Allow),
+                ("shop/p/rules[0]", RbacAction::Allow),
+                // rules[1] can match no peer (ops/admin is not in shop): gone.
+                ("shop/p/rules[2]", RbacAction::Allow),
+                ("implicit-deny", RbacAction::Deny),
+            ]
+        );
+        assert_eq!(
+            p.rules[0].identities,
+            ["spiffe://cluster.local/ns/shop/sa/client"]
+        );
+        assert_eq!(
+            (
+                p.rules[0].paths.as_slice(),
+                p.rules[0].path_prefixes.as_slice()
+            ),
+            (&["/a".to_owned()][..], &[][..])
+        );
+        assert_eq!(
+            (
+                p.rules[1].paths.as_slice(),
+                p.rules[1].path_prefixes.as_slice()
+            ),
+            (&[][..], &["/b/".to_owned()][..])
+        );
+        assert_eq!(p.rules[1].headers[0].name, "x-tenant");
+        assert_eq!(
+            p.rules[2].identities,
+            ["spiffe://cluster.local/ns/ops/sa/admin"]
+        );
+        assert_eq!(p.rules[2].authenticated, Some(true));
+    }
+
+    #[test]
+    fn an_invalid_policy_or_one_of_another_trust_domain_is_not_compiled() {
+        let mut ix = shop();
+        ix.apply_authorization_policy(&policy(
+            "foreign",
+            json!({"podSelector": {}, "action": "Deny",
+            "rules": [{"from": {"identities": ["spiffe://elsewhere/ns/shop/sa/client"]}}]}),
+        ));
+        ix.apply_authorization_policy(&policy(
+            "bad",
+            json!({"podSelector": {}, "action": "Deny", "rules": []}),
+        ));
+        assert_eq!(rbac(&ix, &server_v1()), None);
+        let r = authz::refusal(
+            &ix.authorization_policies[&ObjKey::new(NS, "foreign")],
+            "cluster.local",
+        )
+        .unwrap();
+        assert_eq!(r.reason, "Invalid");
+        assert!(
+            r.message.contains("not this mesh's \"cluster.local\""),
+            "{}",
+            r.message
+        );
+    }
+
+    #[test]
+    fn access_log_comes_from_a_selecting_policy_or_the_pod_annotation() {
+        let inbound_logs = |ix: &Index, pod: &ObjKey| {
+            compile_for(ix, &params(), pod)
+                .snapshot
+                .listeners
+                .iter()
+                .find(|l| l.name == baton_config::INBOUND_LISTENER)
+                .unwrap()
+                .access_log
+        };
+        let mut ix = shop();
+        assert!(!inbound_logs(&ix, &server_v1()));
+        ix.apply_authorization_policy(&policy(
+            "log",
+            json!({"podSelector": {"matchLabels": {"version": "v1"}},
+            "accessLog": true, "action": "Audit", "rules": [{}]}),
+        ));
+        assert!(inbound_logs(&ix, &server_v1()));
+        assert!(!inbound_logs(&ix, &ObjKey::new(NS, "server-v2")));
+        let mut annotated = pod("client", "10.1.0.1", "client", json!({"app": "client"}));
+        annotated.metadata.annotations =
+            Some([("baton.dev/access-log".to_owned(), "true".to_owned())].into());
+        ix.apply_pod(&annotated);
+        assert!(inbound_logs(&ix, &client()));
+    }
+
+    #[test]
+    fn pods_differing_in_probes_policies_or_access_log_get_different_compile_keys() {
+        let mut ix = shop();
+        let k = |ix: &Index| compile_key(ix, "cluster.local", &server_v1());
+        let before = k(&ix);
+        ix.apply_pod(&server_probed());
+        let probed = k(&ix);
+        assert_ne!(before, probed);
+        ix.apply_authorization_policy(&policy(
+            "v1",
+            json!({"podSelector": {"matchLabels": {"version": "v1"}}}),
+        ));
+        assert_ne!(k(&ix), probed);
+        assert_ne!(
+            compile_key(&ix, "cluster.local", &server_v1()),
+            compile_key(&ix, "cluster.local", &ObjKey::new(NS, "server-v2"))
+        );
+    }
+
+    #[test]
+    fn an_authorization_policy_is_programmed_once_its_pods_sidecars_ack_it() {
+        use crate::mesh::hub::{Hub, Source};
+        use crate::mesh::metrics::PushMetrics;
+        use baton_config::push::{Capabilities, Reply};
+        let hub = Hub::new(params(), PushMetrics::default());
+        let ix = shop();
+        hub.update(|i| *i = ix);
+        hub.update(|i| {
+            i.apply_authorization_policy(&policy(
+                "web",
+                json!({"podSelector": {"matchLabels": {"app": "server"}},
+                "rules": [{"from": {"serviceAccounts": ["client"]}}]}),
+            ))
+        });
+        hub.mark_synced();
+        let (a, rx_a) = hub.connect(server_v1(), 0, Capabilities::ALL);
+        let (_b, _rx_b) = hub.connect(ObjKey::new(NS, "server-v2"), 0, Capabilities::ALL);
+        let (_c, _rx_c) = hub.connect(client(), 0, Capabilities::ALL);
+        hub.recompile();
+        let source = Source::AuthorizationPolicy(ObjKey::new(NS, "web"), 1);
+        assert!(hub.compiled_sources().contains(&source));
+        let p = hub.programmed(&source);
+        assert_eq!(
+            (p.acked, p.total),
+            (0, 2),
+            "two server Pods, not the client"
+        );
+        let nonce = rx_a.borrow().as_ref().unwrap().nonce.clone();
+        hub.reply(a, Reply::Ack { nonce, version: 1 });
+        let p = hub.programmed(&source);
+        assert_eq!((p.acked, p.total), (1, 2));
+        let status = crate::mesh::status::authorization_policy_status(
+            &hub.objects().authorization_policies[0],
+            "cluster.local",
+            &p,
+            &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap(),
+            ),
+        );
+        let programmed = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Programmed")
+            .unwrap();
+        assert_eq!(
+            (programmed.status.as_str(), programmed.message.as_str()),
+            ("False", "1/2 sidecars ACKed")
+        );
+        assert_eq!(status.observed_generation, Some(1));
     }
 }

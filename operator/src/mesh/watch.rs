@@ -1,5 +1,6 @@
 //! The watchers that fill the hub's index from the API server: Services,
-//! endpoints, injected Pods, Routes, TlsPolicies.
+//! endpoints, injected Pods, Routes, TlsPolicies, AuthorizationPolicies and
+//! Namespaces (for their default-authorization annotation).
 //!
 //! Endpoints come from `discovery.k8s.io/v1` EndpointSlices where the API
 //! server serves that group version, and from core/v1 Endpoints otherwise
@@ -17,9 +18,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use baton_crds::contract;
-use baton_crds::{Route, TlsPolicy};
+use baton_crds::{AuthorizationPolicy, Route, TlsPolicy};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -134,6 +135,32 @@ impl Indexed for TlsPolicy {
     }
 }
 
+impl Indexed for AuthorizationPolicy {
+    const KIND: &'static str = "AuthorizationPolicy";
+    fn clear(index: &mut Index) {
+        index.authorization_policies.clear();
+    }
+    fn apply(&self, index: &mut Index) {
+        index.apply_authorization_policy(self);
+    }
+    fn delete(&self, index: &mut Index) {
+        index.delete_authorization_policy(&ObjKey::of(self));
+    }
+}
+
+impl Indexed for Namespace {
+    const KIND: &'static str = "Namespace";
+    fn clear(index: &mut Index) {
+        index.namespace_defaults.clear();
+    }
+    fn apply(&self, index: &mut Index) {
+        index.apply_namespace(self);
+    }
+    fn delete(&self, index: &mut Index) {
+        index.delete_namespace(&kube::ResourceExt::name_any(self));
+    }
+}
+
 /// Counts kinds still waiting for their first complete list.
 #[derive(Debug)]
 struct Resync {
@@ -194,7 +221,7 @@ pub async fn run(client: Client, hub: Arc<Hub>) {
     tracing::info!(?source, "endpoints source chosen by discovery");
     let resync = Arc::new(Resync {
         hub: hub.clone(),
-        pending: AtomicUsize::new(5),
+        pending: AtomicUsize::new(7),
     });
     let all = watcher::Config::default();
     let injected =
@@ -233,6 +260,18 @@ pub async fn run(client: Client, hub: Arc<Hub>) {
             hub.clone(),
             resync.clone()
         ),
-        feed(Api::<TlsPolicy>::all(client), all, hub, resync),
+        feed(
+            Api::<TlsPolicy>::all(client.clone()),
+            all.clone(),
+            hub.clone(),
+            resync.clone()
+        ),
+        feed(
+            Api::<AuthorizationPolicy>::all(client.clone()),
+            all.clone(),
+            hub.clone(),
+            resync.clone()
+        ),
+        feed(Api::<Namespace>::all(client), all, hub, resync),
     );
 }

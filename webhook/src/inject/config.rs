@@ -74,6 +74,9 @@ pub struct InjectConfig {
     /// run the in-pod default (transparent passthrough) and Routes and
     /// TlsPolicies have no effect on them.
     pub config_push: bool,
+    /// The mesh's SPIFFE trust domain (the operator's `--trust-domain`):
+    /// admission refuses AuthorizationPolicies naming identities of another.
+    pub trust_domain: String,
 }
 
 /// The operator Service's DNS name in `namespace`:
@@ -104,6 +107,7 @@ impl Default for InjectConfig {
             image_pull_policy: None,
             control_plane_address: default_control_plane_address(SYSTEM_NAMESPACE),
             config_push: true,
+            trust_domain: baton_crds::contract::identity::DEFAULT_TRUST_DOMAIN.to_owned(),
         }
     }
 }
