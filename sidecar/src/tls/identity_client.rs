@@ -429,6 +429,7 @@ impl IdentityClient {
         let mut failures = 0u32;
         // Re-issue attempts made for the generation named here.
         let mut attempts = (None::<String>, 0u32);
+        let mut trigger_open = true;
         loop {
             let Some(current) = ctx.upgrade() else { return };
             let validity = current.current_validity();
@@ -455,9 +456,11 @@ impl IdentityClient {
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 r = stop.wait_for(|s| *s) => { let _ = r; return; }
-                r = trigger.changed() => {
-                    if r.is_err() { return; }
-                    // A new trigger: wait again, from its spread.
+                r = trigger.changed(), if trigger_open => {
+                    // A closed channel (no config stream, plain `bootstrap`)
+                    // leaves renewal alone; a new trigger: wait again, from
+                    // its spread.
+                    trigger_open = r.is_ok();
                     continue;
                 }
             }
