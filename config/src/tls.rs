@@ -1132,7 +1132,10 @@ detect_timeout_ms: 1000
             spread_ms: 2_000,
         });
         let json = serde_json::to_string(&s).unwrap();
-        assert!(json.contains(r#""reissue":{"generation":"ab12","spread_ms":2000}"#), "{json}");
+        assert!(
+            json.contains(r#""reissue":{"generation":"ab12","spread_ms":2000}"#),
+            "{json}"
+        );
         assert_eq!(serde_json::from_str::<TlsSettings>(&json).unwrap(), s);
     }
 }

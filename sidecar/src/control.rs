@@ -280,7 +280,8 @@ async fn stream_once(
             .as_ref()
             .is_some_and(|t| t.reissue.is_some());
         let held = certificate.as_ref().and_then(|c| c.borrow().clone());
-        if let Some(generation) = certificate_report(triggered, held.as_deref(), reported.as_deref())
+        if let Some(generation) =
+            certificate_report(triggered, held.as_deref(), reported.as_deref())
         {
             let report = Reply::Certificate {
                 generation: generation.clone(),
@@ -388,7 +389,10 @@ mod tests {
 
     #[test]
     fn the_held_generation_is_reported_once_per_stream_and_again_when_it_changes() {
-        assert_eq!(certificate_report(true, Some("g1"), None).as_deref(), Some("g1"));
+        assert_eq!(
+            certificate_report(true, Some("g1"), None).as_deref(),
+            Some("g1")
+        );
         assert_eq!(certificate_report(true, Some("g1"), Some("g1")), None);
         assert_eq!(
             certificate_report(true, Some("g2"), Some("g1")).as_deref(),

@@ -169,7 +169,8 @@ pub async fn run_with_serving(
     let (authority, mut rv) = load_authority(&api, &cfg).await;
     tracing::info!(?authority, "mesh CA loaded");
     publish_ca(&metrics, &authority);
-    cfg.trust.send_replace(Some(authority.trust_state().clone()));
+    cfg.trust
+        .send_replace(Some(authority.trust_state().clone()));
     let mut renew_serving_at = issue_serving(&authority, &cfg, &serving)?;
     let authority = Arc::new(ArcSwap::from_pointee(authority));
 

@@ -185,15 +185,15 @@ impl Phase {
         match self {
             Phase::Stable => format!("{held}; one root ({issuer}): no rotation in progress"),
             Phase::Reissuing => format!("{held}{waiting}; one root ({issuer})"),
-            Phase::TrustingNewRoot => format!(
-                "{held}{waiting}; {roots} roots trusted, issuing from the older ({issuer})"
-            ),
+            Phase::TrustingNewRoot => {
+                format!("{held}{waiting}; {roots} roots trusted, issuing from the older ({issuer})")
+            }
             Phase::NewRootTrusted => format!(
                 "{held}: every sidecar trusts all {roots} roots; next step: issue from the new root"
             ),
-            Phase::IssuingFromNewRoot => format!(
-                "{held}{waiting}; issuing from the newest root ({issuer})"
-            ),
+            Phase::IssuingFromNewRoot => {
+                format!("{held}{waiting}; issuing from the newest root ({issuer})")
+            }
             Phase::OldRootRemovable => format!(
                 "{held}: every sidecar holds a certificate of the new root ({issuer}); next step: drop the old root(s) from ca.crt"
             ),
@@ -361,16 +361,10 @@ mod tests {
 
     #[test]
     fn progress_adds_up_the_replicas_on_the_same_generation() {
-        let p = Progress::merge(
-            &count("g2", 3, 1),
-            &[("b".into(), Some(count("g2", 4, 4)))],
-        );
+        let p = Progress::merge(&count("g2", 3, 1), &[("b".into(), Some(count("g2", 4, 4)))]);
         assert_eq!((p.sidecars, p.current, p.pending()), (7, 5, 2));
         assert!(!p.converged());
-        let p = Progress::merge(
-            &count("g2", 3, 3),
-            &[("b".into(), Some(count("g2", 4, 4)))],
-        );
+        let p = Progress::merge(&count("g2", 3, 3), &[("b".into(), Some(count("g2", 4, 4)))]);
         assert!(p.converged());
     }
 
@@ -397,7 +391,11 @@ mod tests {
         assert_eq!(spread(10_000, 100), Duration::from_secs(100));
         assert_eq!(spread(10, 100), MIN_SPREAD);
         assert_eq!(spread(1_000_000, 100), MAX_SPREAD);
-        assert_eq!(spread(100, 0), Duration::from_secs(100), "a rate of 0 reads as 1");
+        assert_eq!(
+            spread(100, 0),
+            Duration::from_secs(100),
+            "a rate of 0 reads as 1"
+        );
     }
 
     #[test]
@@ -412,14 +410,20 @@ mod tests {
             let m = phase.message(&trust(2, true), &p);
             assert!(m.starts_with("4/10 sidecars hold"), "{phase:?}: {m}");
         }
-        assert!(Phase::NewRootTrusted
-            .message(&trust(2, false), &p)
-            .contains("next step: issue from the new root"));
-        assert!(Phase::OldRootRemovable
-            .message(&trust(2, true), &p)
-            .contains("next step: drop the old root"));
-        assert!(Phase::TrustingNewRoot
-            .message(&trust(2, false), &p)
-            .contains("waiting for operator replica(s) op-b"));
+        assert!(
+            Phase::NewRootTrusted
+                .message(&trust(2, false), &p)
+                .contains("next step: issue from the new root")
+        );
+        assert!(
+            Phase::OldRootRemovable
+                .message(&trust(2, true), &p)
+                .contains("next step: drop the old root")
+        );
+        assert!(
+            Phase::TrustingNewRoot
+                .message(&trust(2, false), &p)
+                .contains("waiting for operator replica(s) op-b")
+        );
     }
 }

@@ -1926,7 +1926,11 @@ mod reissue {
         let (_old, mut old_rx) = hub.connect(client(), 0, Capabilities::default());
         let (_new, mut new_rx) = hub.connect(client(), 0, Capabilities::ALL);
         assert_eq!(hub.recompile(), 2);
-        assert_eq!(trigger(&mut old_rx), None, "an earlier sidecar refuses the field");
+        assert_eq!(
+            trigger(&mut old_rx),
+            None,
+            "an earlier sidecar refuses the field"
+        );
         assert_eq!(
             trigger(&mut new_rx),
             Some(Reissue {
@@ -1965,7 +1969,10 @@ mod reissue {
         hub.reply(b, report("g2"));
         let count = hub.trust_count().unwrap();
         // The stream that reported nothing holds no certificate to wait for.
-        assert_eq!((count.generation.as_str(), count.sidecars, count.current), ("g2", 2, 1));
+        assert_eq!(
+            (count.generation.as_str(), count.sidecars, count.current),
+            ("g2", 2, 1)
+        );
         hub.reply(a, report("g2"));
         assert_eq!(hub.trust_count().unwrap().current, 2);
         // A report is not an answer to a push: the stream's ACK state stays.

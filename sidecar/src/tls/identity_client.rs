@@ -391,7 +391,9 @@ impl IdentityClient {
         &self,
         policy: RetryPolicy,
     ) -> Result<Material, IdentityClientError> {
-        self.issue_tagged_with_retries(policy).await.map(|i| i.material)
+        self.issue_tagged_with_retries(policy)
+            .await
+            .map(|i| i.material)
     }
 
     /// [`IdentityClient::issue_with_retries`] with the trust generation.
