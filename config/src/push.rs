@@ -58,13 +58,22 @@ pub const CAPABILITIES_HEADER: &str = "x-baton-capabilities";
 pub struct Capabilities {
     /// The client applies [`Delta`] pushes (token `delta`).
     pub delta: bool,
+    /// The client follows the TLS section's re-issue trigger
+    /// ([`crate::tls::Reissue`]) and reports the trust generation it holds
+    /// ([`Reply::Certificate`]) (token `reissue`). A stream without it is
+    /// sent no trigger: an earlier sidecar refuses the unknown field.
+    pub reissue: bool,
 }
 
 impl Capabilities {
     const DELTA: &str = "delta";
+    const REISSUE: &str = "reissue";
 
     /// Everything this build of the client understands.
-    pub const ALL: Capabilities = Capabilities { delta: true };
+    pub const ALL: Capabilities = Capabilities {
+        delta: true,
+        reissue: true,
+    };
 
     /// Parses the header's value: tokens separated by commas, surrounding
     /// whitespace and case ignored, unknown tokens ignored.
@@ -73,6 +82,9 @@ impl Capabilities {
         for token in value.split(',').map(str::trim) {
             if token.eq_ignore_ascii_case(Self::DELTA) {
                 caps.delta = true;
+            }
+            if token.eq_ignore_ascii_case(Self::REISSUE) {
+                caps.reissue = true;
             }
         }
         caps
@@ -83,6 +95,9 @@ impl Capabilities {
         let mut tokens = Vec::new();
         if self.delta {
             tokens.push(Self::DELTA);
+        }
+        if self.reissue {
+            tokens.push(Self::REISSUE);
         }
         tokens.join(",")
     }
@@ -378,6 +393,13 @@ pub enum Reply {
     Ack { nonce: String, version: u64 },
     /// Refused; the sidecar keeps its last good config.
     Nack { nonce: String, error: String },
+    /// Not an answer to a push: the trust generation of the certificate the
+    /// sidecar holds now ([`crate::tls::Reissue::generation`]). Sent only on
+    /// a stream that was pushed a re-issue trigger (so the operator
+    /// understands it), once after that push and again whenever the
+    /// certificate changes: the operator counts the sidecars still holding
+    /// an earlier generation, which is what a root rotation waits for.
+    Certificate { generation: String },
 }
 
 /// Why a frame could not be read.
@@ -434,8 +456,17 @@ mod tests {
 
     #[test]
     fn capabilities_parse_known_tokens_and_ignore_the_rest() {
-        let delta = Capabilities { delta: true };
+        let delta = Capabilities {
+            delta: true,
+            ..Capabilities::default()
+        };
+        let reissue = Capabilities {
+            reissue: true,
+            ..Capabilities::default()
+        };
         for (value, want) in [
+            ("reissue", reissue),
+            ("delta, REISSUE", Capabilities::ALL),
             ("", Capabilities::default()),
             ("delta", delta),
             (" Delta ", delta),
@@ -452,6 +483,18 @@ mod tests {
             Capabilities::ALL
         );
         assert_eq!(Capabilities::default().header_value(), "");
+    }
+
+    #[test]
+    fn a_certificate_report_reads_back_and_names_its_type() {
+        let report = Reply::Certificate {
+            generation: "3f2a".into(),
+        };
+        let json = serde_json::to_string(&report).unwrap();
+        assert_eq!(json, r#"{"type":"certificate","generation":"3f2a"}"#);
+        let mut d = Decoder::default();
+        d.extend(&encode(&report));
+        assert_eq!(d.next_message::<Reply>().unwrap(), Some(report));
     }
 
     #[test]

@@ -276,6 +276,46 @@ pub struct TlsSettings {
     /// silent client (server-speaks-first protocol) as plaintext.
     #[serde(skip_serializing_if = "is_default_detect_timeout")]
     pub detect_timeout_ms: u64,
+    /// The operator's re-issue trigger (identity-service source only): the
+    /// trust generation certificates are issued under now, and the window
+    /// over which this sidecar spreads its request for one. Sent only to a
+    /// sidecar whose config stream declared the `reissue` capability
+    /// ([`crate::push::Capabilities`]); a change of this field alone never
+    /// rebuilds the TLS context, it only wakes the certificate client.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reissue: Option<Reissue>,
+}
+
+/// When a sidecar must ask for a new certificate before its renewal time:
+/// as soon as the trust generation it holds (the one its certificate came
+/// with) differs from `generation`, after a delay drawn uniformly from
+/// `[0, spread_ms)` ([`Reissue::delay`]) so a fleet does not ask at once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reissue {
+    /// Opaque name of the issuing CA and trust bundle certificates are
+    /// issued under now (the operator's digest of both).
+    pub generation: String,
+    /// Width of the window the requests are spread over, in milliseconds
+    /// (the operator scales it to the sidecars it serves).
+    pub spread_ms: u64,
+}
+
+impl Reissue {
+    /// Whether a sidecar holding a certificate of trust generation `held`
+    /// must ask for a new one. A sidecar that holds none yet is already
+    /// asking (its bootstrap), and one that holds the current generation
+    /// has nothing to do. Pure.
+    pub fn wanted(&self, held: Option<&str>) -> bool {
+        held.is_some_and(|h| h != self.generation)
+    }
+
+    /// The delay before this sidecar's request: `jitter01 ∈ [0, 1)` scaled
+    /// to the spread (uniform over the window for a uniform `jitter01`).
+    /// Pure.
+    pub fn delay(&self, jitter01: f64) -> std::time::Duration {
+        std::time::Duration::from_millis(self.spread_ms).mul_f64(jitter01.clamp(0.0, 1.0))
+    }
 }
 
 const DEFAULT_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
@@ -301,6 +341,7 @@ impl Default for TlsSettings {
             offload: OffloadSettings::default(),
             handshake_timeout_ms: DEFAULT_HANDSHAKE_TIMEOUT_MS,
             detect_timeout_ms: DEFAULT_DETECT_TIMEOUT_MS,
+            reissue: None,
         }
     }
 }
@@ -1052,5 +1093,50 @@ detect_timeout_ms: 1000
             "tls.offload.workers: must be greater than zero; tls.offload.queue: must be \
              greater than zero; tls.handshake_timeout_ms: must be greater than zero"
         );
+    }
+
+    #[test]
+    fn a_sidecar_asks_again_only_when_it_holds_another_generation() {
+        let r = Reissue {
+            generation: "g2".into(),
+            spread_ms: 10_000,
+        };
+        assert!(r.wanted(Some("g1")), "a certificate of the old generation");
+        assert!(!r.wanted(Some("g2")), "already re-issued");
+        assert!(
+            !r.wanted(None),
+            "no certificate yet: the bootstrap is already asking"
+        );
+    }
+
+    #[test]
+    fn the_reissue_delay_spans_the_spread_uniformly() {
+        let r = Reissue {
+            generation: "g".into(),
+            spread_ms: 20_000,
+        };
+        assert_eq!(r.delay(0.0), std::time::Duration::ZERO);
+        assert_eq!(r.delay(0.5), std::time::Duration::from_secs(10));
+        assert_eq!(r.delay(0.25), std::time::Duration::from_secs(5));
+        // Out-of-range jitter stays inside the window.
+        assert_eq!(r.delay(7.0), std::time::Duration::from_secs(20));
+        assert_eq!(r.delay(-1.0), std::time::Duration::ZERO);
+    }
+
+    #[test]
+    fn the_reissue_trigger_is_left_out_when_absent_and_reads_back_when_present() {
+        let mut s = TlsSettings::default();
+        let json = serde_json::to_value(&s).unwrap();
+        assert!(json.get("reissue").is_none(), "{json}");
+        s.reissue = Some(Reissue {
+            generation: "ab12".into(),
+            spread_ms: 2_000,
+        });
+        let json = serde_json::to_string(&s).unwrap();
+        assert!(
+            json.contains(r#""reissue":{"generation":"ab12","spread_ms":2000}"#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<TlsSettings>(&json).unwrap(), s);
     }
 }

@@ -301,6 +301,15 @@ pub mod identity {
     pub const TRUST_CONFIG_MAP: &str = "baton-mesh-trust";
     /// Key of the bundle in that ConfigMap (and file name in the mount).
     pub const TRUST_KEY: &str = "ca.crt";
+    /// Annotation of the operator namespace's [`TRUST_CONFIG_MAP`]: the
+    /// root rotation phase the leader observes (`TrustStable`,
+    /// `TrustingNewRoot`, `NewRootTrusted`, `IssuingFromNewRoot`,
+    /// `OldRootRemovable`, `Reissuing`; docs/tls.md).
+    pub const TRUST_PHASE_ANNOTATION: &str = "baton.dev/trust-phase";
+    /// Its companion: the trust generation that phase is about.
+    pub const TRUST_GENERATION_ANNOTATION: &str = "baton.dev/trust-generation";
+    /// Its companion: the phase's sentence (sidecars re-issued, next step).
+    pub const TRUST_PROGRESS_ANNOTATION: &str = "baton.dev/trust-progress";
     /// Port of the config push endpoint (HTTP/2 over TLS) on every replica.
     pub const CONFIG_PUSH_PORT: u16 = 8444;
 }

@@ -1806,6 +1806,20 @@ async fn identity_sidecars_serve_strict_mtls_while_both_operator_pods_are_gone_a
     .await;
 }
 
+/// An annotation of the operator namespace's trust ConfigMap
+/// (`baton.dev/trust-<name>`: the rotation phase the operator observes).
+fn trust_annotation(name: &str) -> String {
+    kubectl_ok(&[
+        "-n",
+        baton_crds::contract::SYSTEM_NAMESPACE,
+        "get",
+        "configmap",
+        baton_crds::contract::identity::TRUST_CONFIG_MAP,
+        "-o",
+        &format!("jsonpath={{.metadata.annotations.baton\\.dev/trust-{name}}}"),
+    ])
+}
+
 /// Runs one step of the root rotation runbook (docs/tls.md) as a user
 /// types it: bash in `dir`, `kubectl` on the e2e cluster. Returns stdout.
 fn runbook(dir: &std::path::Path, step: &str) -> String {
@@ -1849,6 +1863,7 @@ async fn identity_root_rotation_by_the_runbook_under_strict_mtls_traffic_fails_n
             let dir = dir.path();
             let load = s.load();
 
+            let started = std::time::Instant::now();
             runbook(
                 dir,
                 r#"get 'tls\.crt' > old-root.crt; get 'tls\.key' > old-root.key; get 'ca\.crt' > old-bundle.crt
@@ -1860,45 +1875,81 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
   -addext "basicConstraints=critical,CA:TRUE" \
   -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature"
 
-# 1. Trust both roots; still issue from the old one. T1: every operator
-#    replica issues with the two-root bundle.
+# 1. Trust both roots; still issue from the old one.
 cat old-bundle.crt new-root.crt > both.crt
-SINCE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+T1=$(date +%s)
 kubectl -n $NS patch secret $S --type merge \
   -p "{\"data\":{\"ca.crt\":\"$(base64 -w0 both.crt)\"}}"
-for p in $(kubectl -n $NS get pods -l app.kubernetes.io/name=baton-operator -o name); do
-  until kubectl -n $NS logs $p --since-time=$SINCE | grep -q 'mesh CA changed'; do sleep 5; done
-done
-T1=$(date +%s)
+
+# 2. Wait until every sidecar holds a certificate with the two-root bundle.
+kubectl -n $NS wait configmap/baton-mesh-trust --timeout=3m \
+  --for=jsonpath='{.metadata.annotations.baton\.dev/trust-phase}'=NewRootTrusted
 "#,
             );
-            let t1 = unix_now();
-            // 2. Every sidecar holds a certificate issued after T1.
+            let step2 = started.elapsed();
+            let t1 = unix_now() - step2.as_secs();
+            // Observed by the operator, and true of the sidecars: both hold
+            // a certificate issued after the patch.
             let e2 = s.renewed_after("step 2: certificates issued after T1", t1).await;
+            let progress2 = trust_annotation("progress");
 
-            // 3. Issue from the new root.
+            let t3 = unix_now();
             runbook(
                 dir,
-                r#"SINCE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+                r#"# 3. Issue from the new root (tls.crt and tls.key in ONE patch).
 kubectl -n $NS patch secret $S --type merge -p "{\"data\":{
   \"tls.crt\":\"$(base64 -w0 new-root.crt)\",\"tls.key\":\"$(base64 -w0 new-root.key)\"}}"
-for p in $(kubectl -n $NS get pods -l app.kubernetes.io/name=baton-operator -o name); do
-  until kubectl -n $NS logs $p --since-time=$SINCE | grep -q 'mesh CA changed'; do sleep 5; done
-done
-T3=$(date +%s)
+
+# 4. Wait until every sidecar holds a certificate from the new root.
+kubectl -n $NS wait configmap/baton-mesh-trust --timeout=3m \
+  --for=jsonpath='{.metadata.annotations.baton\.dev/trust-phase}'=OldRootRemovable
 "#,
             );
-            let t3 = unix_now();
-            // 4. Every sidecar holds a certificate from the new root.
+            let step4 = started.elapsed();
             let e4 = s.renewed_after("step 4: certificates issued after T3", t3).await;
 
-            // 5. Drop the old root.
             runbook(
                 dir,
-                r#"kubectl -n $NS patch secret $S --type merge \
+                r#"# 5. Drop the old root, and wait until every sidecar holds the one-root bundle.
+kubectl -n $NS patch secret $S --type merge \
   -p "{\"data\":{\"ca.crt\":\"$(base64 -w0 new-root.crt)\"}}"
 shred -u old-root.key new-root.key
+kubectl -n $NS wait configmap/baton-mesh-trust --timeout=3m \
+  --for=jsonpath='{.metadata.annotations.baton\.dev/trust-phase}'=TrustStable
 "#,
+            );
+            let rotation = started.elapsed();
+            let described = kubectl_ok(&[
+                "-n",
+                baton_crds::contract::SYSTEM_NAMESPACE,
+                "describe",
+                "configmap",
+                baton_crds::contract::identity::TRUST_CONFIG_MAP,
+            ]);
+            eprintln!(
+                "rotation: step 2 observed after {step2:?}, step 4 after {step4:?}, complete after {rotation:?}\n{progress2}\n{described}"
+            );
+            // Every phase of the runbook was observed and recorded.
+            for phase in [
+                "TrustingNewRoot",
+                "NewRootTrusted",
+                "IssuingFromNewRoot",
+                "OldRootRemovable",
+                "TrustStable",
+            ] {
+                assert!(described.contains(phase), "no {phase} Event:\n{described}");
+            }
+            // The scene's two sidecars at least were counted.
+            let counted: usize = progress2
+                .split('/')
+                .nth(1)
+                .and_then(|r| r.split_whitespace().next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            assert!(counted >= 2, "sidecars counted at step 2: {progress2}");
+            assert!(
+                rotation <= Duration::from_secs(120),
+                "a full rotation within two minutes, took {rotation:?}"
             );
             // New handshakes keep working with the old root gone from the
             // Secret (TCP batches open new connections).

@@ -208,9 +208,22 @@ pub struct IdentityArgs {
         value_delimiter = ','
     )]
     pub ips: Vec<std::net::IpAddr>,
-    /// Seconds between re-reads of the CA Secret.
-    #[arg(long = "identity-reload-seconds", default_value_t = 30)]
+    /// Seconds between re-reads of the CA Secret (a rotation step applies
+    /// within it).
+    #[arg(
+        long = "identity-reload-seconds",
+        env = "BATON_IDENTITY_RELOAD_SECONDS",
+        default_value_t = 10
+    )]
     pub reload_seconds: u64,
+    /// Re-issue requests (after a trust change) one replica signs per
+    /// second; the spread pushed to its sidecars follows from it.
+    #[arg(
+        long = "identity-reissue-rate",
+        env = "BATON_IDENTITY_REISSUE_RATE",
+        default_value_t = identity::service::DEFAULT_REISSUE_RATE
+    )]
+    pub reissue_rate: u32,
 }
 
 impl IdentityArgs {
@@ -286,6 +299,8 @@ impl IdentityArgs {
             reload_interval: Duration::from_secs(self.reload_seconds),
             instance,
             ledger: Arc::default(),
+            reissue_rate: self.reissue_rate.max(1),
+            trust: Arc::new(watch::channel(None).0),
         })
     }
 }
@@ -323,10 +338,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "--config-push needs --identity-service (it serves that endpoint's certificate)"
     );
     let serving = Arc::new(identity::server::ServingCert::default());
+    // The CA material's trust state: identity publishes it, the hub pushes
+    // its generation, the leader's rotation observer reads it.
+    let trust = Arc::new(watch::channel(None).0);
     if args.mesh_identity.enabled {
-        let cfg = args
+        let mut cfg = args
             .mesh_identity
             .config(&args.namespace, Some(identity.clone()))?;
+        cfg.trust = trust.clone();
         let _ = view.ledger.set(cfg.ledger.clone());
         let (client, m) = (client.clone(), metrics.identity.clone());
         let serving = serving.clone();
@@ -339,6 +358,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // Every replica serves config streams too; only the leader writes status.
     let hub = if args.config_push.enabled {
         let hub = start_config_push(&args, &client, &metrics, serving, &identity).await?;
+        tokio::spawn(push_reissue(
+            hub.clone(),
+            trust.subscribe(),
+            args.mesh_identity.reissue_rate,
+        ));
         let _ = view.hub.set(hub.clone());
         Some(hub)
     } else {
@@ -376,6 +400,48 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         rollout::controller::http_probe(),
         Some(identity.clone()),
     ));
+    // Only the leader observes the root rotation's phase (all replicas'
+    // sidecars, through the tallies).
+    let rotation = {
+        let (client, hub) = (ctx.client.clone(), hub.clone());
+        let (namespace, instance) = (args.namespace.clone(), identity.clone());
+        let (trust, metrics) = (trust.subscribe(), metrics.identity.clone());
+        async move {
+            match hub.filter(|_| args.mesh_identity.enabled) {
+                Some(hub) => {
+                    let counts = {
+                        let (client, namespace, instance) =
+                            (client.clone(), namespace.clone(), instance.clone());
+                        move || {
+                            let (hub, client) = (hub.clone(), client.clone());
+                            let (namespace, instance) = (namespace.clone(), instance.clone());
+                            async move {
+                                let own = hub.trust_count()?;
+                                let peers: Vec<_> =
+                                    mesh::tally::read_peers(&client, &namespace, &instance)
+                                        .await
+                                        .into_iter()
+                                        .map(|t| (t.replica, t.trust))
+                                        .collect();
+                                Some(identity::rotation::Progress::merge(&own, &peers))
+                            }
+                        }
+                    };
+                    identity::rotation::run(
+                        client,
+                        namespace,
+                        instance,
+                        trust,
+                        metrics,
+                        Duration::from_secs(1),
+                        counts,
+                    )
+                    .await
+                }
+                None => std::future::pending().await,
+            }
+        }
+    };
     // Only the leader writes Route and TlsPolicy status.
     let status_writer = {
         let client = ctx.client.clone();
@@ -391,7 +457,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     // Only the leader publishes the trust bundle to every namespace.
-    let trust = {
+    let trust_publisher = {
         let (client, enabled) = (ctx.client.clone(), args.mesh_identity.enabled);
         let (namespace, secret) = (args.namespace.clone(), args.mesh_identity.ca_secret.clone());
         let interval = Duration::from_secs(args.mesh_identity.reload_seconds);
@@ -405,7 +471,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     let result = tokio::select! {
         result = rollout::controller::run(ctx) => result,
-        () = trust => Err(anyhow::anyhow!("the trust bundle publisher stopped")),
+        () = trust_publisher => Err(anyhow::anyhow!("the trust bundle publisher stopped")),
+        () = rotation => Err(anyhow::anyhow!("the rotation observer stopped")),
         () = status_writer => Err(anyhow::anyhow!("the status writer stopped")),
         result = accelerator::controller::run(pools) => result,
         lost = leadership.lost() => {
@@ -427,6 +494,28 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         Err(error) => tracing::warn!(%error, "releasing the Lease failed; it expires on its own"),
     }
     result
+}
+
+/// Pushes each new trust generation as the re-issue trigger, spread for the
+/// streams connected then at `rate` requests per second (every replica).
+async fn push_reissue(
+    hub: Arc<mesh::hub::Hub>,
+    mut trust: watch::Receiver<Option<identity::rotation::TrustState>>,
+    rate: u32,
+) {
+    loop {
+        let generation = trust
+            .borrow_and_update()
+            .as_ref()
+            .map(|t| t.generation.clone());
+        if let Some(generation) = generation {
+            let spread = identity::rotation::spread(hub.connected(), rate);
+            hub.set_reissue(&generation, spread);
+        }
+        if trust.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Starts the watchers, the hub's debouncer and the config stream endpoint.

@@ -18,7 +18,7 @@ use baton_operator::identity::rate_limit::RateLimit;
 use baton_operator::identity::server::{ServingCert, acceptor, serve};
 use baton_operator::identity::service::{IdentityService, ServiceConfig};
 use baton_sidecar::tls::identity_client::{
-    IdentityClient, IdentityClientError, RetryPolicy, bootstrap,
+    IdentityClient, IdentityClientError, RetryPolicy, bootstrap, bootstrap_with,
 };
 use baton_sidecar::tls::settings::KeyType;
 use baton_sidecar::tls::{Accepted, CertSource, SpiffeId, TlsContext, TlsMetrics, TlsSettings};
@@ -814,4 +814,97 @@ async fn a_root_rotation_under_continuous_mtls_traffic_fails_no_request_and_rest
         assert_eq!(bundle, new.bundle);
     }
     let _ = stop_tx.send(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pushed_trust_generation_re_issues_before_renewal_time_through_every_rotation_step() {
+    // Hour-long certificates: no renewal happens in this test, so every
+    // certificate after the first is the re-issue trigger's doing.
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter("baton_sidecar::tls::identity_client=info")
+        .try_init();
+    let old = root();
+    let new = root();
+    let policy = IssuePolicy {
+        lifetime: Duration::from_secs(3600),
+        ..IssuePolicy::default()
+    };
+    let rate = RateLimit {
+        burst: 100,
+        refill: Duration::from_millis(100),
+    };
+    let ep = start(&old, policy, rate).await;
+    let generation = |ca: &CaPem| {
+        Authority::from_pem(ca, OffsetDateTime::now_utc())
+            .unwrap()
+            .trust_state()
+            .generation
+            .clone()
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (trigger, trigger_rx) = tokio::sync::watch::channel(None);
+    let mut sidecars = Vec::new();
+    for (token, sa) in [("front-token", "frontend"), ("back-token", "backend")] {
+        let held = Arc::new(tokio::sync::watch::channel(None).0);
+        let ctx = bootstrap_with(
+            &sidecar_settings(&ep, token, sa),
+            TlsMetrics::default(),
+            stop_rx.clone(),
+            RetryPolicy::default(),
+            trigger_rx.clone(),
+            held.clone(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(held.borrow().clone(), Some(generation(&old)), "{sa}");
+        sidecars.push((ctx, held));
+    }
+    let roots = |pem: &str| CertificateDer::pem_slice_iter(pem.as_bytes()).count();
+    let both = CaPem {
+        bundle: format!("{}{}", old.bundle, new.bundle),
+        ..old.clone()
+    };
+    let issuing_new = CaPem {
+        cert: new.cert.clone(),
+        key: new.key.clone(),
+        bundle: both.bundle.clone(),
+    };
+    for (step, ca) in [
+        ("1. trust both roots", &both),
+        ("3. issue from the new root", &issuing_new),
+        ("5. drop the old root", &new),
+    ] {
+        ep.install_ca(ca);
+        let want = generation(ca);
+        trigger.send_replace(Some(baton_config::tls::Reissue {
+            generation: want.clone(),
+            spread_ms: 300,
+        }));
+        wait_for(step, Duration::from_secs(30), || {
+            sidecars
+                .iter()
+                .all(|(_, held)| held.borrow().as_deref() == Some(want.as_str()))
+        })
+        .await;
+        for (ctx, _) in &sidecars {
+            let (chain, bundle) = held(ctx);
+            match step.as_bytes()[0] {
+                b'1' => {
+                    assert_eq!(roots(&bundle), 2, "{step}");
+                    assert!(verifies_against(&chain, &old.bundle), "{step}");
+                }
+                b'3' => assert!(verifies_against(&chain, &new.bundle), "{step}"),
+                _ => assert_eq!(bundle, new.bundle, "{step}"),
+            }
+        }
+    }
+    // Two first certificates, then one per sidecar per step: the trigger
+    // asks once for each new generation, not in a loop.
+    let metrics = ep.metrics_text();
+    assert!(
+        metrics.contains("baton_operator_identity_certificates_issued_total 8"),
+        "{metrics}"
+    );
+    stop_tx.send(true).unwrap();
 }

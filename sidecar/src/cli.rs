@@ -391,12 +391,19 @@ fn run_proxy(args: RunArgs) -> Result<(), CliError> {
                         .unwrap_or_else(|p| p.into_inner())
                         .push(crate::control::readiness(running.shared.store.clone()));
                     let shared = running.shared.clone();
+                    let certificate = Some(tls.certificate_generation());
                     // The stream lives as long as the process.
                     let (_stop, stop) = tokio::sync::watch::channel(false);
                     tokio::spawn(async move {
                         let _stop = _stop;
-                        crate::control::run(cfg, shared.store.clone(), shared.metrics.clone(), stop)
-                            .await
+                        crate::control::run_reporting(
+                            cfg,
+                            shared.store.clone(),
+                            shared.metrics.clone(),
+                            stop,
+                            certificate,
+                        )
+                        .await
                     });
                 }
             },

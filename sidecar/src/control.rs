@@ -83,13 +83,26 @@ pub async fn run(
     cfg: ControlConfig,
     store: Arc<ConfigStore>,
     metrics: Arc<Metrics>,
+    stop: watch::Receiver<bool>,
+) {
+    run_reporting(cfg, store, metrics, stop, None).await
+}
+
+/// [`run`], reporting to the operator the trust generation of the
+/// certificate the sidecar holds (`certificate`, from the TLS layer) on
+/// every stream whose config carries a re-issue trigger.
+pub async fn run_reporting(
+    cfg: ControlConfig,
+    store: Arc<ConfigStore>,
+    metrics: Arc<Metrics>,
     mut stop: watch::Receiver<bool>,
+    certificate: Option<watch::Receiver<Option<String>>>,
 ) {
     let mut backoff = cfg.min_backoff;
     loop {
         let mut applied_any = false;
         let result = tokio::select! {
-            r = stream_once(&cfg, &store, &metrics, &mut applied_any) => r,
+            r = stream_once(&cfg, &store, &metrics, &mut applied_any, certificate.clone()) => r,
             _ = stop.wait_for(|s| *s) => return,
         };
         metrics.control_connected.set(0);
@@ -165,6 +178,7 @@ async fn stream_once(
     store: &ConfigStore,
     metrics: &Metrics,
     applied_any: &mut bool,
+    mut certificate: Option<watch::Receiver<Option<String>>>,
 ) -> Result<(), StreamError> {
     let token = std::fs::read_to_string(&cfg.token_path).map_err(|source| StreamError::Read {
         path: cfg.token_path.clone(),
@@ -223,27 +237,81 @@ async fn stream_once(
     tracing::info!(operator = %cfg.address, version = store.version(), "config stream open");
     let mut body = resp.into_body();
     let mut decoder = Decoder::default();
-    while let Some(frame) = body.frame().await {
-        let frame = frame?;
-        let Some(data) = frame.data_ref() else {
-            continue;
-        };
-        decoder.extend(data);
-        while let Some(push) = decoder.next_message::<Push>()? {
-            let reply = apply(store, push);
-            if matches!(reply, Reply::Ack { .. }) {
-                *applied_any = true;
+    // What this stream was told of the certificate held (a new stream,
+    // perhaps to another replica, is told again).
+    let mut reported: Option<String> = None;
+    loop {
+        tokio::select! {
+            frame = body.frame() => {
+                let Some(frame) = frame else { break };
+                let frame = frame?;
+                let Some(data) = frame.data_ref() else {
+                    continue;
+                };
+                decoder.extend(data);
+                while let Some(push) = decoder.next_message::<Push>()? {
+                    let reply = apply(store, push);
+                    if matches!(reply, Reply::Ack { .. }) {
+                        *applied_any = true;
+                    }
+                    if replies
+                        .send(Bytes::from(push::encode(&reply)))
+                        .await
+                        .is_err()
+                    {
+                        return Err(StreamError::Closed);
+                    }
+                }
             }
+            changed = async {
+                match certificate.as_mut() {
+                    Some(c) => c.changed().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                if changed.is_err() {
+                    certificate = None;
+                }
+            }
+        }
+        let triggered = store
+            .snapshot()
+            .tls
+            .as_ref()
+            .is_some_and(|t| t.reissue.is_some());
+        let held = certificate.as_ref().and_then(|c| c.borrow().clone());
+        if let Some(generation) =
+            certificate_report(triggered, held.as_deref(), reported.as_deref())
+        {
+            let report = Reply::Certificate {
+                generation: generation.clone(),
+            };
             if replies
-                .send(Bytes::from(push::encode(&reply)))
+                .send(Bytes::from(push::encode(&report)))
                 .await
                 .is_err()
             {
                 return Err(StreamError::Closed);
             }
+            reported = Some(generation);
         }
     }
     Err(StreamError::Closed)
+}
+
+/// The certificate report to send, if any: only on a stream whose config
+/// carries a re-issue trigger (`triggered`: the operator understands the
+/// report), only for a certificate that names its generation, and only when
+/// it differs from the last one reported on this stream. Pure.
+pub fn certificate_report(
+    triggered: bool,
+    held: Option<&str>,
+    reported: Option<&str>,
+) -> Option<String> {
+    match held {
+        Some(h) if triggered && Some(h) != reported => Some(h.to_owned()),
+        _ => None,
+    }
 }
 
 /// Apply one push: a delta is applied onto the serving snapshot first; the
@@ -312,5 +380,31 @@ struct AbortOnDrop(tokio::task::JoinHandle<Result<(), hyper::Error>>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::certificate_report;
+
+    #[test]
+    fn the_held_generation_is_reported_once_per_stream_and_again_when_it_changes() {
+        assert_eq!(
+            certificate_report(true, Some("g1"), None).as_deref(),
+            Some("g1")
+        );
+        assert_eq!(certificate_report(true, Some("g1"), Some("g1")), None);
+        assert_eq!(
+            certificate_report(true, Some("g2"), Some("g1")).as_deref(),
+            Some("g2")
+        );
+    }
+
+    #[test]
+    fn nothing_is_reported_to_an_operator_that_sent_no_trigger_or_without_a_generation() {
+        // No trigger: an operator from before reports may not decode one.
+        assert_eq!(certificate_report(false, Some("g1"), None), None);
+        // No certificate yet, or one from an operator naming no generation.
+        assert_eq!(certificate_report(true, None, None), None);
     }
 }

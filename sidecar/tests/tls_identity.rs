@@ -93,6 +93,7 @@ impl IdentityService {
                             let resp = SignResponse {
                                 certificate_chain: cert.pem(),
                                 trust_bundle: pki.ca.pem(),
+                                trust_generation: None,
                             };
                             Ok(respond(200, serde_json::to_vec(&resp).unwrap()))
                         }

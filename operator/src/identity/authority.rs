@@ -88,6 +88,9 @@ pub struct Authority {
     /// Earliest notAfter among the bundle's roots.
     bundle_min_not_after: OffsetDateTime,
     bundle_len: usize,
+    /// What certificates issued from this material are issued under
+    /// (rotation tracking, [`super::rotation`]).
+    trust: super::rotation::TrustState,
 }
 
 impl fmt::Debug for Authority {
@@ -97,6 +100,7 @@ impl fmt::Debug for Authority {
             .field("issuer_not_after", &self.issuer_not_after)
             .field("root_not_after", &self.root_not_after)
             .field("bundle_roots", &self.bundle_len)
+            .field("trust_generation", &self.trust.generation)
             .finish_non_exhaustive()
     }
 }
@@ -230,6 +234,37 @@ impl Authority {
             .min()
             .expect("bundle is not empty");
         let issuer_subject = issuer.subject().to_string();
+        // The digest of everything a sidecar's certificate depends on: the
+        // issuing chain and the roots. Every replica computes the same name
+        // from the same Secret, with no coordination.
+        let generation = {
+            let mut h = openssl::sha::Sha256::new();
+            for der in &chain {
+                h.update(&(der.len() as u64).to_be_bytes());
+                h.update(der);
+            }
+            h.update(b"|");
+            for der in &roots {
+                h.update(&(der.len() as u64).to_be_bytes());
+                h.update(der);
+            }
+            h.finish()[..8]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        };
+        let newest_root_not_before = roots_parsed
+            .iter()
+            .map(|r| r.validity().not_before.to_datetime())
+            .max()
+            .expect("bundle is not empty");
+        let trust = super::rotation::TrustState {
+            generation,
+            roots: roots.len(),
+            issuer_root: anchor.subject().to_string(),
+            issuer_root_is_newest: roots.len() > 1
+                && anchor.validity().not_before.to_datetime() == newest_root_not_before,
+        };
         let issuer_rc = Issuer::from_ca_cert_der(&chain[0], key).map_err(|e| CaError::Pem {
             key: CERT_KEY,
             detail: e.to_string(),
@@ -243,7 +278,13 @@ impl Authority {
             root_not_after,
             bundle_min_not_after,
             bundle_len: roots.len(),
+            trust,
         })
+    }
+
+    /// The trust generation and the roots' shape ([`super::rotation`]).
+    pub fn trust_state(&self) -> &super::rotation::TrustState {
+        &self.trust
     }
 
     pub fn issuer_subject(&self) -> &str {

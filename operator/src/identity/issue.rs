@@ -55,6 +55,12 @@ pub enum Refusal {
     IdentityMismatch { requested: String, allowed: String },
     #[error("too many certificate requests from pod {pod}; retry in {retry_after_secs} s")]
     RateLimited { pod: String, retry_after_secs: u64 },
+    /// The CA-wide re-issue bucket is empty: a trust change made the fleet
+    /// ask faster than `--identity-reissue-rate`. The sidecar keeps its
+    /// (still valid) certificate and asks again later; no Event (nothing
+    /// for the Pod's owner to fix).
+    #[error("re-issue requests exceed the CA's re-issue rate; retry in {retry_after_secs} s")]
+    ReissueDeferred { retry_after_secs: u64 },
     #[error("the TokenReview API is unavailable: {0}")]
     ReviewUnavailable(String),
     #[error("internal error: {0}")]
@@ -78,6 +84,7 @@ impl Refusal {
             Refusal::UnsupportedKeyType { .. } => "unsupported_key_type",
             Refusal::IdentityMismatch { .. } => "identity_mismatch",
             Refusal::RateLimited { .. } => "rate_limited",
+            Refusal::ReissueDeferred { .. } => "reissue_deferred",
             Refusal::ReviewUnavailable(_) => "review_unavailable",
             Refusal::Internal(_) => "internal",
         }
@@ -99,7 +106,7 @@ impl Refusal {
             | Refusal::CsrMalformed(_)
             | Refusal::BadSignature
             | Refusal::UnsupportedKeyType { .. } => 400,
-            Refusal::RateLimited { .. } => 429,
+            Refusal::RateLimited { .. } | Refusal::ReissueDeferred { .. } => 429,
             Refusal::ReviewUnavailable(_) => 503,
             Refusal::Internal(_) => 500,
         }
@@ -404,6 +411,9 @@ pub struct Issued {
     pub trust_bundle_pem: String,
     pub not_before: OffsetDateTime,
     pub not_after: OffsetDateTime,
+    /// The trust generation it was issued under (the sidecar compares it
+    /// with the one its config names, [`super::rotation`]).
+    pub trust_generation: String,
 }
 
 /// Builds and signs the workload certificate for `identity` over the CSR's
@@ -460,6 +470,7 @@ pub fn build_certificate(
         trust_bundle_pem: authority.trust_bundle_pem().to_owned(),
         not_before,
         not_after,
+        trust_generation: authority.trust_state().generation.clone(),
     })
 }
 
@@ -941,6 +952,9 @@ pub(crate) mod tests {
             },
             Refusal::RateLimited {
                 pod: String::new(),
+                retry_after_secs: 1,
+            },
+            Refusal::ReissueDeferred {
                 retry_after_secs: 1,
             },
             Refusal::ReviewUnavailable(String::new()),

@@ -22,8 +22,17 @@ pub struct CaLabels {
     pub ca: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabels {
+    /// A [`super::rotation::Phase::reason`].
+    pub phase: &'static str,
+}
+
 #[derive(Clone, Debug)]
 pub struct IdentityMetrics {
+    rotation_phase: Family<PhaseLabels, Gauge>,
+    reissue_pending: Gauge,
+    reissue_throttled: Counter,
     issued: Counter,
     refusals: Family<ReasonLabels, Counter>,
     latency: Histogram,
@@ -34,6 +43,9 @@ pub struct IdentityMetrics {
 impl Default for IdentityMetrics {
     fn default() -> Self {
         IdentityMetrics {
+            rotation_phase: Family::default(),
+            reissue_pending: Gauge::default(),
+            reissue_throttled: Counter::default(),
             issued: Counter::default(),
             refusals: Family::default(),
             // 0.25 ms .. ~4 s
@@ -69,6 +81,21 @@ impl IdentityMetrics {
             self.ca_expiry.clone(),
         );
         registry.register(
+            "rotation_phase",
+            "1 for the root rotation phase the leader observes, 0 for the others (leader only)",
+            self.rotation_phase.clone(),
+        );
+        registry.register(
+            "reissue_pending",
+            "Sidecars that still hold a certificate of an earlier trust generation, all replicas (leader only)",
+            self.reissue_pending.clone(),
+        );
+        registry.register(
+            "reissue_throttled",
+            "Re-issue requests answered 429 by the CA-wide re-issue bucket",
+            self.reissue_throttled.clone(),
+        );
+        registry.register(
             "trust_bundle_roots",
             "Roots in the trust bundle handed to sidecars",
             self.bundle_roots.clone(),
@@ -95,5 +122,20 @@ impl IdentityMetrics {
         }
         self.bundle_roots
             .set(i64::try_from(roots).unwrap_or(i64::MAX));
+    }
+
+    /// The observed rotation phase and the sidecars still to re-issue.
+    pub fn set_rotation(&self, phase: super::rotation::Phase, pending: usize) {
+        for p in super::rotation::Phase::ALL {
+            self.rotation_phase
+                .get_or_create(&PhaseLabels { phase: p.reason() })
+                .set(i64::from(p == phase));
+        }
+        self.reissue_pending
+            .set(i64::try_from(pending).unwrap_or(i64::MAX));
+    }
+
+    pub fn reissue_throttled(&self) {
+        self.reissue_throttled.inc();
     }
 }

@@ -26,6 +26,7 @@ pub mod issue;
 pub mod ledger;
 pub mod metrics;
 pub mod rate_limit;
+pub mod rotation;
 pub mod server;
 pub mod service;
 pub mod store;
@@ -65,6 +66,12 @@ pub struct IdentityConfig {
     pub instance: Option<String>,
     /// Where issued certificates are recorded (read by the admin port).
     pub ledger: Arc<ledger::Ledger>,
+    /// Re-issue requests this replica signs per second (the CA-wide
+    /// re-issue bucket, and the spread the hub pushes).
+    pub reissue_rate: u32,
+    /// Where the trust state of the material in use is published (the
+    /// config push hub and the leader's rotation observer read it).
+    pub trust: Arc<tokio::sync::watch::Sender<Option<rotation::TrustState>>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -162,6 +169,8 @@ pub async fn run_with_serving(
     let (authority, mut rv) = load_authority(&api, &cfg).await;
     tracing::info!(?authority, "mesh CA loaded");
     publish_ca(&metrics, &authority);
+    cfg.trust
+        .send_replace(Some(authority.trust_state().clone()));
     let mut renew_serving_at = issue_serving(&authority, &cfg, &serving)?;
     let authority = Arc::new(ArcSwap::from_pointee(authority));
 
@@ -179,7 +188,8 @@ pub async fn run_with_serving(
             authority.clone(),
             metrics.clone(),
         )
-        .with_ledger(cfg.ledger.clone()),
+        .with_ledger(cfg.ledger.clone())
+        .with_reissue_rate(cfg.reissue_rate),
     );
     let mut server = tokio::spawn(server::serve(
         listener,
@@ -207,7 +217,15 @@ pub async fn run_with_serving(
                         Ok(at) => renew_serving_at = at,
                         Err(error) => tracing::error!(%error, "serving certificate not renewed"),
                     }
+                    let trust = next.trust_state().clone();
                     authority.store(Arc::new(next));
+                    // After the store: a sidecar woken by the new generation
+                    // must find it issuing here.
+                    cfg.trust.send_if_modified(|t| {
+                        let changed = t.as_ref() != Some(&trust);
+                        *t = Some(trust);
+                        changed
+                    });
                     rv = new_rv;
                 }
                 Err(error) => {

@@ -88,6 +88,7 @@ pub async fn respond<C: Cluster>(
             &SignResponse {
                 certificate_chain: issued.certificate_chain_pem,
                 trust_bundle: issued.trust_bundle_pem,
+                trust_generation: issued.trust_generation,
             },
         ),
         Err(r) => refusal(&r),
@@ -105,7 +106,8 @@ fn refusal(r: &Refusal) -> Response<Full<Bytes>> {
     );
     if let Refusal::RateLimited {
         retry_after_secs, ..
-    } = r
+    }
+    | Refusal::ReissueDeferred { retry_after_secs } = r
         && let Ok(v) = header::HeaderValue::from_str(&retry_after_secs.to_string())
     {
         response.headers_mut().insert(header::RETRY_AFTER, v);

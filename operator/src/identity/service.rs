@@ -21,6 +21,11 @@ use super::rate_limit::{RateLimit, RateLimiter};
 #[derive(Debug, Serialize, Deserialize)]
 pub struct SignRequest {
     pub csr: String,
+    /// Set by a sidecar asking because of a re-issue trigger (the trust
+    /// generation it was pushed): such requests also spend the CA-wide
+    /// re-issue bucket. Renewals and first certificates do not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reissue: Option<String>,
 }
 
 /// Response body of a 200.
@@ -29,6 +34,10 @@ pub struct SignRequest {
 pub struct SignResponse {
     pub certificate_chain: String,
     pub trust_bundle: String,
+    /// The trust generation the certificate was issued under (a sidecar
+    /// from before re-issue triggers ignores it).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub trust_generation: String,
 }
 
 /// Response body of a refusal: the reason label and the sentence.
@@ -53,6 +62,9 @@ pub struct IdentityService<C> {
     config: ServiceConfig,
     authority: Arc<ArcSwap<Authority>>,
     limiter: Mutex<RateLimiter>,
+    /// One bucket for every replica's worth of re-issue requests
+    /// ([`SignRequest::reissue`]): what a trust change may cost this CA.
+    reissue: Mutex<RateLimiter>,
     /// At most one Event per (Pod, reason) a minute: a looping client must
     /// not turn into a stream of API writes.
     event_gate: Mutex<RateLimiter>,
@@ -60,6 +72,23 @@ pub struct IdentityService<C> {
     /// The newest certificate per Pod, for the admin port's `/sidecars`.
     ledger: Arc<super::ledger::Ledger>,
 }
+
+/// Default of `--identity-reissue-rate`: re-issue requests a replica signs
+/// per second (decision 0050).
+pub const DEFAULT_REISSUE_RATE: u32 = 100;
+
+/// The CA-wide re-issue bucket: a burst of one second's worth, then
+/// `per_second`.
+pub fn reissue_limit(per_second: u32) -> RateLimit {
+    let per_second = per_second.max(1);
+    RateLimit {
+        burst: per_second,
+        refill: std::time::Duration::from_secs(1) / per_second,
+    }
+}
+
+/// The key of the single CA-wide bucket.
+const FLEET: &str = "fleet";
 
 /// Minimum spacing of identical refusal Events on one Pod.
 const EVENT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
@@ -83,6 +112,7 @@ impl<C: Cluster> IdentityService<C> {
         IdentityService {
             cluster: Arc::new(cluster),
             limiter: Mutex::new(RateLimiter::new(config.rate_limit)),
+            reissue: Mutex::new(RateLimiter::new(reissue_limit(DEFAULT_REISSUE_RATE))),
             event_gate: Mutex::new(RateLimiter::new(RateLimit {
                 burst: 1,
                 refill: EVENT_INTERVAL,
@@ -92,6 +122,13 @@ impl<C: Cluster> IdentityService<C> {
             metrics,
             ledger: Arc::default(),
         }
+    }
+
+    /// Re-issue requests this replica signs per second, beyond a burst of
+    /// as many (`--identity-reissue-rate`).
+    pub fn with_reissue_rate(mut self, per_second: u32) -> Self {
+        self.reissue = Mutex::new(RateLimiter::new(reissue_limit(per_second)));
+        self
     }
 
     /// Records issued certificates in `ledger` (shared with the admin port).
@@ -130,7 +167,9 @@ impl<C: Cluster> IdentityService<C> {
             .map_err(|e| Refusal::BadRequest(format!("want {{\"csr\": \"<PEM>\"}}: {e}")))?;
         let review = self.cluster.review(token, &self.config.audience).await?;
         let caller = caller_from_review(&review, &self.config.audience, &self.config.trust_domain)?;
-        let outcome = self.issue_for(&caller, &request.csr).await;
+        let outcome = self
+            .issue_for(&caller, &request.csr, request.reissue.is_some())
+            .await;
         match &outcome {
             Ok(issued) => {
                 self.ledger.record(
@@ -172,7 +211,12 @@ impl<C: Cluster> IdentityService<C> {
         outcome
     }
 
-    async fn issue_for(&self, caller: &super::issue::Caller, csr: &str) -> Result<Issued, Refusal> {
+    async fn issue_for(
+        &self,
+        caller: &super::issue::Caller,
+        csr: &str,
+        reissue: bool,
+    ) -> Result<Issued, Refusal> {
         // Before the Pod read and the signature: a looping client spends
         // its own bucket, not the API server's or the CA's time.
         let throttled = self
@@ -185,6 +229,19 @@ impl<C: Cluster> IdentityService<C> {
                 pod: format!("{}/{}", caller.identity.namespace, caller.pod_name),
                 retry_after_secs: wait.as_secs().max(1),
             });
+        }
+        if reissue {
+            let throttled = self
+                .reissue
+                .lock()
+                .expect("re-issue limiter lock")
+                .check(FLEET, Instant::now());
+            if let Err(wait) = throttled {
+                self.metrics.reissue_throttled();
+                return Err(Refusal::ReissueDeferred {
+                    retry_after_secs: wait.as_secs().max(1),
+                });
+            }
         }
         let namespace = &caller.identity.namespace;
         match self

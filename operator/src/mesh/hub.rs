@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use baton_config::Snapshot;
 use baton_config::push::{Capabilities, ConfigKind, Delta, Reply, SharedPush};
+use baton_config::tls::Reissue;
 use bytes::Bytes;
 use tokio::sync::{Notify, watch};
 
@@ -136,6 +137,9 @@ struct Stream {
     acked: Option<u64>,
     /// The last NACK's error, cleared by the next ACK.
     nack: Option<String>,
+    /// The trust generation of the certificate the sidecar reported
+    /// holding ([`Reply::Certificate`]; capability `reissue` only).
+    held: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -147,6 +151,9 @@ struct Inner {
     compiled_sources: Arc<BTreeSet<Source>>,
     streams: HashMap<StreamId, Stream>,
     next_id: StreamId,
+    /// The re-issue trigger pushed to every `reissue`-capable stream with
+    /// a TLS section: the CA's current trust generation and the spread.
+    reissue: Option<Reissue>,
 }
 
 /// The objects status is written for, as the index holds them.
@@ -255,6 +262,7 @@ impl Hub {
                     pending: None,
                     acked: (version > 0).then_some(version),
                     nack: None,
+                    held: None,
                 },
             );
             self.metrics.connected.set(inner.streams.len() as i64);
@@ -277,8 +285,13 @@ impl Hub {
         let Some(s) = inner.streams.get_mut(&id) else {
             return;
         };
-        let nonce = match &reply {
-            Reply::Ack { nonce, .. } | Reply::Nack { nonce, .. } => nonce,
+        let nonce = match reply {
+            Reply::Ack { ref nonce, .. } | Reply::Nack { ref nonce, .. } => nonce,
+            // Not an answer to a push: no nonce, nothing pending changes.
+            Reply::Certificate { generation } => {
+                s.held = Some(generation);
+                return;
+            }
         };
         let Some((pending, sent_at, kind)) = s.pending.take_if(|(n, _, _)| n == nonce) else {
             self.metrics
@@ -301,6 +314,7 @@ impl Hub {
                 s.acked_sources = s.sent_sources.clone();
                 s.nack = None;
             }
+            Reply::Certificate { .. } => {}
             Reply::Nack { error, .. } => {
                 self.metrics
                     .replies
@@ -318,6 +332,49 @@ impl Hub {
                 }
             }
         }
+    }
+
+    /// Connected streams.
+    pub fn connected(&self) -> usize {
+        self.lock().streams.len()
+    }
+
+    /// Pushes `generation` as the re-issue trigger, with `spread`, to every
+    /// `reissue`-capable stream whose config has a TLS section. The spread
+    /// is fixed when the generation changes (the caller scales it to the
+    /// streams then): a new or lost stream never changes every snapshot.
+    pub fn set_reissue(&self, generation: &str, spread: Duration) {
+        {
+            let mut inner = self.lock();
+            if inner
+                .reissue
+                .as_ref()
+                .is_some_and(|r| r.generation == generation)
+            {
+                return;
+            }
+            inner.reissue = Some(Reissue {
+                generation: generation.to_owned(),
+                spread_ms: u64::try_from(spread.as_millis()).unwrap_or(u64::MAX),
+            });
+        }
+        self.dirty.notify_one();
+    }
+
+    /// This replica's count of the sidecars reporting the certificate they
+    /// hold, against the generation it pushes (`None` before it has one).
+    pub fn trust_count(&self) -> Option<crate::identity::rotation::Count> {
+        let inner = self.lock();
+        let generation = inner.reissue.as_ref()?.generation.clone();
+        let mut count = crate::identity::rotation::Count {
+            generation,
+            ..Default::default()
+        };
+        for held in inner.streams.values().filter_map(|s| s.held.as_deref()) {
+            count.sidecars += 1;
+            count.current += usize::from(held == count.generation);
+        }
+        Some(count)
     }
 
     /// Each connected sidecar's state (for status).
@@ -430,7 +487,12 @@ impl Hub {
             .into_iter()
             .collect(),
         );
-        let Inner { index, streams, .. } = &mut *inner;
+        let Inner {
+            index,
+            streams,
+            reissue,
+            ..
+        } = &mut *inner;
         // One compile per group of sidecars that get the same config (and
         // per Pod whose group cannot be told yet: it is not in the index).
         let mut compiled: HashMap<_, Option<Arc<Compiled>>> = HashMap::new();
@@ -441,12 +503,21 @@ impl Hub {
         let mut deltas: HashMap<(*const Compiled, *const Compiled), Bytes> = HashMap::new();
         let mut pushes = 0;
         for s in streams.values_mut() {
-            let key = compile_key(index, &self.params.trust_domain, &s.pod);
+            // A stream that follows re-issue triggers gets its group's
+            // snapshot with the trigger in: a group per capability.
+            let trigger = reissue.as_ref().filter(|_| s.caps.reissue);
+            let key = (
+                compile_key(index, &self.params.trust_domain, &s.pod),
+                trigger.is_some(),
+            );
             let Some(new) = compiled
                 .entry(key)
                 .or_insert_with(
                     || match compile(index, &attachments, &self.params, &s.pod) {
-                        Ok(c) => {
+                        Ok(mut c) => {
+                            if let (Some(tls), Some(trigger)) = (c.snapshot.tls.as_mut(), trigger) {
+                                tls.reissue = Some(trigger.clone());
+                            }
                             let generation =
                                 |meta: &kube::api::ObjectMeta| meta.generation.unwrap_or(0);
                             let sources = c

@@ -52,6 +52,12 @@ pub struct Tally {
     /// By [`key`]: `Route/<ns>/<name>`, `TlsPolicy/<ns>/<name>` or
     /// `AuthorizationPolicy/<ns>/<name>`.
     pub objects: BTreeMap<String, Entry>,
+    /// The sidecars reporting the certificate they hold, against the trust
+    /// generation this replica pushes (root rotation,
+    /// [`crate::identity::rotation`]); absent before it has one, and in
+    /// tallies of replicas from before re-issue triggers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust: Option<crate::identity::rotation::Count>,
 }
 
 /// How many of one replica's sidecars serve one object.
@@ -103,6 +109,7 @@ pub fn of_hub(hub: &Hub, replica: &str, at: i64) -> Tally {
         replica: replica.to_owned(),
         at,
         objects,
+        trust: hub.trust_count(),
     }
 }
 
@@ -221,7 +228,11 @@ pub async fn publish(
         let tally = of_hub(&hub, &replica, unix_now());
         let due = match &last {
             None => true,
-            Some(l) => l.objects != tally.objects || tally.at - l.at >= HEARTBEAT.as_secs() as i64,
+            Some(l) => {
+                l.objects != tally.objects
+                    || l.trust != tally.trust
+                    || tally.at - l.at >= HEARTBEAT.as_secs() as i64
+            }
         };
         if !due {
             continue;
@@ -260,6 +271,7 @@ mod tests {
                 },
             )]
             .into(),
+            trust: None,
         }
     }
 

@@ -2392,3 +2392,102 @@ mod authorization {
         assert_eq!(status.observed_generation, Some(1));
     }
 }
+
+/// The re-issue trigger: which streams get it, and how the sidecars'
+/// certificate reports are counted for the root rotation.
+mod reissue {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use baton_config::push::{Capabilities, Push, Reply, SharedPush};
+    use baton_config::tls::Reissue;
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::mesh::hub::Hub;
+    use crate::mesh::metrics::PushMetrics;
+
+    /// The shop with a Strict server: the client originates mTLS, so its
+    /// config has a TLS section.
+    fn hub() -> Hub {
+        let hub = Hub::new(params(), PushMetrics::default());
+        hub.update(|ix| {
+            *ix = shop();
+            ix.apply_tls_policy(&server_policy("Strict"));
+        });
+        hub.mark_synced();
+        hub
+    }
+
+    /// The trigger in the push waiting on `rx` (a full snapshot).
+    fn trigger(rx: &mut watch::Receiver<Option<Arc<SharedPush>>>) -> Option<Reissue> {
+        let push = rx.borrow_and_update().clone().expect("a push");
+        let push: Push = serde_json::from_slice(&baton_config::push::encode_shared(&push)[4..])
+            .expect("a push frame");
+        push.snapshot
+            .expect("a full snapshot")
+            .tls
+            .expect("a TLS section")
+            .reissue
+    }
+
+    #[test]
+    fn the_trigger_reaches_only_streams_that_declared_the_reissue_capability() {
+        let hub = hub();
+        hub.set_reissue("g1", Duration::from_secs(3));
+        let (_old, mut old_rx) = hub.connect(client(), 0, Capabilities::default());
+        let (_new, mut new_rx) = hub.connect(client(), 0, Capabilities::ALL);
+        assert_eq!(hub.recompile(), 2);
+        assert_eq!(
+            trigger(&mut old_rx),
+            None,
+            "an earlier sidecar refuses the field"
+        );
+        assert_eq!(
+            trigger(&mut new_rx),
+            Some(Reissue {
+                generation: "g1".into(),
+                spread_ms: 3_000
+            })
+        );
+    }
+
+    #[test]
+    fn a_new_generation_is_pushed_and_the_same_one_again_is_not() {
+        let hub = hub();
+        hub.set_reissue("g1", Duration::from_secs(1));
+        let (_id, mut rx) = hub.connect(client(), 0, Capabilities::ALL);
+        assert_eq!(hub.recompile(), 1);
+        let _ = rx.borrow_and_update();
+        hub.set_reissue("g1", Duration::from_secs(9));
+        assert_eq!(hub.recompile(), 0, "same generation: nothing to push");
+        hub.set_reissue("g2", Duration::from_secs(2));
+        assert_eq!(hub.recompile(), 1, "a trust change reaches the sidecar");
+        assert_eq!(trigger(&mut rx).unwrap().generation, "g2");
+    }
+
+    #[test]
+    fn certificate_reports_are_counted_against_the_pushed_generation() {
+        let hub = hub();
+        assert_eq!(hub.trust_count(), None, "no generation pushed yet");
+        hub.set_reissue("g2", Duration::from_secs(1));
+        let (a, _rx_a) = hub.connect(client(), 0, Capabilities::ALL);
+        let (b, _rx_b) = hub.connect(client(), 0, Capabilities::ALL);
+        let (_quiet, _rx_c) = hub.connect(client(), 0, Capabilities::ALL);
+        let report = |generation: &str| Reply::Certificate {
+            generation: generation.into(),
+        };
+        hub.reply(a, report("g1"));
+        hub.reply(b, report("g2"));
+        let count = hub.trust_count().unwrap();
+        // The stream that reported nothing holds no certificate to wait for.
+        assert_eq!(
+            (count.generation.as_str(), count.sidecars, count.current),
+            ("g2", 2, 1)
+        );
+        hub.reply(a, report("g2"));
+        assert_eq!(hub.trust_count().unwrap().current, 2);
+        // A report is not an answer to a push: the stream's ACK state stays.
+        assert!(hub.sidecars().iter().all(|s| s.nack.is_none()));
+    }
+}

@@ -26,7 +26,7 @@ use arc_swap::ArcSwapOption;
 use tokio::net::TcpStream;
 
 use super::context::PeerInfo;
-use super::identity_client::{RetryPolicy, bootstrap};
+use super::identity_client::{RetryPolicy, bootstrap_with};
 use super::material::{FileWatcher, Material};
 use super::material::{IdentityCarrier, IdentityImportError, IdentityPem};
 use super::metrics::TlsMetrics;
@@ -62,6 +62,13 @@ pub struct MeshTls {
     /// This layer itself, for the `'static` inbound handshake future that
     /// may wait for the first certificate.
     me: std::sync::Weak<MeshTls>,
+    /// The operator's re-issue trigger from the `tls` section, kept out of
+    /// the settings compared for a rebuild: a trust change wakes the
+    /// certificate client, it does not restart TLS.
+    reissue: tokio::sync::watch::Sender<Option<baton_config::tls::Reissue>>,
+    /// The trust generation of the certificate held (the config stream
+    /// reports it to the operator).
+    held: Arc<tokio::sync::watch::Sender<Option<String>>>,
 }
 
 /// How long an mTLS connection waits for the first certificate while the
@@ -104,7 +111,15 @@ impl MeshTls {
             metrics,
             pending: Mutex::new(None),
             installed: tokio::sync::Notify::new(),
+            reissue: tokio::sync::watch::channel(None).0,
+            held: Arc::new(tokio::sync::watch::channel(None).0),
         })
+    }
+
+    /// The trust generation of the certificate held, as it changes
+    /// (`None`: none held, or an operator that names no generation).
+    pub fn certificate_generation(&self) -> tokio::sync::watch::Receiver<Option<String>> {
+        self.held.subscribe()
     }
 
     /// Builds from the initial snapshot's `tls` section (process metrics).
@@ -131,10 +146,18 @@ impl MeshTls {
     /// Validates `section` and, if the settings changed, builds and swaps a
     /// new context. On error nothing changes.
     pub fn apply(self: &Arc<Self>, section: Option<&TlsSettings>) -> Result<(), TlsError> {
-        let settings: Option<TlsSettings> = section.cloned();
+        let mut settings: Option<TlsSettings> = section.cloned();
         if let Some(s) = &settings {
             super::settings::compile(s)?;
         }
+        // The trigger goes to the certificate client; the rest decides
+        // whether the context is rebuilt.
+        let trigger = settings.as_mut().and_then(|s| s.reissue.take());
+        self.reissue.send_if_modified(|t| {
+            let changed = *t != trigger;
+            *t = trigger;
+            changed
+        });
         let mut applied = self.applied.lock().unwrap_or_else(|p| p.into_inner());
         // Failed applies never update `applied`, so equal settings mean the
         // context (or its pending bootstrap) is already the right one.
@@ -182,6 +205,7 @@ impl MeshTls {
                     Some("waiting for the first certificate from the identity service".into());
                 let metrics = self.metrics.clone();
                 let settings = s.clone();
+                let (trigger, held) = (self.reissue.subscribe(), self.held.clone());
                 // The task holds only a Weak: dropping the MeshTls ends it.
                 let this = Arc::downgrade(self);
                 rt.spawn(async move {
@@ -190,11 +214,13 @@ impl MeshTls {
                     // `bootstrap`, rounds are 30 s apart.
                     let mut stop = stop_rx.clone();
                     loop {
-                        let r = bootstrap(
+                        let r = bootstrap_with(
                             &settings,
                             metrics.clone(),
                             stop_rx.clone(),
                             RetryPolicy::default(),
+                            trigger.clone(),
+                            held.clone(),
                         )
                         .await;
                         let Some(this) = this.upgrade() else { return };

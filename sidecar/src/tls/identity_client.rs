@@ -69,6 +69,10 @@ pub enum IdentityClientError {
 #[derive(Debug, Serialize, Deserialize)]
 pub struct SignRequest {
     pub csr: String,
+    /// The trust generation a re-issue trigger named, when that is why this
+    /// request is made (the CA's re-issue bucket applies to it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reissue: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -76,6 +80,55 @@ pub struct SignRequest {
 pub struct SignResponse {
     pub certificate_chain: String,
     pub trust_bundle: String,
+    /// The trust generation the certificate was issued under (absent from
+    /// an operator before re-issue triggers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust_generation: Option<String>,
+}
+
+/// A certificate from the identity service and the trust generation it was
+/// issued under.
+#[derive(Debug)]
+pub struct Issued {
+    pub material: Material,
+    pub generation: Option<String>,
+}
+
+/// Re-issue attempts for one trust generation before the client falls back
+/// to its renewal schedule (a replica that has not re-read the CA yet
+/// answers with the previous generation; these cover its reload interval).
+pub const REISSUE_ATTEMPTS: u32 = 6;
+/// Back-off between re-issue attempts of one generation.
+pub const REISSUE_BACKOFF: (Duration, Duration) = (Duration::from_secs(2), Duration::from_secs(30));
+
+/// The next certificate request: how long to wait and whether it is a
+/// re-issue (else the renewal). `renewal` is the wait until renewal time;
+/// `trigger` the pushed re-issue trigger, `held` the generation of the
+/// certificate held, `attempts` the re-issue attempts already made for the
+/// trigger's generation, `jitter01 ∈ [0, 1)`. The first attempt waits a
+/// uniform share of the trigger's spread, later ones back off. Pure.
+pub fn next_request(
+    renewal: Duration,
+    trigger: Option<&baton_config::tls::Reissue>,
+    held: Option<&str>,
+    attempts: u32,
+    jitter01: f64,
+) -> (Duration, bool) {
+    match trigger {
+        Some(t) if t.wanted(held) && attempts < REISSUE_ATTEMPTS => {
+            let wait = if attempts == 0 {
+                t.delay(jitter01)
+            } else {
+                backoff(attempts - 1, REISSUE_BACKOFF.0, REISSUE_BACKOFF.1, jitter01)
+            };
+            if wait < renewal {
+                (wait, true)
+            } else {
+                (renewal, false)
+            }
+        }
+        _ => (renewal, false),
+    }
 }
 
 /// Bounded retry schedule for one issuance round.
@@ -281,6 +334,13 @@ impl IdentityClient {
 
     /// One issuance attempt: key, CSR, POST, validate.
     pub async fn issue(&self) -> Result<Material, IdentityClientError> {
+        self.issue_tagged(None).await.map(|i| i.material)
+    }
+
+    /// [`IdentityClient::issue`], with the trust generation the answer
+    /// names; `reissue`: the generation a re-issue trigger named, when that
+    /// is why this request is made.
+    pub async fn issue_tagged(&self, reissue: Option<&str>) -> Result<Issued, IdentityClientError> {
         let token = std::fs::read_to_string(&self.token_path).map_err(|source| {
             IdentityClientError::Token {
                 path: self.token_path.clone(),
@@ -288,7 +348,11 @@ impl IdentityClient {
             }
         })?;
         let (key, csr) = self.make_csr()?;
-        let body = serde_json::to_vec(&SignRequest { csr }).expect("serializable");
+        let body = serde_json::to_vec(&SignRequest {
+            csr,
+            reissue: reissue.map(str::to_owned),
+        })
+        .expect("serializable");
         let (status, resp) = tokio::time::timeout(self.timeout, self.post(body, token.trim()))
             .await
             .map_err(|_| IdentityClientError::Timeout)??;
@@ -316,7 +380,10 @@ impl IdentityClient {
         if material.identity().as_ref() != Some(&self.identity) {
             return Err(IdentityClientError::WrongIdentity(self.identity.clone()));
         }
-        Ok(material)
+        Ok(Issued {
+            material,
+            generation: r.trust_generation,
+        })
     }
 
     /// Up to `policy.attempts` attempts with jittered back-off.
@@ -324,9 +391,19 @@ impl IdentityClient {
         &self,
         policy: RetryPolicy,
     ) -> Result<Material, IdentityClientError> {
+        self.issue_tagged_with_retries(policy)
+            .await
+            .map(|i| i.material)
+    }
+
+    /// [`IdentityClient::issue_with_retries`] with the trust generation.
+    pub async fn issue_tagged_with_retries(
+        &self,
+        policy: RetryPolicy,
+    ) -> Result<Issued, IdentityClientError> {
         let mut attempt = 0;
         loop {
-            match self.issue().await {
+            match self.issue_tagged(None).await {
                 Ok(m) => return Ok(m),
                 Err(e) if attempt + 1 >= policy.attempts => return Err(e),
                 Err(e) => {
@@ -339,41 +416,91 @@ impl IdentityClient {
         }
     }
 
-    /// Renews for as long as `ctx` lives and `stop` stays false. Each
-    /// round trusts the endpoint with the bundle the context holds then.
+    /// Renews for as long as `ctx` lives and `stop` stays false, and asks
+    /// early when `trigger` names a trust generation other than the one the
+    /// held certificate came with (published on `held`). Each round trusts
+    /// the endpoint with the bundle the context holds then.
     pub async fn run(
         mut self,
         ctx: std::sync::Weak<TlsContext>,
         mut stop: tokio::sync::watch::Receiver<bool>,
         policy: RetryPolicy,
+        mut trigger: tokio::sync::watch::Receiver<Option<baton_config::tls::Reissue>>,
+        held: Arc<tokio::sync::watch::Sender<Option<String>>>,
     ) {
         let mut failures = 0u32;
+        // Re-issue attempts made for the generation named here.
+        let mut attempts = (None::<String>, 0u32);
+        let mut trigger_open = true;
         loop {
             let Some(current) = ctx.upgrade() else { return };
             let validity = current.current_validity();
             drop(current);
-            let delay = match validity {
+            let renewal = match validity {
                 Some((nb, na)) if failures == 0 => {
                     renewal_delay(nb, na, SystemTime::now(), rand::random::<f64>() * 2.0 - 1.0)
                 }
                 _ => backoff(failures, policy.base, policy.max, rand::random::<f64>()),
             };
+            let pushed = trigger.borrow_and_update().clone();
+            let generation = pushed.as_ref().map(|t| t.generation.clone());
+            if attempts.0 != generation {
+                attempts = (generation, 0);
+            }
+            let held_now = held.borrow().clone();
+            let (delay, reissue) = next_request(
+                renewal,
+                pushed.as_ref(),
+                held_now.as_deref(),
+                attempts.1,
+                rand::random::<f64>(),
+            );
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 r = stop.wait_for(|s| *s) => { let _ = r; return; }
+                r = trigger.changed(), if trigger_open => {
+                    // A closed channel (no config stream, plain `bootstrap`)
+                    // leaves renewal alone; a new trigger: wait again, from
+                    // its spread.
+                    trigger_open = r.is_ok();
+                    continue;
+                }
             }
             if let Some(current) = ctx.upgrade()
                 && let Err(e) = self.trust_also(&current.material().trust_bundle)
             {
                 tracing::warn!(error = %e, "held trust bundle not usable for the identity endpoint");
             }
-            match self.issue_with_retries(policy).await {
-                Ok(m) => {
+            let result = if reissue {
+                attempts.1 += 1;
+                let asked = attempts.0.clone();
+                let r = self.issue_tagged(asked.as_deref()).await;
+                if let Err(e) = &r {
+                    tracing::warn!(error = %e, attempt = attempts.1, "certificate re-issue failed; keeping the current certificate");
+                }
+                match r {
+                    Ok(i) => Ok(i),
+                    // The renewal schedule is unaffected by a failed
+                    // re-issue: the held certificate is still valid.
+                    Err(_) => continue,
+                }
+            } else {
+                self.issue_tagged_with_retries(policy).await
+            };
+            match result {
+                Ok(issued) => {
                     let Some(ctx) = ctx.upgrade() else { return };
-                    match ctx.update_material(m) {
-                        Ok(generation) => {
+                    match ctx.update_material(issued.material) {
+                        Ok(material_generation) => {
                             failures = 0;
-                            tracing::info!(generation, identity = %self.identity, "certificate renewed");
+                            tracing::info!(
+                                generation = material_generation,
+                                trust_generation = issued.generation.as_deref().unwrap_or("-"),
+                                reissue,
+                                identity = %self.identity,
+                                "certificate renewed"
+                            );
+                            held.send_replace(issued.generation);
                         }
                         Err(e) => {
                             failures += 1;
@@ -485,14 +612,30 @@ pub async fn bootstrap(
     stop: tokio::sync::watch::Receiver<bool>,
     policy: RetryPolicy,
 ) -> Result<Arc<TlsContext>, TlsError> {
+    let (_trigger, trigger) = tokio::sync::watch::channel(None);
+    let held = Arc::new(tokio::sync::watch::channel(None).0);
+    bootstrap_with(settings, metrics, stop, policy, trigger, held).await
+}
+
+/// [`bootstrap`], following `trigger` (the pushed re-issue trigger) and
+/// publishing the held certificate's trust generation on `held`.
+pub async fn bootstrap_with(
+    settings: &TlsSettings,
+    metrics: TlsMetrics,
+    stop: tokio::sync::watch::Receiver<bool>,
+    policy: RetryPolicy,
+    trigger: tokio::sync::watch::Receiver<Option<baton_config::tls::Reissue>>,
+    held: Arc<tokio::sync::watch::Sender<Option<String>>>,
+) -> Result<Arc<TlsContext>, TlsError> {
     let client = IdentityClient::from_settings(settings)
         .map_err(|e| TlsError::Io(std::io::Error::other(e)))?;
-    let material = client
-        .issue_with_retries(policy)
+    let issued = client
+        .issue_tagged_with_retries(policy)
         .await
         .map_err(|e| TlsError::Io(std::io::Error::other(e)))?;
-    let ctx = TlsContext::with_selected_offload(settings, material, metrics)?;
-    tokio::spawn(client.run(Arc::downgrade(&ctx), stop, policy));
+    let ctx = TlsContext::with_selected_offload(settings, issued.material, metrics)?;
+    held.send_replace(issued.generation);
+    tokio::spawn(client.run(Arc::downgrade(&ctx), stop, policy, trigger, held));
     Ok(ctx)
 }
 
@@ -528,6 +671,74 @@ mod tests {
         assert_eq!(
             renewal_delay(nb, na, na + Duration::from_secs(5), 0.3),
             Duration::ZERO
+        );
+    }
+
+    fn trigger(generation: &str, spread_secs: u64) -> baton_config::tls::Reissue {
+        baton_config::tls::Reissue {
+            generation: generation.into(),
+            spread_ms: spread_secs * 1000,
+        }
+    }
+
+    #[test]
+    fn a_new_trust_generation_asks_within_its_spread_before_renewal_time() {
+        let renewal = Duration::from_secs(3600);
+        let t = trigger("g2", 20);
+        assert_eq!(
+            next_request(renewal, Some(&t), Some("g1"), 0, 0.5),
+            (Duration::from_secs(10), true)
+        );
+        assert_eq!(
+            next_request(renewal, Some(&t), Some("g1"), 0, 0.0),
+            (Duration::ZERO, true)
+        );
+    }
+
+    #[test]
+    fn the_current_generation_or_no_trigger_leaves_the_renewal_schedule_alone() {
+        let renewal = Duration::from_secs(3600);
+        let t = trigger("g2", 20);
+        for (trigger, held) in [
+            (Some(&t), Some("g2")),
+            (None, Some("g1")),
+            // An operator from before trust generations names none.
+            (Some(&t), None),
+        ] {
+            assert_eq!(
+                next_request(renewal, trigger, held, 0, 0.5),
+                (renewal, false),
+                "{trigger:?} {held:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn re_issue_attempts_back_off_and_stop_at_the_limit() {
+        let renewal = Duration::from_secs(3600);
+        let t = trigger("g2", 20);
+        // A replica still on g1 answered: the next attempt backs off.
+        assert_eq!(
+            next_request(renewal, Some(&t), Some("g1"), 1, 1.0),
+            (REISSUE_BACKOFF.0, true)
+        );
+        assert_eq!(
+            next_request(renewal, Some(&t), Some("g1"), 3, 1.0),
+            (REISSUE_BACKOFF.0 * 4, true)
+        );
+        assert_eq!(
+            next_request(renewal, Some(&t), Some("g1"), REISSUE_ATTEMPTS, 1.0),
+            (renewal, false),
+            "past the limit only renewal time asks"
+        );
+    }
+
+    #[test]
+    fn renewal_due_sooner_than_the_re_issue_is_a_renewal() {
+        let t = trigger("g2", 60);
+        assert_eq!(
+            next_request(Duration::from_secs(5), Some(&t), Some("g1"), 0, 0.5),
+            (Duration::from_secs(5), false)
         );
     }
 
