@@ -29,7 +29,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use serde::Serialize;
 
-use crate::body::{ProxyBody, Tap};
 use crate::filters::ConnMeta;
 use crate::metrics::Metrics;
 use crate::trace::Span;
@@ -348,35 +347,6 @@ pub fn start_http<B>(
         },
     )
 }
-
-/// Give the line the answer's status (and, for an answer the sidecar made
-/// itself, its reason and the authorization verdict it implies) and count
-/// the response body into it.
-pub fn finish_http(resp: http::Response<ProxyBody>, p: Arc<Pending>) -> http::Response<ProxyBody> {
-    // Only the sidecar's own answers (buffered bodies) are asked for a
-    // reason: an upstream's response could carry any header.
-    let reason = match resp.body() {
-        ProxyBody::Streamed { .. } => None,
-        _ => resp
-            .headers()
-            .get(LOCAL_REASON)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned),
-    };
-    let status = resp.status().as_u16();
-    p.update(|r| {
-        r.status = Some(status);
-        // The verdict the policy gave (set when it was decided) stays; an
-        // answer the sidecar made for a denial is one whatever set it.
-        if reason.as_deref() == Some("rbac_denied") {
-            r.authz = Authz::Deny;
-        }
-        r.local_reason = reason;
-    });
-    resp.map(|b| b.with_tap(Some(Tap::Out(p))))
-}
-
-const LOCAL_REASON: &str = "x-baton-local-reason";
 
 /// A TCP connection's line, submitted when dropped (every way the
 /// connection ends), unless [`TcpLine::skip`] was called.

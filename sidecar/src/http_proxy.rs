@@ -319,7 +319,7 @@ impl HttpService {
         let mut pending = None;
         let resp = self.handle_request(req, &mut pending).await;
         match pending {
-            Some(p) => crate::access_log::finish_http(resp, p),
+            Some(p) => finish_http(resp, p),
             None => resp,
         }
     }
@@ -905,3 +905,37 @@ pub(crate) async fn splice_upgrades(
     let mut up = TokioIo::new(up);
     let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
 }
+
+/// Give the line the answer's status (and, for an answer the sidecar made
+/// itself, its reason and the authorization verdict it implies) and count
+/// the response body into it.
+// Here, not in `access_log`: the body module taps bodies into a line, so
+// the line cannot know the body type without a module cycle.
+fn finish_http(
+    resp: http::Response<ProxyBody>,
+    p: Arc<crate::access_log::Pending>,
+) -> http::Response<ProxyBody> {
+    // Only the sidecar's own answers (buffered bodies) are asked for a
+    // reason: an upstream's response could carry any header.
+    let reason = match resp.body() {
+        ProxyBody::Streamed { .. } => None,
+        _ => resp
+            .headers()
+            .get(LOCAL_REASON)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+    };
+    let status = resp.status().as_u16();
+    p.update(|r| {
+        r.status = Some(status);
+        // The verdict the policy gave (set when it was decided) stays; an
+        // answer the sidecar made for a denial is one whatever set it.
+        if reason.as_deref() == Some("rbac_denied") {
+            r.authz = crate::access_log::Authz::Deny;
+        }
+        r.local_reason = reason;
+    });
+    resp.map(|b| b.with_tap(Some(crate::body::Tap::Out(p))))
+}
+
+const LOCAL_REASON: &str = "x-baton-local-reason";
