@@ -132,6 +132,10 @@ fn valid_spec(kind: &str) -> serde_json::Value {
         }),
         "TlsPolicy" => json!({"podSelector": {}}),
         "AcceleratorPool" => json!({}),
+        "AuthorizationPolicy" => json!({
+            "podSelector": {},
+            "rules": [{"from": {"authenticated": true}}]
+        }),
         other => panic!("no example spec for new kind {other}: add one to e2e/tests/install.rs"),
     }
 }
