@@ -38,14 +38,6 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
           target/release/demo-http-echo target/release/demo-tcp-echo \
           target/release/demo-load target/release/demo-fetch /out/
 
-FROM scratch AS prebuilt
-COPY target/release/baton-operator target/release/baton-webhook \
-     target/release/baton-sidecar target/release/baton-empty \
-     target/release/demo-http-echo target/release/demo-tcp-echo \
-     target/release/demo-load target/release/demo-fetch /out/
-
-FROM ${BINARIES} AS binaries
-
 # What every image's root is assembled from: a stage of its own, so a layer
 # cache (and e2e/images.sh's tag of it) keeps it across builds, and a rebuild
 # only assembles fresh binaries.
@@ -53,6 +45,17 @@ FROM debian:bookworm-slim AS rootfs-packages
 RUN apt-get update \
     && apt-get install -y --no-install-recommends binutils ca-certificates iptables libssl3 \
     && rm -rf /var/lib/apt/lists/*
+
+# Binaries built outside (BINARIES=prebuilt). On the packages stage rather
+# than scratch: buildah's layer cache then skips the copy when they are
+# unchanged.
+FROM rootfs-packages AS prebuilt
+COPY target/release/baton-operator target/release/baton-webhook \
+     target/release/baton-sidecar target/release/baton-empty \
+     target/release/demo-http-echo target/release/demo-tcp-echo \
+     target/release/demo-load target/release/demo-fetch /out/
+
+FROM ${BINARIES} AS binaries
 
 # Every image's root (docker/rootfs.sh), under /roots/<image>/.
 FROM rootfs-packages AS rootfs

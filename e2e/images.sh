@@ -175,6 +175,11 @@ BASE_VERSION=bookworm-1
 BASE_REF=docker.io/library/debian:bookworm-slim
 BASE_TAG="localhost/baton-build/base:$BASE_VERSION"
 PACKAGES_TAG="localhost/baton-build/rootfs-packages:$BASE_VERSION"
+# The binaries and roots of the latest build: tagged, so a second run on the
+# same binaries (the demo, then the suite) finds them in the layer cache.
+PREBUILT_TAG="localhost/baton-build/prebuilt:latest"
+ROOTFS_TAG="localhost/baton-build/rootfs:latest"
+BASE_DIR="$CACHE/images/base"
 CONTEXT="$OUT/context"
 SIDECAR_MAX_BYTES=$((30 * 1024 * 1024))
 bh() { buildah --root "$BUILDAH_DIR/storage" --runroot "$BUILDAH_DIR/run" --storage-driver overlay "$@"; }
@@ -202,15 +207,16 @@ base_image() {
     return 0
   fi
   command -v mmdebstrap >/dev/null && command -v buildah >/dev/null || die "buildah and mmdebstrap are needed (scripts/deps.sh)"
-  local tar="$OUT/base/debian-$BASE_VERSION.tar" sources=() f c
+  local tar="$BASE_DIR/debian-$BASE_VERSION.tar" sources=() f c
   if [ ! -s "$tar" ]; then
     for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
-      [ -s "$f" ] && grep -qE '^[^#]*(deb |URIs:)' "$f" && sources+=("$f")
+      # Binary package sources only (a deb-src file would fetch source indexes).
+      [ -s "$f" ] && grep -qE '^(deb |Types:(.* )?deb( |$))' "$f" && sources+=("$f")
     done
     [ ${#sources[@]} -gt 0 ] || die "no apt sources on this machine for the base image"
     log "base image $BASE_VERSION: mmdebstrap from ${sources[*]} (once per BASE_VERSION)"
-    mkdir -p "$OUT/base"
-    rm -f "$OUT"/base/debian-*.tar
+    mkdir -p "$BASE_DIR"
+    rm -f "$BASE_DIR"/debian-*.tar
     mmdebstrap --quiet --variant=minbase --mode=root --format=tar \
       --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
       --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
@@ -259,6 +265,7 @@ context() {
   context_ready=1
 }
 
+rootfs_ready=""
 # dockerfile_image NAME: the Dockerfile's target NAME, checked, exported, imported.
 dockerfile_image() {
   local name=$1 ref="$IMAGE_REPO/$1:$IMAGE_TAG" user size
@@ -268,6 +275,11 @@ dockerfile_image() {
   fi
   used_buildah=1
   base_image
+  if [ -z "$rootfs_ready" ]; then
+    dockerfile_build prebuilt "$PREBUILT_TAG" >/dev/null
+    dockerfile_build rootfs "$ROOTFS_TAG" >/dev/null
+    rootfs_ready=1
+  fi
   dockerfile_build "$name" "$ref" >/dev/null
   # Every image runs as a user other than root (its config says so; the
   # injected init container alone is run as root, by its Pod spec).
