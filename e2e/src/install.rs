@@ -266,11 +266,11 @@ pub fn effective_uid(status: &str) -> Option<u32> {
 pub fn root_read_only(mountinfo: &str) -> Option<bool> {
     mountinfo
         .lines()
-        .filter_map(|l| {
+        .rev()
+        .find_map(|l| {
             let fields: Vec<&str> = l.split_whitespace().collect();
             (fields.get(4) == Some(&"/")).then(|| fields.get(5).copied())?
         })
-        .last()
         .map(|opts| opts.split(',').any(|o| o == "ro"))
 }
 
