@@ -249,7 +249,7 @@ dockerfile_build() {
 # `prebuilt` stage copies). The binaries are staged without their debug info
 # (objcopy --strip-debug: what the images ship anyway; the Dockerfile strips
 # again and links an empty .gnu_debuglink), so that buildah's cache check,
-# which hashes the copied files once per target, reads ~40 MiB rather than
+# which hashes the copied files once per target, reads ~60 MiB rather than
 # the ~250 MiB of release binaries with line tables plus the test tools'
 # debug builds. Unchanged binaries keep their staged copy (and the cache).
 context_ready=""
