@@ -57,10 +57,13 @@ COPY target/release/baton-operator target/release/baton-webhook \
 
 FROM ${BINARIES} AS binaries
 
-# Every image's root (docker/rootfs.sh), under /roots/<image>/.
+# Every image's root (docker/rootfs.sh), under /roots/<image>/. The binaries
+# are copied in, not bind-mounted: buildah's layer cache does not see a
+# mounted stage's content change, a COPY's it does.
 FROM rootfs-packages AS rootfs
 COPY docker/rootfs.sh /usr/local/sbin/baton-rootfs
-RUN --mount=type=bind,from=binaries,source=/out,target=/in baton-rootfs /in /roots
+COPY --from=binaries /out/ /in/
+RUN baton-rootfs /in /roots
 
 FROM scratch AS operator
 COPY --from=rootfs /roots/operator/ /
@@ -99,7 +102,7 @@ ENTRYPOINT ["/usr/local/bin/baton-empty"]
 # Debug info of every binary above (linked by .gnu_debuglink), for
 # symbolizing cores and profiles: `docker build --target debug-symbols -o dbg .`
 FROM rootfs AS debug-info
-RUN --mount=type=bind,from=binaries,source=/out,target=/in baton-rootfs --debug /in /debug
+RUN baton-rootfs --debug /in /debug
 FROM scratch AS debug-symbols
 COPY --from=debug-info /debug/ /
 

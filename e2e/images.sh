@@ -183,7 +183,7 @@ BASE_DIR="$CACHE/images/base"
 CONTEXT="$OUT/context"
 SIDECAR_MAX_BYTES=$((30 * 1024 * 1024))
 bh() { buildah --root "$BUILDAH_DIR/storage" --runroot "$BUILDAH_DIR/run" --storage-driver overlay "$@"; }
-# Build containers buildah leaves behind (a RUN --mount from a stage keeps
+# Build containers buildah leaves behind (a failed build can keep
 # one) are removed on exit, pass or fail (they are this storage's own), and
 # with them every mount under the storage (the containers' and the one its
 # overlay driver keeps while a layer is mounted).
