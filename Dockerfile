@@ -1,13 +1,30 @@
 # syntax=docker/dockerfile:1
-# One builder compiles every binary once; each runtime stage copies only its own.
-# Build a component with:  docker build --target sidecar -t baton/sidecar:0.1.0 .
-# (targets: operator, webhook, sidecar, empty, and the demo-* workloads). The e2e harness builds the same
-# images as OCI tarballs without Docker (e2e/images.sh); keep the two in step —
-# scripts/check-dockerfile.sh verifies every binary copied here is one the
-# workspace builds.
+# Baton's images, one target each: operator, webhook, sidecar, empty (the
+# standby slot's idle image), debug-symbols, and the demo-* workloads.
+#
+#   docker build --target sidecar -t baton/sidecar:0.1.0 .
+#
+# compiles every binary in the build (a `rust` image). With the binaries
+# already built (`cargo build --release --locked --bins`, in target/release/
+# of the build context), the same command takes them instead:
+#
+#   docker build --build-arg BINARIES=prebuilt --target sidecar -t baton/sidecar:0.1.0 .
+#
+# The e2e cluster and scripts/demo.sh run exactly that (e2e/images.sh, with
+# buildah, which builds this file without a Docker engine; README "Build the
+# images"). scripts/check-dockerfile.sh checks this file against the
+# workspace and e2e/images.sh.
+#
+# Every runtime image is FROM scratch: the root its binary needs (binary,
+# the shared libraries it links, /etc/passwd, /tmp, CA certificates; the
+# sidecar adds iptables), assembled by docker/rootfs.sh. Every image runs as
+# the non-root user 2137, and works with a read-only root filesystem.
 
 ARG RUST_VERSION=1.95
-FROM rust:${RUST_VERSION}-bookworm AS builder
+# build: compile in the image build; prebuilt: copy target/release/ of the context.
+ARG BINARIES=build
+
+FROM rust:${RUST_VERSION}-bookworm AS build
 WORKDIR /src
 RUN apt-get update && apt-get install -y --no-install-recommends libssl-dev pkg-config \
     && rm -rf /var/lib/apt/lists/*
@@ -18,78 +35,98 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     && mkdir -p /out \
     && cp target/release/baton-operator target/release/baton-webhook \
           target/release/baton-sidecar target/release/baton-empty \
-          target/release/demo-http-echo target/release/demo-tcp-echo target/release/demo-load \
-          target/release/demo-fetch /out/ \
-    && mkdir -p /out/debug \
-    && for b in /out/baton-* /out/demo-*; do \
-         objcopy --only-keep-debug "$b" "/out/debug/${b##*/}.debug" \
-         && objcopy --strip-debug --add-gnu-debuglink="/out/debug/${b##*/}.debug" "$b"; \
-       done \
-    && mkdir -p /out/empty-root/usr/local/bin \
-    && cp /out/baton-empty /out/empty-root/usr/local/bin/ \
-    && ln -s baton-empty /out/empty-root/usr/local/bin/baton-sidecar \
-    && for lib in $(ldd /out/baton-empty | awk '/=>/ { print $3 } !/=>/ && $1 ~ /^\// { print $1 }'); do \
-         install -D "$(readlink -f "$lib")" "/out/empty-root$lib"; \
-       done
+          target/release/demo-http-echo target/release/demo-tcp-echo \
+          target/release/demo-load target/release/demo-fetch /out/
 
-# Minimal runtime: Debian slim with CA certificates and the OpenSSL 3 runtime
-# (the sidecar's `openssl` offload engine loads providers such as Intel's QAT
-# provider through OPENSSL_CONF). Every image runs as a non-root user.
-FROM debian:bookworm-slim AS runtime
-RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates libssl3 \
-    && rm -rf /var/lib/apt/lists/* \
-    && useradd --system --uid 2137 --no-create-home --shell /usr/sbin/nologin baton
+# What every image's root is assembled from: a stage of its own, so a layer
+# cache (and e2e/images.sh's tag of it) keeps it across builds, and a rebuild
+# only assembles fresh binaries.
+FROM debian:bookworm-slim AS rootfs-packages
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends binutils ca-certificates iptables libssl3 \
+    && rm -rf /var/lib/apt/lists/*
+
+# Binaries built outside (BINARIES=prebuilt). On the packages stage rather
+# than scratch: buildah's layer cache then skips the copy when they are
+# unchanged.
+FROM rootfs-packages AS prebuilt
+COPY target/release/baton-operator target/release/baton-webhook \
+     target/release/baton-sidecar target/release/baton-empty \
+     target/release/demo-http-echo target/release/demo-tcp-echo \
+     target/release/demo-load target/release/demo-fetch /out/
+
+FROM ${BINARIES} AS binaries
+
+# Every image's root (docker/rootfs.sh), under /roots/<image>/. The binaries
+# are copied in, not bind-mounted: buildah's layer cache does not see a
+# mounted stage's content change, a COPY's it does.
+FROM rootfs-packages AS rootfs
+COPY docker/rootfs.sh /usr/local/sbin/baton-rootfs
+COPY --from=binaries /out/ /in/
+RUN baton-rootfs /in /roots
+
+FROM scratch AS operator
+COPY --from=rootfs /roots/operator/ /
+ENV PATH=/usr/local/bin:/usr/sbin:/usr/bin
 USER 2137:2137
-
-FROM runtime AS operator
-COPY --from=builder /out/baton-operator /usr/local/bin/baton-operator
 ENTRYPOINT ["/usr/local/bin/baton-operator"]
 
-FROM runtime AS webhook
-COPY --from=builder /out/baton-webhook /usr/local/bin/baton-webhook
+FROM scratch AS webhook
+COPY --from=rootfs /roots/webhook/ /
+ENV PATH=/usr/local/bin:/usr/sbin:/usr/bin
+USER 2137:2137
 ENTRYPOINT ["/usr/local/bin/baton-webhook"]
 
 # `baton-sidecar init` (the injected init container) programs iptables, so
 # this image alone carries it; the capability to use it (NET_ADMIN) is granted
-# to the init container only.
-FROM runtime AS sidecar
-USER root
-RUN apt-get update && apt-get install -y --no-install-recommends iptables \
-    && rm -rf /var/lib/apt/lists/*
+# to the init container only, which runs as root (the injected spec says so).
+FROM scratch AS sidecar
+COPY --from=rootfs /roots/sidecar/ /
+ENV PATH=/usr/local/bin:/usr/sbin:/usr/bin
 USER 2137:2137
-COPY --from=builder /out/baton-sidecar /usr/local/bin/baton-sidecar
 ENTRYPOINT ["/usr/local/bin/baton-sidecar"]
 CMD ["run"]
 
 # The standby slot's idle image: waits until a hot upgrade swaps it for the
 # release image, using almost no memory or CPU meanwhile. Every node pulls it
 # for every injected Pod, so it holds only the binary and the C runtime it
-# links (no shell, no trust store): the same rootfs e2e/images.sh builds.
-# The sidecar's postStart hook (`baton-sidecar wait-ready`) stays on a slot
-# the rollout swaps back to this image; baton-empty answers it at once.
+# links (no shell, no trust store). The sidecar's postStart hook
+# (`baton-sidecar wait-ready`) stays on a slot the rollout swaps back to this
+# image; baton-empty answers it at once.
 FROM scratch AS empty
-COPY --from=builder /out/empty-root/ /
+COPY --from=rootfs /roots/empty/ /
+ENV PATH=/usr/local/bin:/usr/sbin:/usr/bin
 USER 2137:2137
 ENTRYPOINT ["/usr/local/bin/baton-empty"]
 
 # Debug info of every binary above (linked by .gnu_debuglink), for
 # symbolizing cores and profiles: `docker build --target debug-symbols -o dbg .`
+FROM rootfs AS debug-info
+RUN baton-rootfs --debug /in /debug
 FROM scratch AS debug-symbols
-COPY --from=builder /out/debug/ /
+COPY --from=debug-info /debug/ /
 
-# Demo and test workloads (e2e/images.sh builds the same three).
-FROM runtime AS demo-http-echo
-COPY --from=builder /out/demo-http-echo /usr/local/bin/demo-http-echo
+# Demo and test workloads.
+FROM scratch AS demo-http-echo
+COPY --from=rootfs /roots/demo-http-echo/ /
+ENV PATH=/usr/local/bin:/usr/sbin:/usr/bin
+USER 2137:2137
 ENTRYPOINT ["/usr/local/bin/demo-http-echo"]
 
-FROM runtime AS demo-tcp-echo
-COPY --from=builder /out/demo-tcp-echo /usr/local/bin/demo-tcp-echo
+FROM scratch AS demo-tcp-echo
+COPY --from=rootfs /roots/demo-tcp-echo/ /
+ENV PATH=/usr/local/bin:/usr/sbin:/usr/bin
+USER 2137:2137
 ENTRYPOINT ["/usr/local/bin/demo-tcp-echo"]
 
-FROM runtime AS demo-load
-COPY --from=builder /out/demo-load /usr/local/bin/demo-load
+FROM scratch AS demo-load
+COPY --from=rootfs /roots/demo-load/ /
+ENV PATH=/usr/local/bin:/usr/sbin:/usr/bin
+USER 2137:2137
 ENTRYPOINT ["/usr/local/bin/demo-load"]
 
-FROM runtime AS demo-fetch
-COPY --from=builder /out/demo-fetch /usr/local/bin/demo-fetch
+FROM scratch AS demo-fetch
+COPY --from=rootfs /roots/demo-fetch/ /
+ENV PATH=/usr/local/bin:/usr/sbin:/usr/bin
+USER 2137:2137
 ENTRYPOINT ["/usr/local/bin/demo-fetch"]

@@ -19,7 +19,9 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/baton/target-$(rustc -
 bench_header >"$OUT/summary.txt"
 
 log "building the images (release, not imported)"
-export BATON_CACHE="$WORK/cache" BATON_IMAGES_NO_IMPORT=1
+# The Dockerfile's targets through e2e/images.sh (its cached base and
+# buildah storage; the tarballs go to the work dir).
+export BATON_IMAGES_OUT="$WORK/images" BATON_IMAGES_NO_IMPORT=1
 "$BENCH_ROOT/e2e/images.sh" empty sidecar operator webhook >"$WORK/images.log" 2>&1 \
   || { cat "$WORK/images.log"; die "image build failed"; }
 
@@ -30,18 +32,20 @@ row() { printf '%-34s %10s MiB %10s MiB\n' "$1" "$(mib "$2")" "$(mib "$3")"; }
 {
   printf '\n%-34s %14s %14s\n' "artifact" "uncompressed" "gzip -6"
   for name in sidecar empty operator webhook; do
-    tarball="$BATON_CACHE/images/$name.tar"
-    # The one layer inside the OCI layout: the largest blob.
+    tarball="$BATON_IMAGES_OUT/$name.tar"
+    # The one layer inside the docker-archive (FROM scratch + one COPY).
     mkdir -p "$WORK/$name"
     tar -C "$WORK/$name" -xf "$tarball"
-    layer=$(ls -S "$WORK/$name"/blobs/sha256/* | head -1)
+    layer=$(find "$WORK/$name" -maxdepth 1 -type f -name '*.tar' -printf '%s %p\n' | sort -n | tail -1 | cut -d' ' -f2)
     row "image $name" "$(stat -c %s "$layer")" "$(gz "$layer")"
   done
   bin="$CARGO_TARGET_DIR/release/baton-sidecar"
   objcopy --strip-debug "$bin" "$WORK/baton-sidecar.stripped"
   row "baton-sidecar binary (shipped)" "$(stat -c %s "$WORK/baton-sidecar.stripped")" "$(gz "$WORK/baton-sidecar.stripped")"
   row "baton-sidecar binary + debug info" "$(stat -c %s "$bin")" "$(gz "$bin")"
-  row "baton-sidecar debug info (artifact)" "$(stat -c %s "$BATON_CACHE/images/debug/baton-sidecar.debug")" "$(gz "$BATON_CACHE/images/debug/baton-sidecar.debug")"
+  # What the Dockerfile's debug-symbols target holds for it.
+  objcopy --only-keep-debug "$bin" "$WORK/baton-sidecar.debug"
+  row "baton-sidecar debug info (artifact)" "$(stat -c %s "$WORK/baton-sidecar.debug")" "$(gz "$WORK/baton-sidecar.debug")"
 } >>"$OUT/summary.txt"
 
 if [ "${WITH_ENVOY:-1}" = 1 ]; then

@@ -1,31 +1,47 @@
 #!/usr/bin/env bash
-# Build Baton's container images as OCI image-layout tarballs, without a
-# Docker engine, and import them into the e2e cluster's containerd under
-# fully-qualified names (docker.io/baton/<name>:$BATON_IMAGE_TAG, default
-# `e2e`). Pods use them with imagePullPolicy: Never.
+# Build Baton's container images and import them into the e2e cluster's
+# containerd under fully-qualified names (docker.io/baton/<name>:$BATON_IMAGE_TAG,
+# default `e2e`). Pods use them with imagePullPolicy: Never.
 #
 #   e2e/images.sh [all|NAME...]    NAME: pause empty sidecar operator webhook
 #                                  demo-http-echo demo-tcp-echo demo-load demo-fetch nettools
 #
-# Each image is one layer: a rootfs with the binary (release; the test
-# tools' from BATON_TOOLS_DIR when set, see common.sh), the shared
-# libraries `ldd` lists for it (the workspace builds glibc binaries; no musl
-# target is installed), /etc/passwd and /tmp. The runtime stages of the repo's
-# Dockerfile describe the same images (same binary, path, entrypoint, user).
-# Tarballs are written to $BATON_CACHE/images/ (set BATON_IMAGES_NO_IMPORT=1
-# to only build them; BATON_IMAGES_NO_BUILD=1 packs the release binaries
-# already in target/release without running cargo).
+# Every image Baton ships (and the demo-* workloads) is a target of the
+# repo's Dockerfile, built by buildah (no Docker engine) with the command the
+# README gives users, with the binaries built outside it:
+#
+#   buildah bud --build-arg BINARIES=prebuilt --target NAME -f Dockerfile CONTEXT
+#
+# CONTEXT ($BATON_CACHE/images/context) holds docker/rootfs.sh and the
+# binaries as target/release/ (the shipped ones from the release build; the
+# test tools from BATON_TOOLS_DIR when set, see common.sh). The Dockerfile's
+# FROM debian:bookworm-slim is a root that mmdebstrap makes from the
+# machine's apt sources once per BASE_VERSION (no registry is reached: every
+# build runs with --pull=never), kept in buildah's storage under
+# $BATON_CACHE/buildah with the packages the Dockerfile installs on it (a
+# layer cache), so a warm run only assembles and copies fresh binaries.
+# Each image is exported as a docker-archive tarball to $BATON_CACHE/images/
+# (BATON_IMAGES_OUT overrides) and imported with ctr (BATON_IMAGES_NO_IMPORT=1: only build them;
+# BATON_IMAGES_NO_BUILD=1: pack the release binaries as they are, without
+# running cargo). Every image's config is checked (a user other than root)
+# and its size written to $BATON_CACHE/images/sizes.tsv: the sidecar image
+# must stay within 30 MiB uncompressed.
+#
+# pause and nettools are test plumbing, not shipped, and not in the
+# Dockerfile: each is one layer assembled here (pause from the Kubernetes
+# tree, nettools from busybox and the host's iptables).
 set -euo pipefail
 E2E_DIR="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=e2e/scripts/common.sh
 . "$E2E_DIR/scripts/common.sh"
 
-OUT="$CACHE/images"
+OUT="${BATON_IMAGES_OUT:-$CACHE/images}"
 RELEASE="${CARGO_TARGET_DIR:-$REPO/target}/release"
 UID_BATON=2137
 mkdir -p "$OUT"
 
 names=("$@")
+rm -f "$OUT/sizes.tsv"
 if [ ${#names[@]} -eq 0 ] || [ "${names[0]}" = all ]; then
   names=(pause empty sidecar operator webhook demo-http-echo demo-tcp-echo demo-load demo-fetch nettools)
 fi
@@ -63,18 +79,6 @@ add_iptables() {
       fi
     done < <(ldd "$so" 2>/dev/null | awk '/=>/ { print $3 }')
   done
-}
-
-# strip_debug ROOTFS DEST: ships the binary without its debug info (the
-# release profile keeps line tables for symbolized backtraces); the debug
-# info goes to $OUT/debug/<name>.debug, linked by .gnu_debuglink, for
-# symbolizing a core or a perf profile later.
-strip_debug() {
-  local rootfs=$1 dest=$2 name
-  name=$(basename "$dest")
-  mkdir -p "$OUT/debug"
-  objcopy --only-keep-debug "$rootfs$dest" "$OUT/debug/$name.debug"
-  objcopy --strip-debug --add-gnu-debuglink="$OUT/debug/$name.debug" "$rootfs$dest"
 }
 
 base_rootfs() { # ROOTFS [minimal]
@@ -164,31 +168,148 @@ cargo_bins() {
   [ "${cargo_done[$pkg]}" = ok ]
 }
 
-# rust_image NAME PACKAGE BINARY ENTRYPOINT_JSON CMD_JSON USER [with-iptables]
-rust_image() {
-  local name=$1 pkg=$2 bin=$3 ep=$4 cmd=$5 user=$6 extra=${7:-}
-  local src="$RELEASE/$bin"
-  [ "$pkg" = baton-e2e ] && src="$(tool_bin "$bin")"
-  if ! cargo_bins "$pkg" || [ ! -x "$src" ]; then
-    skipped+=("$name (the build of $pkg failed or has no binary $src)")
+# The Dockerfile's images: buildah's storage, the base, the build context.
+BUILDAH_DIR="$CACHE/buildah"
+# Bump to rebuild the base root (and the packages on it) from the archive.
+BASE_VERSION=bookworm-1
+BASE_REF=docker.io/library/debian:bookworm-slim
+BASE_TAG="localhost/baton-build/base:$BASE_VERSION"
+PACKAGES_TAG="localhost/baton-build/rootfs-packages:$BASE_VERSION"
+# The binaries and roots of the latest build: tagged, so a second run on the
+# same binaries (the demo, then the suite) finds them in the layer cache.
+PREBUILT_TAG="localhost/baton-build/prebuilt:latest"
+ROOTFS_TAG="localhost/baton-build/rootfs:latest"
+BASE_DIR="$CACHE/images/base"
+CONTEXT="$OUT/context"
+SIDECAR_MAX_BYTES=$((30 * 1024 * 1024))
+bh() { buildah --root "$BUILDAH_DIR/storage" --runroot "$BUILDAH_DIR/run" --storage-driver overlay "$@"; }
+# Build containers buildah leaves behind (a failed build can keep
+# one) are removed on exit, pass or fail (they are this storage's own), and
+# with them every mount under the storage (the containers' and the one its
+# overlay driver keeps while a layer is mounted).
+used_buildah=""
+bh_cleanup() {
+  [ -n "$used_buildah" ] || return 0
+  bh rm --all >/dev/null 2>&1 || true
+  local m
+  for m in $(awk -v d="$BUILDAH_DIR/" 'index($2, d) == 1 { print $2 }' /proc/self/mounts | sort -r); do
+    umount "$m" 2>/dev/null || log "could not unmount $m (buildah storage)"
+  done
+}
+trap bh_cleanup EXIT
+
+# base_image: the Dockerfile's FROM debian:bookworm-slim, made once per
+# BASE_VERSION by mmdebstrap (variant minbase, what the slim image is) from
+# this machine's apt sources, and the packages the Dockerfile's rootfs stage
+# installs on it (tagged, so the layer cache keeps them).
+base_image() {
+  if bh inspect --type image "$BASE_TAG" >/dev/null 2>&1 && bh inspect --type image "$PACKAGES_TAG" >/dev/null 2>&1; then
     return 0
   fi
-  local rootfs
-  rootfs="$(mktemp -d)"
-  if [ "$extra" = as-sidecar ]; then base_rootfs "$rootfs" minimal; else base_rootfs "$rootfs"; fi
-  copy_bin "$rootfs" "$src" "/usr/local/bin/$bin"
-  strip_debug "$rootfs" "/usr/local/bin/$bin"
-  if [ "$extra" = with-iptables ]; then add_iptables "$rootfs"; fi
-  # The idle image answers the sidecar's postStart hook (`baton-sidecar
-  # wait-ready`), which stays on a slot swapped back to idle.
-  if [ "$extra" = as-sidecar ]; then ln -s "$bin" "$rootfs/usr/local/bin/baton-sidecar"; fi
-  # OpenSSL providers are loaded at run time (QAT offload via OPENSSL_CONF).
-  if ldd "$src" 2>/dev/null | grep -q libssl && [ -d /usr/lib/x86_64-linux-gnu/ossl-modules ]; then
-    mkdir -p "$rootfs/usr/lib/x86_64-linux-gnu"
-    cp -r /usr/lib/x86_64-linux-gnu/ossl-modules "$rootfs/usr/lib/x86_64-linux-gnu/"
+  command -v mmdebstrap >/dev/null && command -v buildah >/dev/null || die "buildah and mmdebstrap are needed (scripts/deps.sh)"
+  local tar="$BASE_DIR/debian-$BASE_VERSION.tar" sources=() f c
+  if [ ! -s "$tar" ]; then
+    for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
+      # Binary package sources only (a deb-src file would fetch source indexes).
+      [ -s "$f" ] && grep -qE '^(deb |Types:(.* )?deb( |$))' "$f" && sources+=("$f")
+    done
+    [ ${#sources[@]} -gt 0 ] || die "no apt sources on this machine for the base image"
+    log "base image $BASE_VERSION: mmdebstrap from ${sources[*]} (once per BASE_VERSION)"
+    mkdir -p "$BASE_DIR"
+    rm -f "$BASE_DIR"/debian-*.tar
+    mmdebstrap --quiet --variant=minbase --mode=root --format=tar \
+      --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
+      --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
+      --aptopt='Acquire::Languages "none"' \
+      --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin' \
+      bookworm "$tar.tmp" "${sources[@]}" >&2
+    mv "$tar.tmp" "$tar"
   fi
-  oci_tar "$name" "$rootfs" "$ep" "$cmd" "$user"
-  rm -rf "$rootfs"
+  log "base image $BASE_VERSION: importing into buildah's storage as $BASE_REF"
+  # An older base and everything built on it go.
+  bh rm --all >/dev/null 2>&1 || true
+  bh rmi --all --force >/dev/null 2>&1 || true
+  c=$(bh from --pull=never scratch)
+  bh add "$c" "$tar" / >/dev/null
+  bh config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --cmd bash "$c"
+  bh commit --quiet "$c" "$BASE_REF" >/dev/null
+  bh rm "$c" >/dev/null
+  bh tag "$BASE_REF" "$BASE_TAG"
+  log "base image $BASE_VERSION: the Dockerfile's rootfs-packages stage (apt, once)"
+  dockerfile_build rootfs-packages "$PACKAGES_TAG" >&2
+}
+
+# dockerfile_build TARGET REF: the README's command, with prebuilt binaries.
+dockerfile_build() {
+  bh bud --quiet --layers --pull=never --isolation chroot \
+    --build-arg BINARIES=prebuilt --target "$1" -t "$2" -f "$REPO/Dockerfile" "$CONTEXT"
+}
+
+# context: the build context of a prebuilt build (the paths the Dockerfile's
+# `prebuilt` stage copies). The binaries are staged without their debug info
+# (objcopy --strip-debug: what the images ship anyway; the Dockerfile strips
+# again and links an empty .gnu_debuglink), so that buildah's cache check,
+# which hashes the copied files once per target, reads ~60 MiB rather than
+# the ~250 MiB of release binaries with line tables plus the test tools'
+# debug builds. Unchanged binaries keep their staged copy (and the cache).
+context_ready=""
+context() {
+  [ -n "$context_ready" ] && return 0
+  local b src stamp
+  if ! cargo_bins baton-sidecar; then
+    return 1
+  fi
+  mkdir -p "$CONTEXT/target/release" "$CONTEXT/docker"
+  cp "$REPO/docker/rootfs.sh" "$CONTEXT/docker/"
+  for b in baton-operator baton-webhook baton-sidecar baton-empty demo-http-echo demo-tcp-echo demo-load demo-fetch; do
+    case "$b" in baton-*) src="$RELEASE/$b" ;; *) src="$(tool_bin "$b")" ;; esac
+    [ -x "$src" ] || { log "no binary $src"; return 1; }
+    # Restaged only when the source changed (inode, size, mtime).
+    stamp="$(stat -L -c '%i %s %Y' "$src") $src"
+    if [ ! -e "$CONTEXT/target/release/$b" ] || [ "$(cat "$CONTEXT/$b.stamp" 2>/dev/null)" != "$stamp" ]; then
+      objcopy --strip-debug "$src" "$CONTEXT/target/release/$b.tmp"
+      mv "$CONTEXT/target/release/$b.tmp" "$CONTEXT/target/release/$b"
+      printf '%s\n' "$stamp" >"$CONTEXT/$b.stamp"
+    fi
+  done
+  context_ready=1
+}
+
+rootfs_ready=""
+# dockerfile_image NAME: the Dockerfile's target NAME, checked, exported, imported.
+dockerfile_image() {
+  local name=$1 ref="$IMAGE_REPO/$1:$IMAGE_TAG" user size
+  if ! context; then
+    skipped+=("$name (the release build failed or a binary is missing)")
+    return 0
+  fi
+  used_buildah=1
+  base_image
+  if [ -z "$rootfs_ready" ]; then
+    dockerfile_build prebuilt "$PREBUILT_TAG" >/dev/null
+    dockerfile_build rootfs "$ROOTFS_TAG" >/dev/null
+    rootfs_ready=1
+  fi
+  dockerfile_build "$name" "$ref" >/dev/null
+  # Every image runs as a user other than root (its config says so; the
+  # injected init container alone is run as root, by its Pod spec).
+  user=$(bh inspect --type image --format '{{.OCIv1.Config.User}}' "$ref")
+  case "${user%%:*}" in
+    "" | 0 | root) die "image $ref runs as root (User '$user')" ;;
+  esac
+  rm -f "$OUT/$name.tar"
+  bh push --quiet "$ref" "docker-archive:$OUT/$name.tar:$ref"
+  # Uncompressed: the layers as the archive holds them (tar streams).
+  size=$(tar -tvf "$OUT/$name.tar" | awk '$6 ~ /\.tar$/ && $1 !~ /^l/ { s += $3 } END { print s + 0 }')
+  printf '%s\t%s\t%s\n' "$name" "$size" "$user" >>"$OUT/sizes.tsv"
+  log "image $name: $(awk -v b="$size" 'BEGIN { printf "%.1f MiB", b / 1048576 }') uncompressed, user $user"
+  if [ "$name" = sidecar ] && [ "$size" -gt "$SIDECAR_MAX_BYTES" ]; then
+    die "the sidecar image is $size bytes uncompressed, over the 30 MiB budget"
+  fi
+  if [ "${BATON_IMAGES_NO_IMPORT:-0}" != 1 ]; then
+    ctr_k8s images import "$OUT/$name.tar" >/dev/null
+  fi
+  built+=("$ref")
 }
 
 for name in "${names[@]}"; do
@@ -200,13 +321,8 @@ for name in "${names[@]}"; do
       oci_tar pause "$rootfs" '["/pause"]' null "65535:65535"
       rm -rf "$rootfs"
       ;;
-    empty) rust_image empty baton-sidecar baton-empty '["/usr/local/bin/baton-empty"]' null "$UID_BATON:$UID_BATON" as-sidecar ;;
-    # `baton-sidecar init` (the injected init container) runs iptables.
-    sidecar) rust_image sidecar baton-sidecar baton-sidecar '["/usr/local/bin/baton-sidecar"]' '["run"]' "$UID_BATON:$UID_BATON" with-iptables ;;
-    operator) rust_image operator baton-operator baton-operator '["/usr/local/bin/baton-operator"]' null "$UID_BATON:$UID_BATON" ;;
-    webhook) rust_image webhook baton-webhook baton-webhook '["/usr/local/bin/baton-webhook"]' null "$UID_BATON:$UID_BATON" ;;
-    demo-http-echo | demo-tcp-echo | demo-load | demo-fetch)
-      rust_image "$name" baton-e2e "$name" "[\"/usr/local/bin/$name\"]" null "$UID_BATON:$UID_BATON"
+    empty | sidecar | operator | webhook | demo-http-echo | demo-tcp-echo | demo-load | demo-fetch)
+      dockerfile_image "$name"
       ;;
     nettools)
       # Test-only image: busybox (sh, nc, wget, ip) and iptables with its
@@ -223,6 +339,11 @@ for name in "${names[@]}"; do
   esac
 done
 
+# Layers of earlier builds no tag needs (the base and the packages stay).
+if [ -n "$used_buildah" ]; then
+  bh_cleanup
+  bh rmi --prune >/dev/null 2>&1 || true
+fi
 for r in "${built[@]}"; do log "image $r"; done
 if [ ${#skipped[@]} -gt 0 ]; then
   for s in "${skipped[@]}"; do log "SKIPPED image: $s"; done

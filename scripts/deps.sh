@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Debian packages the build and the tests need; installs only what is missing.
 set -euo pipefail
-pkgs=(build-essential pkg-config libssl-dev iptables iproute2 util-linux openssl curl jq python3)
+# buildah and mmdebstrap: the Dockerfile's images without a Docker engine or a
+# registry (e2e/images.sh).
+pkgs=(build-essential pkg-config libssl-dev iptables iproute2 util-linux openssl curl jq python3 buildah mmdebstrap)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

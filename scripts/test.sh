@@ -72,7 +72,7 @@ for p in baton-sidecar baton-config baton-handoff; do
   fi
 done
 
-step "Dockerfile copies only binaries the workspace builds"
+step "Dockerfile: the binaries it copies, its non-root FROM scratch targets and e2e/images.sh agree"
 scripts/check-dockerfile.sh
 
 step "CRD drift: manifests/crds must equal crdgen's output"

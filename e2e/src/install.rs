@@ -232,6 +232,61 @@ pub struct BatonProcess {
     pub exe: String,
     /// Whether it runs inside a Pod (its cgroup is under `kubepods`).
     pub in_pod: bool,
+    /// Its `/proc/<pid>/cgroup` (names the Pod's UID when it is in one).
+    pub cgroup: String,
+}
+
+impl BatonProcess {
+    /// Whether it runs in the Pod with this UID (the cgroup path names it,
+    /// with `_` for `-` under the systemd driver).
+    pub fn in_pod_uid(&self, uid: &str) -> bool {
+        self.in_pod && (self.cgroup.contains(uid) || self.cgroup.contains(&uid.replace('-', "_")))
+    }
+}
+
+/// How a process runs: its effective UID and whether its root filesystem
+/// (`/` in its mount namespace) is mounted read-only. Read from `/proc`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Confinement {
+    pub euid: u32,
+    pub root_read_only: bool,
+}
+
+/// The effective UID of a `/proc/<pid>/status` text.
+pub fn effective_uid(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1))
+        .and_then(|id| id.parse().ok())
+}
+
+/// Whether the root of a `/proc/<pid>/mountinfo` text is mounted read-only:
+/// the per-mount options (field 6) of the last mount on `/` (the one on top).
+pub fn root_read_only(mountinfo: &str) -> Option<bool> {
+    mountinfo
+        .lines()
+        .rev()
+        .find_map(|l| {
+            let fields: Vec<&str> = l.split_whitespace().collect();
+            (fields.get(4) == Some(&"/")).then(|| fields.get(5).copied())?
+        })
+        .map(|opts| opts.split(',').any(|o| o == "ro"))
+}
+
+/// How process `pid` runs (read-only scan of `/proc/<pid>`).
+pub fn confinement(pid: u32) -> Result<Confinement, String> {
+    let read = |f: &str| {
+        std::fs::read_to_string(format!("/proc/{pid}/{f}"))
+            .map_err(|e| format!("/proc/{pid}/{f}: {e}"))
+    };
+    let status = read("status")?;
+    let mountinfo = read("mountinfo")?;
+    Ok(Confinement {
+        euid: effective_uid(&status).ok_or(format!("/proc/{pid}/status: no Uid line"))?,
+        root_read_only: root_read_only(&mountinfo)
+            .ok_or(format!("/proc/{pid}/mountinfo: no mount on /"))?,
+    })
 }
 
 /// Whether a `/proc/<pid>/cgroup` text places the process in a Pod.
@@ -273,6 +328,7 @@ pub fn baton_processes(binaries: &[&str]) -> Vec<BatonProcess> {
             pid,
             exe: exe.clone(),
             in_pod: cgroup_is_a_pod(&cgroup),
+            cgroup,
         });
     }
     found
@@ -358,6 +414,32 @@ mod tests {
                 orig_dst: "10.96.14.7:8443".parse().unwrap(),
                 reply_src: "10.88.0.9:8443".parse().unwrap(),
             }]
+        );
+    }
+
+    #[test]
+    fn the_effective_uid_and_the_root_mounts_options_are_read_from_proc() {
+        let status = "Name:\tbaton-sidecar\nUid:\t0\t65532\t65532\t65532\nGid:\t0\t0\t0\t0\n";
+        assert_eq!(effective_uid(status), Some(65532));
+        assert_eq!(effective_uid("Name:\tx\n"), None);
+        // A container's root (overlay, read-only), then a bind mount on top
+        // of other paths; the host's root is read-write.
+        let container = "1201 1100 0:312 / / ro,relatime master:1 - overlay overlay rw,lowerdir=/a\n\
+                         1202 1201 0:313 / /proc rw,nosuid - proc proc rw\n\
+                         1210 1201 253:1 /x /etc/hosts rw,relatime - ext4 /dev/vda rw\n";
+        assert_eq!(root_read_only(container), Some(true));
+        let host = "25 1 253:1 / / rw,relatime shared:1 - ext4 /dev/vda rw\n";
+        assert_eq!(root_read_only(host), Some(false));
+        // Remounted: the last mount on / is the one in effect.
+        assert_eq!(
+            root_read_only(&format!(
+                "{host}26 25 253:1 / / ro,relatime - ext4 /dev/vda rw\n"
+            )),
+            Some(true)
+        );
+        assert_eq!(
+            root_read_only("1202 1201 0:313 / /proc rw - proc proc rw\n"),
+            None
         );
     }
 }

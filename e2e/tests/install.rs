@@ -401,6 +401,129 @@ async fn install_runs_four_ready_baton_pods_and_no_baton_process_on_the_host() {
     }
 }
 
+/// What the cluster made of the Dockerfile's images (e2e/images.sh builds
+/// them from it): every Baton container of the install and of an injected
+/// Pod is specified with a read-only root filesystem, and every Baton
+/// process in a Pod (operator, webhook, the serving sidecar, the idle slot)
+/// runs as a user other than root with `/` mounted read-only, as `/proc`
+/// shows it. The init container alone runs as root (it programs iptables).
+#[tokio::test]
+#[ignore = "needs the local cluster: run e2e/run.sh"]
+async fn install_baton_containers_run_as_non_root_on_a_read_only_root_filesystem() {
+    use baton_e2e::rollout::{create_app, create_release, make_versions, pki, ready_pods};
+    baton_e2e::cluster::require_component("webhook");
+    baton_e2e::cluster::require_component("operator");
+    make_versions(&["v1"], &[]).unwrap_or_else(|e| panic!("{e}"));
+    let injected = std::collections::BTreeMap::from([(
+        labels::INJECT.to_owned(),
+        labels::INJECT_ENABLED.to_owned(),
+    )]);
+    baton_e2e::with_temp_ns_labelled(injected, |client, ns| async move {
+        let mut specs: Vec<(String, k8s_openapi::api::core::v1::Container)> = Vec::new();
+        for component in ["webhook", "operator"] {
+            for pod in baton::wait_whole(&client, component, WHOLE)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+            {
+                let spec = pod.spec.expect("spec");
+                for c in spec.containers {
+                    specs.push((component.to_owned(), c));
+                }
+            }
+        }
+        let pki = pki();
+        let _release = create_release(&client, &ns, &ns, "v1", "1", None)
+            .await
+            .unwrap_or_else(|e| panic!("creating the release: {e}"));
+        create_app(&client, &ns, &ns, &pki, 1)
+            .await
+            .unwrap_or_else(|e| panic!("creating the app: {e}"));
+        let pods = ready_pods(&client, &ns, "v1", 1, Duration::from_secs(180))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let app = &pods[0];
+        let uid = app.metadata.uid.clone().expect("uid");
+        let spec = app.spec.clone().expect("spec");
+        let baton_names = [containers::INIT, containers::SLOT_A, containers::SLOT_B];
+        for c in spec
+            .init_containers
+            .iter()
+            .flatten()
+            .chain(&spec.containers)
+        {
+            if baton_names.contains(&c.name.as_str()) {
+                specs.push(("injected".to_owned(), c.clone()));
+            }
+        }
+        assert_eq!(
+            specs.iter().filter(|(w, _)| w == "injected").count(),
+            3,
+            "{specs:?}"
+        );
+        for (whose, c) in &specs {
+            let sc = c.security_context.as_ref();
+            assert_eq!(
+                sc.and_then(|s| s.read_only_root_filesystem),
+                Some(true),
+                "{whose} container {}: {sc:?}",
+                c.name
+            );
+        }
+
+        // What runs: every Baton process of those Pods, from /proc.
+        let processes = baton::baton_processes(&[
+            "baton-webhook",
+            "baton-operator",
+            "baton-sidecar",
+            "baton-empty",
+        ]);
+        let mut seen = std::collections::BTreeMap::<&str, usize>::new();
+        for p in processes.iter().filter(|p| p.in_pod) {
+            let binary = p.exe.rsplit('/').next().unwrap_or_default();
+            let ours = match binary {
+                "baton-webhook" | "baton-operator" => true,
+                _ => p.in_pod_uid(&uid),
+            };
+            if !ours {
+                continue; // another test's injected Pod
+            }
+            let how = baton::confinement(p.pid).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+            assert_ne!(
+                how.euid, 0,
+                "{binary} (pid {}) runs as root: {how:?}",
+                p.pid
+            );
+            assert!(
+                how.root_read_only,
+                "{binary} (pid {}) has a writable root filesystem: {how:?}",
+                p.pid
+            );
+            *seen
+                .entry(match binary {
+                    "baton-webhook" => "baton-webhook",
+                    "baton-operator" => "baton-operator",
+                    "baton-sidecar" => "baton-sidecar",
+                    _ => "baton-empty",
+                })
+                .or_default() += 1;
+        }
+        // The two of each Deployment, and the app Pod's serving sidecar and
+        // idle slot.
+        for (binary, at_least) in [
+            ("baton-webhook", 2),
+            ("baton-operator", 2),
+            ("baton-sidecar", 1),
+            ("baton-empty", 1),
+        ] {
+            assert!(
+                seen.get(binary).copied().unwrap_or(0) >= at_least,
+                "{binary}: {seen:?} among {processes:?}"
+            );
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 #[ignore = "needs the local cluster: run e2e/run.sh"]
 async fn install_injects_a_labelled_namespaces_pods_through_the_webhook_service() {
