@@ -5,8 +5,8 @@
 #   docker build --target sidecar -t baton/sidecar:0.1.0 .
 #
 # compiles every binary in the build (a `rust` image). With the binaries
-# already built (`cargo build --release --locked --bins`, in target/release/
-# of the build context), the same command takes them instead:
+# already built (`scripts/build-binaries.sh`, into target/release/ and
+# target/control/ of the build context), the same command takes them instead:
 #
 #   docker build --build-arg BINARIES=prebuilt --target sidecar -t baton/sidecar:0.1.0 .
 #
@@ -21,7 +21,8 @@
 # the non-root user 2137, and works with a read-only root filesystem.
 
 ARG RUST_VERSION=1.95
-# build: compile in the image build; prebuilt: copy target/release/ of the context.
+# build: compile in the image build; prebuilt: copy target/{release,control}/ of the context
+# (scripts/build-binaries.sh lays them out so).
 ARG BINARIES=build
 
 FROM rust:${RUST_VERSION}-bookworm AS build
@@ -31,12 +32,12 @@ RUN apt-get update && apt-get install -y --no-install-recommends libssl-dev pkg-
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bins \
+    scripts/build-binaries.sh all \
     && mkdir -p /out \
-    && cp target/release/baton-operator target/release/baton-webhook \
+    && cp target/control/baton-operator target/control/baton-webhook \
           target/release/baton-sidecar target/release/baton-empty \
-          target/release/demo-http-echo target/release/demo-tcp-echo \
-          target/release/demo-load target/release/demo-fetch /out/
+          target/control/demo-http-echo target/control/demo-tcp-echo \
+          target/control/demo-load target/control/demo-fetch /out/
 
 # What every image's root is assembled from: a stage of its own, so a layer
 # cache (and e2e/images.sh's tag of it) keeps it across builds, and a rebuild
@@ -50,10 +51,10 @@ RUN apt-get update \
 # than scratch: buildah's layer cache then skips the copy when they are
 # unchanged.
 FROM rootfs-packages AS prebuilt
-COPY target/release/baton-operator target/release/baton-webhook \
+COPY target/control/baton-operator target/control/baton-webhook \
      target/release/baton-sidecar target/release/baton-empty \
-     target/release/demo-http-echo target/release/demo-tcp-echo \
-     target/release/demo-load target/release/demo-fetch /out/
+     target/control/demo-http-echo target/control/demo-tcp-echo \
+     target/control/demo-load target/control/demo-fetch /out/
 
 FROM ${BINARIES} AS binaries
 

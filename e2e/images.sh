@@ -13,7 +13,8 @@
 #   buildah bud --build-arg BINARIES=prebuilt --target NAME -f Dockerfile CONTEXT
 #
 # CONTEXT ($BATON_CACHE/images/context) holds docker/rootfs.sh and the
-# binaries as target/release/ (the shipped ones from the release build; the
+# binaries as target/release/ (sidecar, empty) and target/control/ (the rest),
+# as scripts/build-binaries.sh lays them out (the shipped ones from it; the
 # test tools from BATON_TOOLS_DIR when set, see common.sh). The Dockerfile's
 # FROM debian:bookworm-slim is a root that mmdebstrap makes from the
 # machine's apt sources once per BASE_VERSION (no registry is reached: every
@@ -36,7 +37,6 @@ E2E_DIR="$(cd "$(dirname "$0")" && pwd)"
 . "$E2E_DIR/scripts/common.sh"
 
 OUT="${BATON_IMAGES_OUT:-$CACHE/images}"
-RELEASE="${CARGO_TARGET_DIR:-$REPO/target}/release"
 UID_BATON=2137
 mkdir -p "$OUT"
 
@@ -255,20 +255,22 @@ dockerfile_build() {
 context_ready=""
 context() {
   [ -n "$context_ready" ] && return 0
-  local b src stamp
+  local b src stamp dir
   if ! cargo_bins baton-sidecar; then
     return 1
   fi
-  mkdir -p "$CONTEXT/target/release" "$CONTEXT/docker"
+  mkdir -p "$CONTEXT/target/release" "$CONTEXT/target/control" "$CONTEXT/docker"
   cp "$REPO/docker/rootfs.sh" "$CONTEXT/docker/"
   for b in baton-operator baton-webhook baton-sidecar baton-empty demo-http-echo demo-tcp-echo demo-load demo-fetch; do
-    case "$b" in baton-*) src="$RELEASE/$b" ;; *) src="$(tool_bin "$b")" ;; esac
+    case "$b" in baton-*) src="$(bin_path "$b")" ;; *) src="$(tool_bin "$b")" ;; esac
     [ -x "$src" ] || { log "no binary $src"; return 1; }
     # Restaged only when the source changed (inode, size, mtime).
     stamp="$(stat -L -c '%i %s %Y' "$src") $src"
-    if [ ! -e "$CONTEXT/target/release/$b" ] || [ "$(cat "$CONTEXT/$b.stamp" 2>/dev/null)" != "$stamp" ]; then
-      objcopy --strip-debug "$src" "$CONTEXT/target/release/$b.tmp"
-      mv "$CONTEXT/target/release/$b.tmp" "$CONTEXT/target/release/$b"
+    # The Dockerfile's prebuilt stage copies each from its profile's dir.
+    case "$b" in baton-sidecar | baton-empty) dir="$CONTEXT/target/release" ;; *) dir="$CONTEXT/target/control" ;; esac
+    if [ ! -e "$dir/$b" ] || [ "$(cat "$CONTEXT/$b.stamp" 2>/dev/null)" != "$stamp" ]; then
+      objcopy --strip-debug "$src" "$dir/$b.tmp"
+      mv "$dir/$b.tmp" "$dir/$b"
       printf '%s\n' "$stamp" >"$CONTEXT/$b.stamp"
     fi
   done

@@ -13,18 +13,19 @@ bins=$(cargo metadata --no-deps --format-version 1 --locked \
   | jq -r '.packages[].targets[] | select(.kind[] == "bin") | .name' | sort -u)
 status=0
 fail() { echo "$*" >&2; status=1; }
-# The binaries of each stage's list of target/release/ paths.
+# The binaries of each stage's list of target/{release,control}/ paths.
 stage_bins() {
   awk -v s="$1" '/^FROM / { on = ($NF == s) } on' Dockerfile \
-    | grep -oE 'target/release/(baton|demo)-[a-z0-9-]+' | sed 's|target/release/||' | sort -u
+    | grep -oE 'target/(release|control)/(baton|demo)-[a-z0-9-]+' | sort -u
 }
 built=$(stage_bins build)
 prebuilt=$(stage_bins prebuilt)
 [ -n "$built" ] || fail "cannot read the binaries of the Dockerfile's build stage"
 [ "$built" = "$prebuilt" ] || fail "the build and prebuilt stages copy different binaries: $(diff <(echo "$built") <(echo "$prebuilt") | grep '^[<>]' | tr '\n' ' ')"
 for b in $built; do
+  grep -q "^!$b\$" .dockerignore || fail ".dockerignore leaves $b out of the build context"
+  b=${b##*/}
   grep -qx "$b" <<<"$bins" || fail "Dockerfile copies $b, which no workspace crate builds"
-  grep -q "^!target/release/$b\$" .dockerignore || fail ".dockerignore leaves $b out of the build context"
   grep -qE "^  for b in .*\\b$b\\b" e2e/images.sh || fail "e2e/images.sh does not stage $b into the build context"
 done
 e2e_images=$(sed -n 's/^  names=(\([a-z].*\))$/\1/p' e2e/images.sh | tr ' ' '\n' | grep -vxE 'pause|nettools')

@@ -33,8 +33,8 @@ step() {
   stage_name="$*" stage_t0=$(date +%s)
   printf '\n==> %s\n' "$*"
 }
-stage_table() {
-  local rc=$?
+stage_table() { # [EXIT_STATUS]
+  local rc=${1:-$?}
   stage_end "$([ "$rc" = 0 ] && echo ok || echo "FAILED (exit $rc)")"
   printf '\n==> stage times (seconds)\n'
   awk -F'\t' '{ printf "%7d  %-8s %s\n", $1, $2, $3 }' "$BATON_STAGE_TIMES"
@@ -78,13 +78,36 @@ scripts/check-dockerfile.sh
 step "CRD drift: manifests/crds must equal crdgen's output"
 scripts/crd-drift.sh
 
-step "workspace tests"
-cargo test --workspace --locked
+step "workspace tests: build"
+cargo test --workspace --locked --no-run
 
+# The fuzz run goes beside the test run and the release build (decision
+# 0057): the tests mostly wait on sockets and timers and libFuzzer uses one
+# core, so on two cores running them one after another left a core idle for
+# minutes. Its own process group (killed on exit, pass or fail) and log,
+# printed when it is waited for; it writes its own row of the stage table.
+fuzz_pid="" fuzz_log=""
+stop_fuzz() {
+  if [ -n "$fuzz_pid" ] && kill -0 "$fuzz_pid" 2>/dev/null; then
+    kill -- "-$fuzz_pid" 2>/dev/null || true
+    wait "$fuzz_pid" 2>/dev/null || true
+  fi
+  [ -z "$fuzz_log" ] || rm -f "$fuzz_log"
+}
+trap 'r=$?; stop_fuzz; stage_table "$r"' EXIT
 if [ "${BATON_SKIP_FUZZ:-0}" != 1 ]; then
-  step "fuzz the HTTP/1 request-head parser and validation and the TLS record layer (bounded: ${BATON_FUZZ_BUDGET:-60} s for all targets)"
-  scripts/fuzz.sh
+  fuzz_log="$(mktemp /tmp/baton-fuzz.XXXXXX)"
+  fuzz_stage="fuzz the HTTP/1 request-head parser and validation and the TLS record layer (bounded: ${BATON_FUZZ_BUDGET:-60} s for all targets; beside the next stages)"
+  setsid bash -c '
+    t0=$(date +%s)
+    scripts/fuzz.sh >"$1" 2>&1 && r=ok || r="FAILED (exit $?)"
+    printf "%s\t%s\t%s\n" "$(($(date +%s) - t0))" "$r" "$2" >>"$BATON_STAGE_TIMES"
+    [ "$r" = ok ]' fuzz "$fuzz_log" "$fuzz_stage" &
+  fuzz_pid=$!
 fi
+
+step "workspace tests: run"
+cargo test --workspace --locked
 
 if [ "${BATON_SKIP_E2E:-0}" != 1 ]; then
   # The test tools (echo servers, load generators, demo-rollout) are the
@@ -92,9 +115,24 @@ if [ "${BATON_SKIP_E2E:-0}" != 1 ]; then
   # Baton ships are built for release (e2e/scripts/common.sh, decision 0043).
   # The images (e2e/images.sh) and the demo run the same command: a no-op.
   export BATON_TOOLS_DIR="$CARGO_TARGET_DIR/debug"
-  step "release build of the shipped binaries (sidecar, operator, webhook)"
+  step "release build of the shipped binaries (scripts/build-binaries.sh shipped: sidecar with thin LTO, operator and webhook without)"
   (E2E_DIR="$PWD/e2e" && . e2e/scripts/common.sh && release_build)
+fi
 
+if [ -n "$fuzz_pid" ]; then
+  step "fuzz: waiting for the run started beside the tests"
+  if wait "$fuzz_pid"; then
+    grep -E '^(fuzz:|Done [0-9]+ runs)' "$fuzz_log" || true
+  else
+    cat "$fuzz_log"
+    echo "fuzzing failed (the crashing input is under sidecar/fuzz/artifacts/)" >&2
+    fuzz_pid=""
+    exit 1
+  fi
+  fuzz_pid=""
+fi
+
+if [ "${BATON_SKIP_E2E:-0}" != 1 ]; then
   if [ "${BATON_SKIP_DEMO:-0}" != 1 ]; then
     # The README's first command as a newcomer runs it, then the suite on the
     # same machine: the demo's teardown must leave nothing that fails it.

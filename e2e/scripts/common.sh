@@ -63,24 +63,35 @@ IMAGE_TAG="${BATON_IMAGE_TAG:-e2e}"
 PAUSE_IMAGE="$IMAGE_REPO/pause:$IMAGE_TAG"
 
 # The binaries Baton ships (sidecar and its idle image, operator, webhook)
-# come from the release build, always. The test tools (demo-http-echo,
+# come from scripts/build-binaries.sh, always (the sidecar's `release`
+# profile, the control plane's `control` profile: decision 0057). The test tools (demo-http-echo,
 # demo-tcp-echo, demo-load, demo-fetch, demo-rollout) come from
 # BATON_TOOLS_DIR when it is set, as they are there: scripts/test.sh points
 # it at the workspace test build, which already built them (a release build
 # of the tools cost CI ~4 minutes of thin-LTO links; see decision 0043).
-# Unset, everything is one release build of the workspace (the demo and the
-# benchmarks as a user runs them).
+# Unset, the tools come from the same build (the demo and the benchmarks as a
+# user runs them).
 TOOLS_DIR="${BATON_TOOLS_DIR:-}"
-# release_build: the one release build; a no-op when it is up to date.
+# release_build: the one build per profile (scripts/build-binaries.sh, the
+# Dockerfile's command too): the sidecar for `release`, the control plane
+# (and, without BATON_TOOLS_DIR, the test tools) for `control`; a no-op when
+# up to date.
 release_build() {
   if [ -n "$TOOLS_DIR" ]; then
-    (cd "$REPO" && cargo build --release --locked -p baton-sidecar -p baton-operator -p baton-webhook --bins)
+    "$REPO/scripts/build-binaries.sh" shipped
   else
-    (cd "$REPO" && cargo build --release --locked --workspace --bins)
+    "$REPO/scripts/build-binaries.sh" all
   fi
 }
+# bin_path NAME: where the build above puts a binary Baton ships.
+bin_path() {
+  case "$1" in
+    baton-sidecar | baton-empty) echo "${CARGO_TARGET_DIR:-$REPO/target}/release/$1" ;;
+    *) echo "${CARGO_TARGET_DIR:-$REPO/target}/control/$1" ;;
+  esac
+}
 # tool_bin NAME: the path of a test tool's binary.
-tool_bin() { echo "${TOOLS_DIR:-${CARGO_TARGET_DIR:-$REPO/target}/release}/$1"; }
+tool_bin() { echo "${TOOLS_DIR:-${CARGO_TARGET_DIR:-$REPO/target}/control}/$1"; }
 
 log() { printf '[e2e %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
