@@ -27,6 +27,15 @@
 //! guard). A handoff parks the connection between two requests, like the
 //! hyper path; upstream connections are not moved.
 //!
+//! A listener's authorization policy and access log do not send requests
+//! away: once the fast path knows it keeps a request (every reason to fall
+//! back is found first, so nothing is decided or logged twice), it asks
+//! the policy ([`crate::filters::Rbac::authorize`], with the head's raw
+//! header lines) and starts the line ([`crate::access_log::start_http`]),
+//! the functions the general path calls; a denial or a path that cannot be
+//! normalized is answered here as the general path answers it
+//! (docs/decisions/0053).
+//!
 //! On by default; `runtime.h1_fast_path: false` sends every HTTP/1
 //! connection to the hyper path. Every test suite runs with it on (the
 //! handoff, TLS and end-to-end suites included).
@@ -281,6 +290,8 @@ struct Answer {
     /// The request body's length (read and dropped).
     body_len: usize,
     close: bool,
+    /// A `HEAD` request: the answer has no body.
+    head_request: bool,
     route: Option<Arc<CompiledRoute>>,
     /// Known for a denial (routing came first), not for a refused path.
     route_name: Option<Arc<str>>,
@@ -313,16 +324,32 @@ impl Answer {
         }
         if let Some(log) = &self.log {
             log.answered(self.status.as_u16(), Some(self.reason));
-            log.add_out(self.body.len() as u64);
+            if !self.head_request {
+                log.add_out(self.body.len() as u64);
+            }
         }
-        let out = local_response(self.status, self.reason, &self.body, close);
+        let out = local_response(
+            self.status,
+            self.reason,
+            &self.body,
+            close,
+            self.head_request,
+        );
         down.write_all(&out).await.map_err(|_| ())
     }
 }
 
 /// A local answer's bytes: the general path's `local` (same status, headers
-/// and body), `connection: close` when it is the connection's last.
-fn local_response(status: StatusCode, reason: &str, body: &str, close: bool) -> Vec<u8> {
+/// and body), `connection: close` when it is the connection's last. To a
+/// `HEAD` request, the head alone (its `content-length` the body's, as
+/// hyper answers): a body there would be read as the next response.
+fn local_response(
+    status: StatusCode,
+    reason: &str,
+    body: &str,
+    close: bool,
+    head_request: bool,
+) -> Vec<u8> {
     let head = format!(
         "HTTP/1.1 {} {}\r\ncontent-type: text/plain; charset=utf-8\r\nx-baton-local-reason: {reason}\r\ncontent-length: {}\r\n{}\r\n",
         status.as_u16(),
@@ -331,7 +358,9 @@ fn local_response(status: StatusCode, reason: &str, body: &str, close: bool) -> 
         if close { "connection: close\r\n" } else { "" },
     );
     let mut out = head.into_bytes();
-    out.extend_from_slice(body.as_bytes());
+    if !head_request {
+        out.extend_from_slice(body.as_bytes());
+    }
     out
 }
 
@@ -469,6 +498,7 @@ fn plan(
                     body: why.body().into(),
                     body_len,
                     close,
+                    head_request: method == Method::HEAD,
                     route: None,
                     route_name: None,
                     log: start_log(),
@@ -532,6 +562,7 @@ fn plan(
                 body: crate::filters::DENIED_BODY.into(),
                 body_len,
                 close,
+                head_request: method == Method::HEAD,
                 route,
                 route_name: Some(route_name),
                 log,
@@ -766,11 +797,14 @@ impl Exchange<'_> {
     ) -> Result<bool, ()> {
         self.shared.metrics.local_response(reason);
         self.record(status);
+        let head_request = self.plan.method == Method::HEAD;
         if let Some(log) = &self.plan.log {
             log.answered(status.as_u16(), Some(reason));
-            log.add_out(body.len() as u64);
+            if !head_request {
+                log.add_out(body.len() as u64);
+            }
         }
-        let out = local_response(status, reason, body, self.close);
+        let out = local_response(status, reason, body, self.close, head_request);
         down.write_all(&out).await.map_err(|_| ())?;
         Ok(true)
     }
@@ -1124,16 +1158,30 @@ mod tests {
             "rbac_denied",
             "denied by rbac policy\n",
             false,
+            false,
         );
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "HTTP/1.1 403 Forbidden\r\ncontent-type: text/plain; charset=utf-8\r\nx-baton-local-reason: rbac_denied\r\ncontent-length: 22\r\n\r\ndenied by rbac policy\n"
         );
-        let last = local_response(StatusCode::BAD_REQUEST, "path_bad_escape", "x", true);
+        let last = local_response(StatusCode::BAD_REQUEST, "path_bad_escape", "x", true, false);
         assert!(
             String::from_utf8(last)
                 .unwrap()
                 .contains("\r\nconnection: close\r\n\r\nx")
+        );
+        let head = local_response(
+            StatusCode::FORBIDDEN,
+            "rbac_denied",
+            "denied\n",
+            false,
+            true,
+        );
+        assert!(
+            String::from_utf8(head)
+                .unwrap()
+                .ends_with("content-length: 7\r\n\r\n"),
+            "no body after the head of an answer to HEAD"
         );
     }
 

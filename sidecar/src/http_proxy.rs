@@ -338,9 +338,10 @@ impl HttpService {
     /// the answer's status and counts the response body as it passes.
     async fn handle(&self, req: Request<Incoming>) -> Response<ProxyBody> {
         let mut pending = None;
+        let head_request = req.method() == Method::HEAD;
         let resp = self.handle_request(req, &mut pending).await;
         match pending {
-            Some(p) => finish_http(resp, p),
+            Some(p) => finish_http(resp, p, head_request),
             None => resp,
         }
     }
@@ -956,6 +957,7 @@ pub(crate) async fn splice_upgrades(
 fn finish_http(
     resp: http::Response<ProxyBody>,
     p: Arc<crate::access_log::Pending>,
+    head_request: bool,
 ) -> http::Response<ProxyBody> {
     // Only the sidecar's own answers (buffered bodies) are asked for a
     // reason: an upstream's response could carry any header.
@@ -968,6 +970,11 @@ fn finish_http(
             .map(str::to_owned),
     };
     p.answered(resp.status().as_u16(), reason.as_deref());
+    // hyper polls a local answer's body to a HEAD request but sends none
+    // of it: the client got no body bytes, so none are counted.
+    if head_request {
+        return resp;
+    }
     resp.map(|b| b.with_tap(Some(crate::body::Tap::Out(p))))
 }
 
