@@ -155,6 +155,9 @@ pub async fn serve<I: ParkableIo>(
             Ok(p) => p,
             Err(why) => return fall_back(down, buf, meta, shared, park, why).await,
         };
+        // Counted when taken, before anything is answered: a client that
+        // has its response finds the request counted.
+        shared.metrics.h1_fast_path_requests.inc();
         // The whole body, before anything is sent (or answered: a request
         // the sidecar answers itself is read to its end, so the next one
         // starts where the client put it).
@@ -182,11 +185,11 @@ pub async fn serve<I: ParkableIo>(
                         max_pairs,
                     )
                 });
-                if a.answer(&shared, pair, &mut down, close).await.is_err() || close {
+                let sent = a.answer(&shared, pair, &mut down, close).await;
+                if sent.is_err() || close {
                     let _ = down.shutdown().await;
                     return;
                 }
-                shared.metrics.h1_fast_path_requests.inc();
                 continue;
             }
         };
@@ -208,7 +211,6 @@ pub async fn serve<I: ParkableIo>(
         };
         match ex.run(&request, &mut rbuf, &mut down).await {
             Ok(keep) => {
-                shared.metrics.h1_fast_path_requests.inc();
                 if !keep || close {
                     let _ = down.shutdown().await;
                     return;
