@@ -41,7 +41,7 @@ DURATION=5 LAT_DURATION=3 REPEATS=5 OUT=""
 while getopts "d:l:r:o:h" o; do
   case $o in
     d) DURATION=$OPTARG ;; l) LAT_DURATION=$OPTARG ;; r) REPEATS=$OPTARG ;; o) OUT=$OPTARG ;;
-    *) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   esac
 done
 [[ $DURATION =~ ^[0-9]+$ && $LAT_DURATION =~ ^[0-9]+$ && $REPEATS =~ ^[0-9]+$ ]] \
