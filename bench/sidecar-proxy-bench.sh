@@ -14,9 +14,11 @@
 # Env: BATON_SIDECAR_BIN (default: the release build, built if stale),
 #      BATON_BENCH_OFFLOAD (TLS offload mode, default Preferred),
 #      PEERS (default "direct nginx haproxy"), WITH_ENVOY (default 0).
+# What a policy or an access log costs the sidecar itself (variants of one
+# sidecar against each other, same upstream): bench/authz-bench.sh.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
-[[ ${1:-} == -h ]] && { sed -n '2,17p' "$0"; exit 0; }
+[[ ${1:-} == -h ]] && { sed -n '2,19p' "$0"; exit 0; }
 [[ -n ${PROXY_BENCH:-} && -x ${PROXY_BENCH:-} ]] \
   || die "set PROXY_BENCH to the shared harness's proxy-bench.sh (not part of this repository)"
 BATON_SIDECAR_BIN=$(sidecar_bin) || exit 2

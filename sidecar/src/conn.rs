@@ -518,13 +518,14 @@ fn scan_head(head: &[u8], relayed_upgrade: bool) -> HeadScan {
 
 /// Finds where a chunked body ends, in hyper's decoder states (strict
 /// CRLF), without decoding it: the HTTP/1 fast path forwards response
-/// bodies as they are.
+/// bodies as they are. Counts the chunk data it passed (the access log's
+/// byte count, as a decoder would see it).
 #[derive(Debug)]
-pub(crate) struct ChunkedEnd(ChunkState);
+pub(crate) struct ChunkedEnd(ChunkState, u64);
 
 impl Default for ChunkedEnd {
     fn default() -> Self {
-        Self(ChunkState::Start)
+        Self(ChunkState::Start, 0)
     }
 }
 
@@ -537,6 +538,7 @@ impl ChunkedEnd {
             if let ChunkState::Data(left) = self.0 {
                 let n = left.min((data.len() - at) as u64);
                 at += n as usize;
+                self.1 += n;
                 self.0 = if n == left {
                     ChunkState::DataCr
                 } else {
@@ -555,6 +557,11 @@ impl ChunkedEnd {
             at += 1;
         }
         Ok(None)
+    }
+
+    /// Chunk data bytes passed so far.
+    pub(crate) fn data_bytes(&self) -> u64 {
+        self.1
     }
 }
 

@@ -187,14 +187,36 @@ impl HeaderCond {
     /// Any field line of the header satisfies the condition (a repeated
     /// header is not joined): a deny rule on a value cannot be evaded by
     /// sending the header twice.
-    fn matches(&self, headers: &HeaderMap) -> bool {
-        let mut values = headers.get_all(&self.name).iter();
-        match &self.value {
-            HeaderValueMatch::Present => values.next().is_some(),
-            HeaderValueMatch::Exact(v) => values.any(|h| h.as_bytes() == v.as_slice()),
-            HeaderValueMatch::Prefix(p) => values.any(|h| h.as_bytes().starts_with(p)),
+    fn matches(&self, headers: Headers<'_>) -> bool {
+        match headers {
+            Headers::Map(map) => {
+                self.matches_values(map.get_all(&self.name).iter().map(|v| v.as_bytes()))
+            }
+            Headers::Raw(raw) => self.matches_values(
+                raw.iter()
+                    .filter(|h| h.name.eq_ignore_ascii_case(self.name.as_str()))
+                    .map(|h| h.value),
+            ),
         }
     }
+
+    fn matches_values<'v>(&self, mut values: impl Iterator<Item = &'v [u8]>) -> bool {
+        match &self.value {
+            HeaderValueMatch::Present => values.next().is_some(),
+            HeaderValueMatch::Exact(v) => values.any(|h| h == v.as_slice()),
+            HeaderValueMatch::Prefix(p) => values.any(|h| h.starts_with(p)),
+        }
+    }
+}
+
+/// A request's header lines as either HTTP/1 path holds them: the general
+/// path's parsed map, or the fast path's `httparse` lines (no map is built
+/// for a policy). Both hold each field line separately, values without
+/// surrounding whitespace; names are matched in any case.
+#[derive(Debug, Clone, Copy)]
+pub enum Headers<'a> {
+    Map(&'a HeaderMap),
+    Raw(&'a [httparse::Header<'a>]),
 }
 
 #[derive(Debug)]
@@ -266,10 +288,17 @@ impl RbacRuleC {
 #[derive(Debug, Clone, Copy)]
 pub struct RequestFacts<'a> {
     pub method: &'a Method,
-    /// The path without the query, as received (not normalized).
+    /// The path without the query: normalized ([`crate::path_norm`]) when
+    /// the policy has a path condition ([`Rbac::matches_paths`]).
     pub path: &'a str,
-    pub headers: &'a HeaderMap,
+    pub headers: Headers<'a>,
 }
+
+/// The reason (metric label, `x-baton-local-reason`) and the static body of
+/// the answer to a denied request, the same on every path: a denied
+/// client learns neither routes nor policy names.
+pub const DENIED_REASON: &str = "rbac_denied";
+pub const DENIED_BODY: &str = "denied by rbac policy\n";
 
 /// Allowed through or refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -395,6 +424,8 @@ pub struct Rbac {
     pub name: Arc<str>,
     rules: Vec<RbacRuleC>,
     default_action: RbacAction,
+    /// Some rule has `paths` or `path_prefixes` ([`Rbac::matches_paths`]).
+    matches_paths: bool,
     /// One counter per rule, then the default's, resolved on first use
     /// (the hot path then does no label hashing).
     counters: OnceLock<Vec<Counter>>,
@@ -514,6 +545,9 @@ impl Rbac {
         }
         Ok(Rbac {
             name: Arc::from(p.name.as_str()),
+            matches_paths: rules
+                .iter()
+                .any(|r| !r.paths.is_empty() || !r.path_prefixes.is_empty()),
             rules,
             default_action: p.default_action,
             counters: OnceLock::new(),
@@ -547,6 +581,26 @@ impl Rbac {
             RbacAction::Deny => (Decision::Deny, By::Default, audit),
             RbacAction::Audit => (Decision::Allow, By::Default, audit),
         }
+    }
+
+    /// Whether any rule has a path condition: then requests are matched
+    /// (and forwarded) with their path normalized ([`crate::path_norm`]).
+    pub fn matches_paths(&self) -> bool {
+        self.matches_paths
+    }
+
+    /// Decide a request (or connection, `req` = `None`), count and log the
+    /// verdict: what every HTTP path calls per request, so the fast path
+    /// and the general path cannot disagree.
+    pub fn authorize(
+        self: &Arc<Self>,
+        metrics: &Metrics,
+        conn: &ConnMeta,
+        req: Option<&RequestFacts<'_>>,
+    ) -> Verdict {
+        let v = self.check(conn, req);
+        v.record(metrics, conn, req);
+        v
     }
 
     /// [`Rbac::decide`] as a [`Verdict`] (not counted or logged yet:
@@ -759,7 +813,7 @@ mod tests {
         let facts = req.map(|(method, path, headers)| RequestFacts {
             method,
             path,
-            headers,
+            headers: Headers::Map(headers),
         });
         let v = r.check(c, facts.as_ref());
         (
@@ -1008,6 +1062,68 @@ mod tests {
     }
 
     #[test]
+    fn rbac_headers_decide_the_same_from_a_header_map_and_from_raw_lines() {
+        let r = policy(
+            vec![
+                RbacRule {
+                    headers: vec![RbacHeader {
+                        name: "X-Team".into(),
+                        exact: Some("a".into()),
+                        prefix: None,
+                    }],
+                    ..rule(RbacAction::Deny)
+                },
+                RbacRule {
+                    headers: vec![RbacHeader {
+                        name: "authorization".into(),
+                        exact: None,
+                        prefix: Some("Bearer ".into()),
+                    }],
+                    ..rule(RbacAction::Allow)
+                },
+            ],
+            RbacAction::Deny,
+        );
+        let c = conn(None, "10.0.0.1", 80);
+        for head in [
+            &b"GET / HTTP/1.1\r\nX-TEAM: a\r\n\r\n"[..],
+            b"GET / HTTP/1.1\r\nx-team: b\r\nx-team:   a  \r\n\r\n",
+            b"GET / HTTP/1.1\r\nAuthorization: Bearer x\r\n\r\n",
+            b"GET / HTTP/1.1\r\nauthorization: Basic x\r\n\r\n",
+            b"GET / HTTP/1.1\r\nx-team: ab\r\nauthorization: Bearer x\r\n\r\n",
+            b"GET / HTTP/1.1\r\n\r\n",
+        ] {
+            let mut lines = [httparse::EMPTY_HEADER; 8];
+            let mut req = httparse::Request::new(&mut lines);
+            req.parse(head).unwrap();
+            // The map as hyper builds it: one entry per line, the value
+            // bytes httparse found.
+            let mut map = HeaderMap::new();
+            for h in req.headers.iter() {
+                map.append(
+                    HeaderName::from_bytes(h.name.as_bytes()).unwrap(),
+                    http::HeaderValue::from_bytes(h.value).unwrap(),
+                );
+            }
+            let ask = |headers| {
+                let facts = RequestFacts {
+                    method: &Method::GET,
+                    path: "/",
+                    headers,
+                };
+                let v = r.check(&c, Some(&facts));
+                (v.decision, v.rule().to_string())
+            };
+            assert_eq!(
+                ask(Headers::Raw(req.headers)),
+                ask(Headers::Map(&map)),
+                "{}",
+                String::from_utf8_lossy(head)
+            );
+        }
+    }
+
+    #[test]
     fn rbac_an_audit_rule_is_recorded_and_does_not_decide() {
         let r = policy(
             vec![
@@ -1131,6 +1247,27 @@ mod tests {
             "the GET rule matches every request of any peer, but no connection"
         );
         assert!(r.check(&conn(None, "10.0.0.1", 80), None).denied());
+    }
+
+    #[test]
+    fn rbac_knows_whether_it_matches_paths() {
+        let by_path = policy(
+            vec![RbacRule {
+                path_prefixes: vec!["/admin".into()],
+                ..rule(RbacAction::Deny)
+            }],
+            RbacAction::Allow,
+        );
+        let by_peer = policy(
+            vec![RbacRule {
+                cidrs: vec!["10.0.0.0/8".into()],
+                methods: vec!["GET".into()],
+                ..rule(RbacAction::Allow)
+            }],
+            RbacAction::Deny,
+        );
+        assert!(by_path.matches_paths());
+        assert!(!by_peer.matches_paths());
     }
 
     #[test]

@@ -27,6 +27,15 @@
 //! guard). A handoff parks the connection between two requests, like the
 //! hyper path; upstream connections are not moved.
 //!
+//! A listener's authorization policy and access log do not send requests
+//! away: once the fast path knows it keeps a request (every reason to fall
+//! back is found first, so nothing is decided or logged twice), it asks
+//! the policy ([`crate::filters::Rbac::authorize`], with the head's raw
+//! header lines) and starts the line ([`crate::access_log::start_http`]),
+//! the functions the general path calls; a denial or a path that cannot be
+//! normalized is answered here as the general path answers it
+//! (docs/decisions/0053).
+//!
 //! On by default; `runtime.h1_fast_path: false` sends every HTTP/1
 //! connection to the hyper path. Every test suite runs with it on (the
 //! handoff, TLS and end-to-end suites included).
@@ -142,18 +151,48 @@ pub async fn serve<I: ParkableIo>(
         if let Err(why) = crate::h1valid::validate(&buf[..head_len]) {
             return refuse(down, &buf[..head_len], &meta, &shared, why).await;
         }
-        let mut plan = match plan(&buf[..head_len], &meta, &shared) {
+        let planned = match plan(&buf[..head_len], &meta, &shared, started) {
             Ok(p) => p,
             Err(why) => return fall_back(down, buf, meta, shared, park, why).await,
         };
-        // The whole body, before anything is sent.
+        // Counted when taken, before anything is answered: a client that
+        // has its response finds the request counted.
+        shared.metrics.h1_fast_path_requests.inc();
+        // The whole body, before anything is sent (or answered: a request
+        // the sidecar answers itself is read to its end, so the next one
+        // starts where the client put it).
+        let body_len = match &planned {
+            Planned::Forward(p) => p.body_len,
+            Planned::Answer(a) => a.body_len,
+        };
         let deadline = tokio::time::Instant::now() + head_timeout;
-        while buf.len() < head_len + plan.body_len {
+        while buf.len() < head_len + body_len {
             match tokio::time::timeout_at(deadline, read_more(&mut down, &mut buf)).await {
                 Ok(Ok(n)) if n > 0 => {}
                 _ => return,
             }
         }
+        let mut plan = match planned {
+            Planned::Forward(p) => p,
+            Planned::Answer(a) => {
+                buf.advance(head_len + body_len);
+                let close = a.close || *drain.borrow();
+                let pair = a.route_name.as_ref().map(|r| {
+                    peers.get(
+                        &shared.peer_routes,
+                        r,
+                        meta.peer_identity.as_deref(),
+                        max_pairs,
+                    )
+                });
+                let sent = a.answer(&shared, pair, &mut down, close).await;
+                if sent.is_err() || close {
+                    let _ = down.shutdown().await;
+                    return;
+                }
+                continue;
+            }
+        };
         let mut request = std::mem::take(&mut plan.upstream_head);
         request.extend_from_slice(&buf[head_len..head_len + plan.body_len]);
         buf.advance(head_len + plan.body_len);
@@ -172,7 +211,6 @@ pub async fn serve<I: ParkableIo>(
         };
         match ex.run(&request, &mut rbuf, &mut down).await {
             Ok(keep) => {
-                shared.metrics.h1_fast_path_requests.inc();
                 if !keep || close {
                     let _ = down.shutdown().await;
                     return;
@@ -237,6 +275,97 @@ fn head_length(buf: &[u8], max: usize) -> Result<Option<usize>, ()> {
     }
 }
 
+/// What the fast path does with a request it takes.
+enum Planned {
+    /// Send it upstream.
+    Forward(Plan),
+    /// Answer it here: denied by the listener's policy, or a path that
+    /// cannot be normalized.
+    Answer(Answer),
+}
+
+/// A request the sidecar answers itself, as the general path would.
+struct Answer {
+    status: StatusCode,
+    reason: &'static str,
+    body: std::borrow::Cow<'static, str>,
+    /// The request body's length (read and dropped).
+    body_len: usize,
+    close: bool,
+    /// A `HEAD` request: the answer has no body.
+    head_request: bool,
+    route: Option<Arc<CompiledRoute>>,
+    /// Known for a denial (routing came first), not for a refused path.
+    route_name: Option<Arc<str>>,
+    log: Option<Arc<crate::access_log::Pending>>,
+    started: Instant,
+}
+
+impl Answer {
+    /// Count it (a local response; per route when routed, as the general
+    /// path's `record_status`), log it and write it.
+    async fn answer<D: ParkableIo>(
+        self,
+        shared: &Shared,
+        pair: Option<&crate::route_metrics::PairMetrics>,
+        down: &mut D,
+        close: bool,
+    ) -> Result<(), ()> {
+        shared.metrics.local_response(self.reason);
+        if let Some(name) = &self.route_name {
+            record_request(
+                &shared.metrics,
+                self.route.as_deref(),
+                name,
+                self.status,
+                self.started,
+            );
+        }
+        if let Some(pair) = pair {
+            pair.record(self.status.as_u16(), self.started.elapsed().as_secs_f64());
+        }
+        if let Some(log) = &self.log {
+            log.answered(self.status.as_u16(), Some(self.reason));
+            if !self.head_request {
+                log.add_out(self.body.len() as u64);
+            }
+        }
+        let out = local_response(
+            self.status,
+            self.reason,
+            &self.body,
+            close,
+            self.head_request,
+        );
+        down.write_all(&out).await.map_err(|_| ())
+    }
+}
+
+/// A local answer's bytes: the general path's `local` (same status, headers
+/// and body), `connection: close` when it is the connection's last. To a
+/// `HEAD` request, the head alone (its `content-length` the body's, as
+/// hyper answers): a body there would be read as the next response.
+fn local_response(
+    status: StatusCode,
+    reason: &str,
+    body: &str,
+    close: bool,
+    head_request: bool,
+) -> Vec<u8> {
+    let head = format!(
+        "HTTP/1.1 {} {}\r\ncontent-type: text/plain; charset=utf-8\r\nx-baton-local-reason: {reason}\r\ncontent-length: {}\r\n{}\r\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or(""),
+        body.len(),
+        if close { "connection: close\r\n" } else { "" },
+    );
+    let mut out = head.into_bytes();
+    if !head_request {
+        out.extend_from_slice(body.as_bytes());
+    }
+    out
+}
+
 /// What to do with one request.
 struct Plan {
     /// The head for the upstream (the body is appended once read).
@@ -250,10 +379,20 @@ struct Plan {
     cluster: Arc<Cluster>,
     endpoint: crate::upstream::ActiveGuard,
     timeout: Option<Duration>,
+    /// The request's access-log line, when the listener has one.
+    log: Option<Arc<crate::access_log::Pending>>,
 }
 
-/// Whether the fast path takes this request, and where it goes.
-fn plan(head: &[u8], meta: &ConnMeta, shared: &Shared) -> Result<Plan, Fallback> {
+/// Whether the fast path takes this request, and what it does with it.
+/// Every reason to fall back is found before the policy is asked or the
+/// access-log line started: a request hyper takes over is decided, counted
+/// and logged once, there.
+fn plan(
+    head: &[u8],
+    meta: &ConnMeta,
+    shared: &Shared,
+    started: Instant,
+) -> Result<Planned, Fallback> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     if !matches!(req.parse(head), Ok(httparse::Status::Complete(_))) || req.version != Some(1) {
@@ -317,15 +456,65 @@ fn plan(head: &[u8], meta: &ConnMeta, shared: &Shared) -> Result<Plan, Fallback>
     if listener.general_path.is_some() {
         return Err(Fallback::Route);
     }
-    let (hostname, host_port) = split_host_port(host);
-    let (path, query) = match path_and_query.split_once('?') {
+    let (raw_path, query) = match path_and_query.split_once('?') {
         Some((p, q)) => (p, Some(q)),
         None => (path_and_query, None),
     };
+    let rt = &active.config.snapshot.runtime;
+    // What the general path does first, in its order: the span, the
+    // access-log line (started below, once nothing can fall back), the
+    // path the policy matches.
+    let span = rt.trace_context().then(|| {
+        crate::trace::Span::for_request(
+            traceparents.into_iter().flatten(),
+            rt.trace_sample_percent(),
+        )
+    });
+    let start_log = || {
+        listener.config.access_log.then(|| {
+            let line = crate::access_log::RequestLine {
+                protocol: "http/1.1",
+                method: method.as_str(),
+                authority: (!host.is_empty()).then_some(host),
+                path: raw_path,
+            };
+            crate::access_log::start_http(
+                &shared.access_log,
+                rt.access_log_lines_per_second(),
+                started,
+                meta,
+                line,
+                span.as_ref(),
+            )
+        })?
+    };
+    let rbac = listener.rbac.as_ref();
+    let path = match rbac.filter(|r| r.matches_paths()) {
+        None => std::borrow::Cow::Borrowed(raw_path),
+        Some(_) => match crate::path_norm::normalize(raw_path) {
+            Ok(p) => p,
+            Err(why) => {
+                return Ok(Planned::Answer(Answer {
+                    status: StatusCode::BAD_REQUEST,
+                    reason: why.reason(),
+                    body: why.body().into(),
+                    body_len,
+                    close,
+                    head_request: method == Method::HEAD,
+                    route: None,
+                    route_name: None,
+                    log: start_log(),
+                    started,
+                }));
+            }
+        },
+    };
+
+    let (hostname, host_port) = split_host_port(host);
     let view = RequestView {
         host: hostname,
         port: host_port.unwrap_or(meta.dst_port()),
-        path,
+        path: &path,
         query,
         method: &method,
         headers: empty_headers(),
@@ -351,15 +540,48 @@ fn plan(head: &[u8], meta: &ConnMeta, shared: &Shared) -> Result<Plan, Fallback>
         Some(r) => r.name.clone(),
         None => cluster.name.clone(),
     };
-    let rt = &active.config.snapshot.runtime;
-    let span = rt.trace_context().then(|| {
-        crate::trace::Span::for_request(
-            traceparents.into_iter().flatten(),
-            rt.trace_sample_percent(),
-        )
-    });
-    Ok(Plan {
-        upstream_head: rewrite_request(&req, body_len, span.as_ref()),
+
+    // The fast path keeps this request: its line, then the policy (the
+    // one function the general path calls too).
+    let log = start_log();
+    if let Some(l) = &log {
+        l.update(|r| r.route = Some(route_name.to_string()));
+    }
+    if let Some(rbac) = rbac {
+        let facts = crate::filters::RequestFacts {
+            method: &method,
+            path: &path,
+            headers: crate::filters::Headers::Raw(req.headers),
+        };
+        let verdict = rbac.authorize(&shared.metrics, meta, Some(&facts));
+        if let Some(l) = &log {
+            l.authorized(&verdict);
+        }
+        if verdict.denied() {
+            return Ok(Planned::Answer(Answer {
+                status: StatusCode::FORBIDDEN,
+                reason: crate::filters::DENIED_REASON,
+                body: crate::filters::DENIED_BODY.into(),
+                body_len,
+                close,
+                head_request: method == Method::HEAD,
+                route,
+                route_name: Some(route_name),
+                log,
+                started,
+            }));
+        }
+    }
+    if let Some(l) = &log {
+        l.add_in(body_len as u64);
+    }
+    // The upstream gets the path the policy matched (docs/decisions/0053).
+    let target = match &path {
+        std::borrow::Cow::Owned(p) => Some((p.as_str(), query)),
+        std::borrow::Cow::Borrowed(_) => None,
+    };
+    Ok(Planned::Forward(Plan {
+        upstream_head: rewrite_request(&req, body_len, span.as_ref(), target),
         method,
         body_len,
         close,
@@ -368,7 +590,8 @@ fn plan(head: &[u8], meta: &ConnMeta, shared: &Shared) -> Result<Plan, Fallback>
         route_name,
         cluster,
         endpoint,
-    })
+        log,
+    }))
 }
 
 fn empty_headers() -> &'static http::HeaderMap {
@@ -437,6 +660,9 @@ impl Exchange<'_> {
         let idx = plan.endpoint.index();
         let addr = plan.endpoint.endpoint().addr;
         let idempotent = idempotent(&plan.method);
+        if let Some(log) = &plan.log {
+            log.update(|r| r.upstream = Some(addr.to_string()));
+        }
         let mut attempt = 0;
         // The lease goes back to the cluster's idle list when this returns
         // (newest first: the connection's next request most likely takes it
@@ -527,13 +753,24 @@ impl Exchange<'_> {
             Outcome::Success
         });
         self.record(head.status);
+        if let Some(log) = &plan.log {
+            log.answered(head.status.as_u16(), None);
+        }
         let framing = head.framing;
         let close_down = close || matches!(framing, Framing::Close);
         let mut out = rewrite_response(&rbuf[..head.len], close_down);
         rbuf.advance(head.len);
         let copied = copy_body(framing, lease.io(), rbuf, down, &mut out).await;
         lease.idle = copied.is_ok() && head.upstream_keep && rbuf.is_empty();
-        copied.map(|()| !close_down)
+        // What the client got of the body (the data, not chunk framing: the
+        // general path counts the same).
+        let sent = match copied {
+            Ok(n) | Err(n) => n,
+        };
+        if let Some(log) = &plan.log {
+            log.add_out(sent);
+        }
+        copied.map(|_| !close_down).map_err(|_| ())
     }
 
     /// Count the request and its time to response head, as the hyper path does.
@@ -560,18 +797,16 @@ impl Exchange<'_> {
         reason: &'static str,
         body: &str,
     ) -> Result<bool, ()> {
-        let close = self.close;
         self.shared.metrics.local_response(reason);
         self.record(status);
-        let head = format!(
-            "HTTP/1.1 {} {}\r\ncontent-type: text/plain; charset=utf-8\r\nx-baton-local-reason: {reason}\r\ncontent-length: {}\r\n{}\r\n",
-            status.as_u16(),
-            status.canonical_reason().unwrap_or(""),
-            body.len(),
-            if close { "connection: close\r\n" } else { "" },
-        );
-        let mut out = head.into_bytes();
-        out.extend_from_slice(body.as_bytes());
+        let head_request = self.plan.method == Method::HEAD;
+        if let Some(log) = &self.plan.log {
+            log.answered(status.as_u16(), Some(reason));
+            if !head_request {
+                log.add_out(body.len() as u64);
+            }
+        }
+        let out = local_response(status, reason, body, self.close, head_request);
         down.write_all(&out).await.map_err(|_| ())?;
         Ok(true)
     }
@@ -580,16 +815,27 @@ impl Exchange<'_> {
 /// The request head for the upstream, without hop-by-hop headers; `room`:
 /// bytes to reserve for the body that follows. With a `span`, the
 /// `traceparent` is the span's (and `tracestate` is dropped when the trace
-/// restarted: [`crate::trace`]).
+/// restarted: [`crate::trace`]). With a `target` (a normalized path and
+/// the query), that is the request target instead of the received one.
 fn rewrite_request(
     req: &httparse::Request<'_, '_>,
     room: usize,
     span: Option<&crate::trace::Span>,
+    target: Option<(&str, Option<&str>)>,
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(512 + room);
     out.extend_from_slice(req.method.unwrap_or("GET").as_bytes());
     out.push(b' ');
-    out.extend_from_slice(req.path.unwrap_or("/").as_bytes());
+    match target {
+        Some((path, query)) => {
+            out.extend_from_slice(path.as_bytes());
+            if let Some(q) = query {
+                out.push(b'?');
+                out.extend_from_slice(q.as_bytes());
+            }
+        }
+        None => out.extend_from_slice(req.path.unwrap_or("/").as_bytes()),
+    }
     out.extend_from_slice(b" HTTP/1.1\r\n");
     write_headers(&mut out, req.headers, span.map(|s| s.restarted()));
     if let Some(s) = span {
@@ -792,13 +1038,16 @@ fn response_head(
 
 /// Copy the response body after `out` (the rewritten head), starting with
 /// what `rbuf` already holds; leaves in `rbuf` anything after the body.
+/// Either way, the body's data bytes written to the client (a chunked
+/// body's without its framing).
 async fn copy_body<D: ParkableIo>(
     framing: Framing,
     io: &mut TcpUpstream,
     rbuf: &mut BytesMut,
     down: &mut D,
     out: &mut Vec<u8>,
-) -> Result<(), ()> {
+) -> Result<u64, u64> {
+    let mut sent = 0u64;
     let mut scan = ChunkedEnd::default();
     let mut left = match framing {
         Framing::Length(n) => n,
@@ -808,7 +1057,7 @@ async fn copy_body<D: ParkableIo>(
         // The part of `rbuf` that belongs to this body.
         let take = match framing {
             Framing::Length(_) => (rbuf.len() as u64).min(left) as usize,
-            Framing::Chunked => match scan.feed(rbuf).map_err(|_| ())? {
+            Framing::Chunked => match scan.feed(rbuf).map_err(|_| sent)? {
                 Some(end) => {
                     left = 0;
                     end
@@ -819,27 +1068,33 @@ async fn copy_body<D: ParkableIo>(
         };
         // The head goes out with the first part of the body (one write for
         // a small response); later parts go straight from `rbuf`.
-        if out.is_empty() {
-            down.write_all(&rbuf[..take]).await.map_err(|_| ())?;
+        let written = if out.is_empty() {
+            down.write_all(&rbuf[..take]).await
         } else {
             out.extend_from_slice(&rbuf[..take]);
-            down.write_all(out).await.map_err(|_| ())?;
+            let w = down.write_all(out).await;
             out.clear();
-        }
+            w
+        };
+        written.map_err(|_| sent)?;
+        sent = match framing {
+            Framing::Chunked => scan.data_bytes(),
+            _ => sent + take as u64,
+        };
         rbuf.advance(take);
         if let Framing::Length(_) = framing {
             left -= take as u64;
         }
         if left == 0 {
-            return Ok(());
+            return Ok(sent);
         }
         // Large bodies move in large reads.
         if rbuf.capacity() - rbuf.len() < BODY_READ / 4 {
             rbuf.reserve(BODY_READ);
         }
         match read_more(io, rbuf).await {
-            Ok(0) if framing == Framing::Close => return Ok(()),
-            Ok(0) | Err(_) => return Err(()),
+            Ok(0) if framing == Framing::Close => return Ok(sent),
+            Ok(0) | Err(_) => return Err(sent),
             Ok(_) => {}
         }
     }
@@ -860,6 +1115,7 @@ mod tests {
                 None => s.feed(&body[split..]).unwrap().map(|n| n + split),
             };
             assert_eq!(got, Some(end), "split at {split}");
+            assert_eq!(s.data_bytes(), 9, "chunk data counted, not framing");
         }
     }
 
@@ -881,8 +1137,54 @@ mod tests {
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut req = httparse::Request::new(&mut headers);
         req.parse(head).unwrap();
-        let out = String::from_utf8(rewrite_request(&req, 0, None)).unwrap();
+        let out = String::from_utf8(rewrite_request(&req, 0, None, None)).unwrap();
         assert_eq!(out, "GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-End: 2\r\n\r\n");
+    }
+
+    #[test]
+    fn request_rewrite_sends_a_normalized_path_with_the_query() {
+        let head = b"GET //a/../b?c=%2F HTTP/1.1\r\nHost: x\r\n\r\n";
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut headers);
+        req.parse(head).unwrap();
+        let out = rewrite_request(&req, 0, None, Some(("/b", Some("c=%2F"))));
+        assert_eq!(out, b"GET /b?c=%2F HTTP/1.1\r\nHost: x\r\n\r\n");
+        let out = rewrite_request(&req, 0, None, Some(("/b", None)));
+        assert!(out.starts_with(b"GET /b HTTP/1.1\r\n"));
+    }
+
+    #[test]
+    fn a_local_answer_has_the_general_paths_headers_and_body() {
+        let out = local_response(
+            StatusCode::FORBIDDEN,
+            "rbac_denied",
+            "denied by rbac policy\n",
+            false,
+            false,
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 403 Forbidden\r\ncontent-type: text/plain; charset=utf-8\r\nx-baton-local-reason: rbac_denied\r\ncontent-length: 22\r\n\r\ndenied by rbac policy\n"
+        );
+        let last = local_response(StatusCode::BAD_REQUEST, "path_bad_escape", "x", true, false);
+        assert!(
+            String::from_utf8(last)
+                .unwrap()
+                .contains("\r\nconnection: close\r\n\r\nx")
+        );
+        let head = local_response(
+            StatusCode::FORBIDDEN,
+            "rbac_denied",
+            "denied\n",
+            false,
+            true,
+        );
+        assert!(
+            String::from_utf8(head)
+                .unwrap()
+                .ends_with("content-length: 7\r\n\r\n"),
+            "no body after the head of an answer to HEAD"
+        );
     }
 
     /// What trace context and the per-peer metrics add to each fast-path
@@ -910,15 +1212,15 @@ mod tests {
         let tp: &[u8] = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         for round in 0..3 {
             let off = ns(|| {
-                black_box(rewrite_request(black_box(&plain_req), 0, None));
+                black_box(rewrite_request(black_box(&plain_req), 0, None, None));
             });
             let new_trace = ns(|| {
                 let s = crate::trace::Span::for_request(std::iter::empty(), 100.0);
-                black_box(rewrite_request(black_box(&plain_req), 0, Some(&s)));
+                black_box(rewrite_request(black_box(&plain_req), 0, Some(&s), None));
             });
             let continued = ns(|| {
                 let s = crate::trace::Span::for_request([tp].into_iter(), 100.0);
-                black_box(rewrite_request(black_box(&traced_req), 0, Some(&s)));
+                black_box(rewrite_request(black_box(&traced_req), 0, Some(&s), None));
             });
             let m = crate::metrics::Metrics::new();
             let route: Arc<str> = Arc::from("r");

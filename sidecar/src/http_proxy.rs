@@ -27,7 +27,10 @@ use crate::body::{InFlight, ProxyBody};
 use crate::config::UpstreamProtocol;
 use crate::config::store::{Active, ConfigStore};
 use crate::conn::{ConnRegistry, H1Refusal};
-use crate::filters::{ConnMeta, FilterAction, RequestFacts, StreamFilter, Verdict, fast_rand};
+use crate::filters::{
+    ConnMeta, DENIED_BODY, DENIED_REASON, FilterAction, Headers, RequestFacts, StreamFilter,
+    Verdict, fast_rand,
+};
 use crate::h1valid::Refusal;
 use crate::lifecycle::Lifecycle;
 use crate::metrics::{Metrics, RequestLabels, RouteLabels, RouteMetrics, StatusClass};
@@ -303,6 +306,24 @@ fn upstream_uri(authority: &http::uri::Authority, original: &Uri) -> Uri {
     Uri::from_parts(parts).unwrap_or_else(|_| original.clone())
 }
 
+/// `uri` with its path replaced (the query kept): the normalized path
+/// forwarded upstream. Left as it was if the result would not parse (it
+/// always does: normalizing only removes characters and decodes
+/// unreserved ones).
+fn with_path(uri: &mut Uri, path: &str) {
+    let pq = match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_owned(),
+    };
+    let mut parts = uri.clone().into_parts();
+    if let Ok(pq) = http::uri::PathAndQuery::try_from(pq) {
+        parts.path_and_query = Some(pq);
+        if let Ok(u) = Uri::from_parts(parts) {
+            *uri = u;
+        }
+    }
+}
+
 fn clone_parts(p: &http::request::Parts) -> http::request::Parts {
     let mut req = Request::new(());
     *req.method_mut() = p.method.clone();
@@ -317,9 +338,10 @@ impl HttpService {
     /// the answer's status and counts the response body as it passes.
     async fn handle(&self, req: Request<Incoming>) -> Response<ProxyBody> {
         let mut pending = None;
+        let head_request = req.method() == Method::HEAD;
         let resp = self.handle_request(req, &mut pending).await;
         match pending {
-            Some(p) => finish_http(resp, p),
+            Some(p) => finish_http(resp, p, head_request),
             None => resp,
         }
     }
@@ -341,24 +363,8 @@ impl HttpService {
                 metrics,
             );
         };
-        // The sidecar's span and the request's access-log line, before
-        // anything can answer it.
-        let rt = &active.config.snapshot.runtime;
-        let span = rt
-            .trace_context()
-            .then(|| crate::trace::Span::from_headers(req.headers(), rt.trace_sample_percent()));
-        if listener.config.access_log {
-            *pending = Some(crate::access_log::start_http(
-                &self.shared.access_log,
-                rt.access_log_lines_per_second(),
-                started,
-                &self.conn,
-                &req,
-                span.as_ref(),
-            ));
-        }
-
-        // Route.
+        // The authority the request is routed by, found once: routing and
+        // the access-log line read the same one.
         let authority = req
             .uri()
             .authority()
@@ -369,11 +375,53 @@ impl HttpService {
                     .and_then(|h| h.to_str().ok())
             })
             .unwrap_or("");
+        // The sidecar's span and the request's access-log line, before
+        // anything can answer it.
+        let rt = &active.config.snapshot.runtime;
+        let span = rt
+            .trace_context()
+            .then(|| crate::trace::Span::from_headers(req.headers(), rt.trace_sample_percent()));
+        if listener.config.access_log {
+            let line = crate::access_log::RequestLine {
+                protocol: match req.version() {
+                    Version::HTTP_2 => "h2",
+                    Version::HTTP_10 => "http/1.0",
+                    _ => "http/1.1",
+                },
+                method: req.method().as_str(),
+                authority: (!authority.is_empty()).then_some(authority),
+                path: req.uri().path(),
+            };
+            *pending = crate::access_log::start_http(
+                &self.shared.access_log,
+                rt.access_log_lines_per_second(),
+                started,
+                &self.conn,
+                line,
+                span.as_ref(),
+            );
+        }
+        // A policy with a path condition matches the normalized path, and
+        // the request goes on (routed, forwarded) with it; a path that
+        // cannot be normalized safely is refused (docs/decisions/0053).
+        let normalized: Option<String> = match listener.rbac.as_ref() {
+            Some(r) if r.matches_paths() => match crate::path_norm::normalize(req.uri().path()) {
+                Ok(std::borrow::Cow::Owned(n)) => Some(n),
+                Ok(std::borrow::Cow::Borrowed(_)) => None,
+                Err(why) => {
+                    return local(StatusCode::BAD_REQUEST, why.reason(), why.body(), metrics);
+                }
+            },
+            _ => None,
+        };
+        let path = normalized.as_deref().unwrap_or(req.uri().path());
+
+        // Route.
         let (host, host_port) = split_host_port(authority);
         let view = RequestView {
             host,
             port: host_port.unwrap_or(self.conn.dst_port()),
-            path: req.uri().path(),
+            path,
             query: req.uri().query(),
             method: req.method(),
             headers: req.headers(),
@@ -410,26 +458,18 @@ impl HttpService {
         let authz: Option<Verdict> = listener.rbac.as_ref().map(|rbac| {
             let facts = RequestFacts {
                 method: req.method(),
-                path: req.uri().path(),
-                headers: req.headers(),
+                path,
+                headers: Headers::Map(req.headers()),
             };
-            let v = rbac.check(&self.conn, Some(&facts));
-            v.record(metrics, &self.conn, Some(&facts));
-            v
+            rbac.authorize(metrics, &self.conn, Some(&facts))
         });
         if let (Some(v), Some(p)) = (&authz, pending.as_ref()) {
-            let word = crate::access_log::Authz::of(v);
-            p.update(|r| r.authz = word);
+            p.authorized(v);
         }
         // The request's verdict stays here for what reads it later (the
         // access log); a denied request ends now.
         if authz.as_ref().is_some_and(Verdict::denied) {
-            let resp = local(
-                StatusCode::FORBIDDEN,
-                "rbac_denied",
-                "denied by rbac policy\n",
-                metrics,
-            );
+            let resp = local(StatusCode::FORBIDDEN, DENIED_REASON, DENIED_BODY, metrics);
             if let Some(route_name) = &route_name {
                 let compiled = match &target {
                     Some(Target::Route(r)) => Some(&**r),
@@ -446,7 +486,7 @@ impl HttpService {
             return resp;
         }
         let (Some(target), Some(route_name)) = (target, route_name) else {
-            let body = format!("no route for host {host:?} path {:?}\n", req.uri().path());
+            let body = format!("no route for host {host:?} path {path:?}\n");
             return local(StatusCode::NOT_FOUND, "no_route", body, metrics);
         };
 
@@ -481,6 +521,9 @@ impl HttpService {
         let upgrade = wants_upgrade(&req);
         let downstream_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
+        if let Some(n) = normalized {
+            with_path(&mut parts.uri, &n);
+        }
         strip_hop_by_hop(&mut parts.headers, upgrade);
         if let Some(s) = &span {
             s.apply(&mut parts.headers);
@@ -914,6 +957,7 @@ pub(crate) async fn splice_upgrades(
 fn finish_http(
     resp: http::Response<ProxyBody>,
     p: Arc<crate::access_log::Pending>,
+    head_request: bool,
 ) -> http::Response<ProxyBody> {
     // Only the sidecar's own answers (buffered bodies) are asked for a
     // reason: an upstream's response could carry any header.
@@ -925,16 +969,12 @@ fn finish_http(
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned),
     };
-    let status = resp.status().as_u16();
-    p.update(|r| {
-        r.status = Some(status);
-        // The verdict the policy gave (set when it was decided) stays; an
-        // answer the sidecar made for a denial is one whatever set it.
-        if reason.as_deref() == Some("rbac_denied") {
-            r.authz = crate::access_log::Authz::Deny;
-        }
-        r.local_reason = reason;
-    });
+    p.answered(resp.status().as_u16(), reason.as_deref());
+    // hyper polls a local answer's body to a HEAD request but sends none
+    // of it: the client got no body bytes, so none are counted.
+    if head_request {
+        return resp;
+    }
     resp.map(|b| b.with_tap(Some(crate::body::Tap::Out(p))))
 }
 

@@ -13,6 +13,7 @@
 //! * [`config`] — the snapshot type, YAML, validation/compilation, the store;
 //! * [`routing`] — compiled route tables and the pure matcher;
 //! * [`filters`] — network and stream filter chains, RBAC, faults;
+//!   [`path_norm`] — the path policies match and the upstream gets;
 //! * [`detect`], [`client_hello`], [`listener`], [`conn`] — accepting and
 //!   classifying connections (mesh TLS vs the application's own TLS by the
 //!   ClientHello), the live-connection registry used by the handoff;
@@ -54,6 +55,7 @@ mod listener;
 mod loop_lag;
 pub mod metrics;
 mod orig_dst;
+mod path_norm;
 mod process;
 mod route_metrics;
 mod routing;

@@ -249,10 +249,6 @@ pub enum GeneralPath {
     /// A route on the listener matches on request headers, which the fast
     /// path does not collect.
     HeaderMatch,
-    /// The listener has an authorization policy: the general path decides
-    /// every request (`filters::Rbac`); the fast path evaluates none.
-    Rbac,
-    AccessLog,
 }
 
 /// The parts of a request routing looks at, borrowed (no copies).

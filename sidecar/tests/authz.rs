@@ -602,3 +602,315 @@ policies: {{rbac: [{policy}]}}
     );
     sc.stop().await;
 }
+
+/// One raw HTTP/1.1 exchange on `s` (the request written as given, so
+/// paths reach the sidecar byte for byte): status, local reason, body.
+async fn raw_exchange(s: &mut TcpStream, request: &str) -> (u16, String, String) {
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    let read = async {
+        loop {
+            let mut chunk = [0u8; 4096];
+            let n = s.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "connection closed before a whole response");
+            buf.extend_from_slice(&chunk[..n]);
+            let mut headers = [httparse::EMPTY_HEADER; 32];
+            let mut resp = httparse::Response::new(&mut headers);
+            if let Ok(httparse::Status::Complete(head)) = resp.parse(&buf) {
+                let header = |name: &str| {
+                    resp.headers
+                        .iter()
+                        .find(|h| h.name.eq_ignore_ascii_case(name))
+                        .map(|h| String::from_utf8_lossy(h.value).into_owned())
+                };
+                // The answer to HEAD has no body, whatever its length says.
+                let len: usize = if request.starts_with("HEAD ") {
+                    0
+                } else {
+                    header("content-length").unwrap().parse().unwrap()
+                };
+                if buf.len() >= head + len {
+                    return (
+                        resp.code.unwrap(),
+                        header("x-baton-local-reason").unwrap_or_default(),
+                        String::from_utf8_lossy(&buf[head..head + len]).into_owned(),
+                    );
+                }
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("a response within 10 s")
+}
+
+/// A policy with path, header, method, CIDR and audit rules (path
+/// conditions: requests are matched and forwarded normalized).
+fn paths_policy(name: &str) -> String {
+    format!(
+        "  - name: {name}
+    rules:
+    - {{action: deny, path_prefixes: [/admin]}}
+    - {{name: blocked, action: deny, headers: [{{name: X-Block, prefix: 'y'}}]}}
+    - {{name: watch, action: audit, paths: [/api/watched]}}
+    - {{name: readers, action: allow, cidrs: ['127.0.0.1/32'], methods: [GET, HEAD], path_prefixes: [/api/]}}
+    default_action: deny
+"
+    )
+}
+
+/// The requests both paths are asked, and what each must get: status,
+/// local reason, body (an upstream answer is the path it received).
+const SAME_ON_BOTH_PATHS: &[(&str, u16, &str, &str)] = &[
+    (
+        "GET /api/items HTTP/1.1\r\nHost: app\r\n\r\n",
+        200,
+        "",
+        "/api/items",
+    ),
+    (
+        "GET /admin HTTP/1.1\r\nHost: app\r\n\r\n",
+        403,
+        "rbac_denied",
+        "denied by rbac policy\n",
+    ),
+    (
+        "GET //admin HTTP/1.1\r\nHost: app\r\n\r\n",
+        403,
+        "rbac_denied",
+        "denied by rbac policy\n",
+    ),
+    (
+        "GET /a/../admin HTTP/1.1\r\nHost: app\r\n\r\n",
+        403,
+        "rbac_denied",
+        "denied by rbac policy\n",
+    ),
+    (
+        "GET /%61dmin HTTP/1.1\r\nHost: app\r\n\r\n",
+        403,
+        "rbac_denied",
+        "denied by rbac policy\n",
+    ),
+    (
+        "GET /api/%2e%2e/admin/x HTTP/1.1\r\nHost: app\r\n\r\n",
+        403,
+        "rbac_denied",
+        "denied by rbac policy\n",
+    ),
+    (
+        "GET /admin%2F.. HTTP/1.1\r\nHost: app\r\n\r\n",
+        400,
+        "path_escaped_separator",
+        "request path refused: the path has an encoded '/' or '\\' (%2F, %5C) or a '\\'\n",
+    ),
+    // Forwarded with the path the policy matched; the query kept.
+    (
+        "GET /api/./x//items?q=1 HTTP/1.1\r\nHost: app\r\n\r\n",
+        200,
+        "",
+        "/api/x/items",
+    ),
+    // Denied with a body: the body is read, the connection goes on.
+    (
+        "POST /api/items HTTP/1.1\r\nHost: app\r\nContent-Length: 5\r\n\r\nhello",
+        403,
+        "rbac_denied",
+        "denied by rbac policy\n",
+    ),
+    (
+        "GET /api/items HTTP/1.1\r\nHost: app\r\nx-block: yes\r\n\r\n",
+        403,
+        "rbac_denied",
+        "denied by rbac policy\n",
+    ),
+    // No body after the head of a denied HEAD: the next answer is read
+    // where it starts.
+    (
+        "HEAD /admin HTTP/1.1\r\nHost: app\r\n\r\n",
+        403,
+        "rbac_denied",
+        "",
+    ),
+    (
+        "GET /api/items HTTP/1.1\r\nHost: app\r\nX-Block: no\r\n\r\n",
+        200,
+        "",
+        "/api/items",
+    ),
+    (
+        "GET /api/watched HTTP/1.1\r\nHost: app\r\n\r\n",
+        200,
+        "",
+        "/api/watched",
+    ),
+    (
+        "GET /elsewhere HTTP/1.1\r\nHost: app\r\n\r\n",
+        403,
+        "rbac_denied",
+        "denied by rbac policy\n",
+    ),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fast_path_decides_and_logs_requests_as_the_general_path_does() {
+    let up = upstream().await;
+    // `fast` is served by the HTTP/1.1 fast path; `general` takes hyper's
+    // path for every request (a header-matching route on it, which the
+    // fast path leaves to the general path). Same rules, one policy each,
+    // so each path's counters can be read apart.
+    let sink = Sink::default();
+    let mut snap = snapshot(&format!(
+        "listeners:
+- {{name: fast, address: '127.0.0.1:0', rbac: api-fast, access_log: true}}
+- {{name: general, address: '127.0.0.1:0', rbac: api-general, access_log: true}}
+clusters: [{{name: a, endpoints: ['{}']}}]
+routes:
+- {{name: by-header, listeners: [general], match: {{headers: [{{name: x-never, exact: 'yes'}}]}}, backends: [{{cluster: a}}]}}
+- {{name: r, backends: [{{cluster: a}}]}}
+policies:
+  rbac:
+{}{}",
+        up.addr,
+        paths_policy("api-fast"),
+        paths_policy("api-general")
+    ));
+    snap.runtime.access_log_lines_per_second = Some(10_000);
+    let sc = start(
+        snap,
+        StartOptions {
+            access_log: Some(Box::new(sink.clone())),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    for listener in ["fast", "general"] {
+        let mut s = connect_from(ALLOWED, sc.addr(listener).unwrap()).await;
+        for (request, status, reason, body) in SAME_ON_BOTH_PATHS {
+            let got = raw_exchange(&mut s, request).await;
+            assert_eq!(
+                got,
+                (*status, reason.to_string(), body.to_string()),
+                "{listener}: {request:?}"
+            );
+        }
+    }
+    let n = SAME_ON_BOTH_PATHS.len();
+    let m = metrics(&sc).await;
+    assert_eq!(
+        series(&m, "baton_sidecar_h1_fast_path_requests_total "),
+        n as u64,
+        "every request on `fast` was served by the fast path: {m}"
+    );
+    assert_eq!(
+        series(
+            &m,
+            "baton_sidecar_h1_fast_path_fallbacks_total{reason=\"route\"} "
+        ),
+        1,
+        "only `general`'s connection fell back, once: {m}"
+    );
+    // The same verdicts, counted under the same rules.
+    for (rule, verdict, count) in [
+        ("rules[0]", "deny", 6),
+        ("blocked", "deny", 1),
+        ("watch", "audit", 1),
+        ("readers", "allow", 4),
+        ("default", "deny", 2),
+    ] {
+        for policy in ["api-fast", "api-general"] {
+            assert_eq!(
+                series(&m, &authz(policy, rule, verdict)),
+                count,
+                "{policy} {rule}: {m}"
+            );
+        }
+    }
+    // The same access-log lines (but for what differs per request).
+    let lines = sink.lines(2 * n).await;
+    let (fast, general): (Vec<_>, Vec<_>) =
+        lines.into_iter().partition(|l| l["listener"] == "fast");
+    assert_eq!((fast.len(), general.len()), (n, n));
+    for (f, g) in fast.iter().zip(&general) {
+        for v in [f, g] {
+            assert_eq!(v["trace_id"].as_str().map(str::len), Some(32), "{v}");
+            assert!(v["start_time"].is_string() && v["duration_us"].is_u64());
+        }
+        let strip = |v: &serde_json::Value| {
+            let mut v = v.clone();
+            for k in [
+                "start_time",
+                "duration_us",
+                "peer",
+                "trace_id",
+                "span_id",
+                "listener",
+            ] {
+                v.as_object_mut().unwrap().remove(k);
+            }
+            v
+        };
+        assert_eq!(strip(f), strip(g));
+    }
+    assert_eq!(fast[0]["upstream"], up.addr.to_string());
+    assert_eq!(fast[0]["bytes_out"], "/api/items".len());
+    assert_eq!(fast[7]["path"], "/api/./x//items", "logged as received");
+    assert_eq!(fast[8]["authz"], "deny");
+    assert_eq!(fast[12]["authz"], "audit");
+    assert_eq!(
+        fast[10]["bytes_out"], 0,
+        "nothing after the head of a HEAD answer"
+    );
+    sc.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_without_path_conditions_forwards_paths_as_received() {
+    let up = upstream().await;
+    let sc = sidecar(&keepalive_config(
+        up.addr,
+        Some("{name: p, rules: [{action: allow, cidrs: ['127.0.0.1/32']}], default_action: deny}"),
+    ))
+    .await;
+    let mut s = connect_from(ALLOWED, sc.addr("in").unwrap()).await;
+    for path in ["/a//b/../c", "/x%2Fy"] {
+        let got = raw_exchange(&mut s, &format!("GET {path} HTTP/1.1\r\nHost: app\r\n\r\n")).await;
+        assert_eq!(got, (200, String::new(), path.to_string()));
+    }
+    let m = metrics(&sc).await;
+    assert_eq!(series(&m, "baton_sidecar_h1_fast_path_requests_total "), 2);
+    sc.stop().await;
+}
+
+/// Where the sidecar's access log goes in these tests.
+#[derive(Clone, Default)]
+struct Sink(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Sink {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Sink {
+    /// Every line parsed as JSON, once at least `n` are there (5 s at most).
+    async fn lines(&self, n: usize) -> Vec<serde_json::Value> {
+        for _ in 0..500 {
+            let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
+            let lines: Vec<serde_json::Value> = text
+                .lines()
+                .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+                .collect();
+            if lines.len() >= n {
+                return lines;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("fewer than {n} access-log lines in 5 s");
+    }
+}

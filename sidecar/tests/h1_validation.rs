@@ -314,24 +314,28 @@ const SENTINEL_SEEN: &str = "GET /sentinel HTTP/1.1\nhost: s";
 enum Path {
     /// The fast path, for every request it takes.
     Fast,
-    /// The fast path validates each head, then declines it at the route (an
-    /// access log on the listener) and hands it to hyper: the seam between
-    /// the two paths.
+    /// The fast path validates each head, then declines it at the route (a
+    /// header-matching route on the listener, which the fast path leaves to
+    /// hyper) and hands it to hyper: the seam between the two paths.
     FastDeclined,
     /// `runtime.h1_fast_path: false`: hyper only.
     Hyper,
 }
 
 async fn sidecar(path: Path, upstream: SocketAddr) -> Running {
-    let (fast_path, access_log) = match path {
-        Path::Fast => (true, false),
-        Path::FastDeclined => (true, true),
-        Path::Hyper => (false, false),
+    let (fast_path, header_route) = match path {
+        Path::Fast => (true, ""),
+        // Never matches (no request of the corpus has the header).
+        Path::FastDeclined => (
+            true,
+            "{name: by-header, match: {headers: [{name: x-never, exact: 'yes'}]}, backends: [{cluster: a}]}, ",
+        ),
+        Path::Hyper => (false, ""),
     };
     // Trace context off: the corpus pins the forwarded heads byte for
     // byte, and the sidecar's own `traceparent` would be in every one.
     let text = format!(
-        "runtime: {{h1_fast_path: {fast_path}, trace_context: false}}\nlisteners: [{{name: out, address: '127.0.0.1:0', access_log: {access_log}}}]\nclusters: [{{name: a, endpoints: ['{upstream}']}}]\nroutes: [{{name: r, backends: [{{cluster: a}}]}}]"
+        "runtime: {{h1_fast_path: {fast_path}, trace_context: false}}\nlisteners: [{{name: out, address: '127.0.0.1:0'}}]\nclusters: [{{name: a, endpoints: ['{upstream}']}}]\nroutes: [{header_route}{{name: r, backends: [{{cluster: a}}]}}]"
     );
     let mut snap = yaml::parse(&text).unwrap();
     snap.admin.address = "127.0.0.1:0".parse().unwrap();

@@ -240,6 +240,11 @@ async fn each_http_request_gets_one_json_line_without_credentials_or_query() {
     }
     let m = metrics(&sc).await;
     assert_eq!(value(&m, "baton_sidecar_access_log_lines_total"), 2);
+    assert_eq!(
+        value(&m, "baton_sidecar_h1_fast_path_requests_total"),
+        1,
+        "the HTTP/1.1 request and its line were served by the fast path: {m}"
+    );
     sc.stop().await;
 }
 
@@ -380,15 +385,18 @@ async fn forwarded(addr: SocketAddr, seen: &Seen, headers: &[(&str, &str)]) -> h
 async fn trace_context_is_continued_with_the_sidecar_as_parent_on_both_http1_paths() {
     let incoming = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let (up, seen, _t) = upstream().await;
-    // `out` takes the fast path; `logged` the general one (access log).
+    // `out` and `logged` (access log) take the fast path; `general` the
+    // general one (a header-matching route on it).
     let (sc, sink) = sidecar(
-        "listeners: [{name: out, address: '127.0.0.1:0'}, {name: logged, address: '127.0.0.1:0', access_log: true}]
+        "listeners: [{name: out, address: '127.0.0.1:0'}, {name: logged, address: '127.0.0.1:0', access_log: true}, {name: general, address: '127.0.0.1:0'}]
 clusters: [{name: app, endpoints: ['{U}']}]
-routes: [{name: r, backends: [{cluster: app}]}]",
+routes:
+- {name: by-header, listeners: [general], match: {headers: [{name: x-never, exact: 'yes'}]}, backends: [{cluster: app}]}
+- {name: r, backends: [{cluster: app}]}",
         up,
     )
     .await;
-    for listener in ["out", "logged"] {
+    for listener in ["out", "logged", "general"] {
         let addr = sc.addr(listener).unwrap();
         let got = forwarded(
             addr,
@@ -490,13 +498,15 @@ routes: [{name: r, backends: [{cluster: app}]}]",
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_are_counted_per_route_and_peer_up_to_the_bound_then_as_overflow() {
     let (up, _seen, _t) = upstream().await;
-    // Two routes, room for one (route, peer) pair; `logged` takes the
-    // general path, `out` the fast path, and both count the same way.
+    // Two routes, room for one (route, peer) pair; `general` takes the
+    // general path (a header-matching route on it), `out` the fast path,
+    // and both count the same way.
     let (sc, _sink) = sidecar(
         "runtime: {route_metrics_max_series: 1}
-listeners: [{name: out, address: '127.0.0.1:0'}, {name: logged, address: '127.0.0.1:0', access_log: true}]
+listeners: [{name: out, address: '127.0.0.1:0'}, {name: general, address: '127.0.0.1:0'}]
 clusters: [{name: app, endpoints: ['{U}']}]
 routes:
+- {name: by-header, listeners: [general], match: {headers: [{name: x-never, exact: 'yes'}]}, backends: [{cluster: app}]}
 - {name: first, match: {path: {prefix: /first}}, backends: [{cluster: app}]}
 - {name: second, match: {path: {prefix: /second}}, backends: [{cluster: app}]}",
         up,
@@ -505,9 +515,9 @@ routes:
     let c = h1();
     for (listener, path) in [
         ("out", "/first"),
-        ("logged", "/first"),
+        ("general", "/first"),
         ("out", "/second"),
-        ("logged", "/second"),
+        ("general", "/second"),
         ("out", "/first"),
     ] {
         let url = format!("http://{}{path}", sc.addr(listener).unwrap());

@@ -79,7 +79,6 @@ impl CompiledListener {
     /// classified here.
     fn needs_general_path(
         config: &ListenerConfig,
-        rbac: Option<&Rbac>,
         routes: &[Arc<CompiledRoute>],
     ) -> Option<GeneralPath> {
         let ListenerConfig {
@@ -95,18 +94,15 @@ impl CompiledListener {
             port_map: _,
             passthrough: _,
             max_connections: _,
-            // Classified from the compiled policy (`rbac` above): the fast
-            // path does not evaluate policies; every request of a listener
-            // with one takes the general path, which does, per request.
+            // Both HTTP/1 paths evaluate the policy and write the
+            // access-log line per request, with the same functions
+            // (`filters::Rbac::authorize`, `access_log::start_http`;
+            // docs/decisions/0053).
             rbac: _,
-            access_log,
+            access_log: _,
             terminate_tls: _,
         } = config;
-        if rbac.is_some() {
-            Some(GeneralPath::Rbac)
-        } else if *access_log {
-            Some(GeneralPath::AccessLog)
-        } else if routes.iter().any(|r| !r.headers.is_empty()) {
+        if routes.iter().any(|r| !r.headers.is_empty()) {
             Some(GeneralPath::HeaderMatch)
         } else {
             None
@@ -648,7 +644,7 @@ pub fn compile(snapshot: &Snapshot) -> Result<CompiledConfig, ConfigError> {
                 }
             }
         }
-        let general_path = CompiledListener::needs_general_path(l, rbac.as_deref(), &routes);
+        let general_path = CompiledListener::needs_general_path(l, &routes);
         listeners.push(CompiledListener {
             config: l.clone(),
             routes,
@@ -811,8 +807,10 @@ policies:
         );
         let listener = |l: &str| c.listener(l).unwrap().general_path;
         assert_eq!(listener("plain"), None);
-        assert_eq!(listener("logged"), Some(GeneralPath::AccessLog));
-        assert_eq!(listener("guarded"), Some(GeneralPath::Rbac));
+        // The fast path evaluates policies and writes access-log lines
+        // itself (docs/decisions/0053).
+        assert_eq!(listener("logged"), None);
+        assert_eq!(listener("guarded"), None);
         // A header condition decides between routes, so the whole listener
         // goes to the general path (the route itself needs nothing).
         assert_eq!(listener("by-header"), Some(GeneralPath::HeaderMatch));
@@ -975,18 +973,6 @@ policies:
             let p = problems(&format!("{C}{rbac}listeners: [{l}]"));
             assert!(p.is_empty(), "{l}: {p:?}");
         }
-        let c = compile(
-            &parse(&format!(
-                "{C}{rbac}listeners: [{{name: l, address: '127.0.0.1:0', protocol: tcp, tcp_cluster: a, rbac: p}}]"
-            ))
-            .unwrap(),
-        )
-        .unwrap();
-        assert_eq!(
-            c.listener("l").unwrap().general_path,
-            Some(GeneralPath::Rbac),
-            "whatever HTTP such a listener sees takes the general path"
-        );
     }
 
     #[test]
