@@ -645,7 +645,10 @@ mod tests {
             "spec.ports[12]: \"web_ui\" is not a port name",
         ];
         for x in expect {
-            assert!(e.iter().any(|m| m.starts_with(x)), "missing {x:?} in {e:#?}");
+            assert!(
+                e.iter().any(|m| m.starts_with(x)),
+                "missing {x:?} in {e:#?}"
+            );
         }
         assert_eq!(e.len(), expect.len(), "{e:#?}");
         assert!(e[1].contains("IANA_SVC_NAME"), "{}", e[1]);
@@ -664,7 +667,9 @@ mod tests {
         }}]}));
         assert_eq!(e.len(), 5, "{e:#?}");
         assert!(
-            e[0].contains("is not a SPIFFE ID: use spiffe://<trust domain>/ns/<namespace>/sa/<serviceaccount>"),
+            e[0].contains(
+                "is not a SPIFFE ID: use spiffe://<trust domain>/ns/<namespace>/sa/<serviceaccount>"
+            ),
             "{}",
             e[0]
         );
