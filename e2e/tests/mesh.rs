@@ -870,6 +870,8 @@ fn identity_server(replicas: i32) -> Deployment {
         "demo-tcp-echo",
         &["--listen", &format!("0.0.0.0:{TCP_PORT}")],
     );
+    // Named, for AuthorizationPolicy `ports` by name.
+    tcp.ports = Some(vec![container_port("tcp-echo", TCP_PORT)]);
     tcp.readiness_probe = Some(
         serde_json::from_value(json!({"tcpSocket": {"port": TCP_PORT}, "periodSeconds": 1}))
             .unwrap(),
@@ -879,9 +881,18 @@ fn identity_server(replicas: i32) -> Deployment {
         .as_mut()
         .and_then(|s| s.template.spec.as_mut())
         .expect("a pod spec");
+    spec.containers[0].ports = Some(vec![container_port("http", PORT)]);
     spec.containers.push(tcp);
     spec.service_account_name = Some("server".into());
     d
+}
+
+fn container_port(name: &str, port: u16) -> k8s_openapi::api::core::v1::ContainerPort {
+    k8s_openapi::api::core::v1::ContainerPort {
+        name: Some(name.to_owned()),
+        container_port: i32::from(port),
+        ..Default::default()
+    }
 }
 
 /// A Deployment of one `demo-fetch` driver running as ServiceAccount `name`.
@@ -1908,6 +1919,117 @@ async fn authz_denials_hold_across_a_sidecar_hot_upgrade_and_allowed_requests_al
             assert_eq!(r.status(403), 20, "intruder after the upgrade: {r:?}");
             let r = fetch_from(s.driver, &s.spec(FetchProtocol::Http1, 20)).await;
             assert_eq!(r.status(200), 20, "client after the upgrade: {r:?}");
+        },
+    )
+    .await;
+}
+
+/// Server-side applies AuthorizationPolicy `name`; the API server's (or
+/// the webhook's) refusal message when it is refused.
+async fn try_apply_authz(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    spec: serde_json::Value,
+) -> Result<(), String> {
+    let api = Api::<baton_crds::AuthorizationPolicy>::namespaced(client.clone(), ns);
+    let manifest = json!({
+        "apiVersion": "baton.dev/v1alpha1", "kind": "AuthorizationPolicy",
+        "metadata": {"name": name}, "spec": spec
+    });
+    match api
+        .patch(
+            name,
+            &PatchParams::apply("baton-e2e").force(),
+            &Patch::Apply(&manifest),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) => Err(e.message),
+        Err(e) => panic!("apply AuthorizationPolicy {name}: {e}"),
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster (e2e/run.sh)"]
+async fn authz_port_names_resolve_on_the_pod_and_unknown_or_malformed_names_are_refused_at_admission()
+ {
+    let _serial = SERIAL.lock().await;
+    let scope = "authz-ports";
+    with_temp_ns_labelled(
+        baton::injected_namespace_labels(scope),
+        |client, ns| async move {
+            let s = id_scene(client, ns, scope).await;
+            s.policy(&[]).await;
+            s.meshed().await;
+            let server = json!({"matchLabels": {"app": "server"}});
+
+            // A name the server does not declare: refused, with the names it does.
+            let m = try_apply_authz(&s.client, &s.ns, "typo", json!({
+                "podSelector": server, "ports": ["grpc"], "rules": [{}]
+            }))
+            .await
+            .expect_err("an unknown port name is refused");
+            assert!(
+                m.contains("spec.ports[0]: no Pod the policy selects (1 of them) declares a container port named \"grpc\"; they declare http, tcp-echo"),
+                "{m}"
+            );
+            // A malformed name: refused with what a name is.
+            let m = try_apply_authz(&s.client, &s.ns, "bad", json!({
+                "podSelector": server, "ports": ["Tcp_Echo"], "rules": [{}]
+            }))
+            .await
+            .expect_err("a malformed port name is refused");
+            assert!(m.contains("\"Tcp_Echo\" is not a port name: a name (IANA_SVC_NAME)"), "{m}");
+            // So is a malformed identity.
+            let m = try_apply_authz(&s.client, &s.ns, "bad-id", json!({
+                "podSelector": server, "rules": [{"from": {"identities": ["shop/web"]}}]
+            }))
+            .await
+            .expect_err("a malformed identity is refused");
+            assert!(m.contains("\"shop/web\" is not a SPIFFE ID: use spiffe://"), "{m}");
+
+            // Deny by name: `tcp-echo` resolves to the server's 7070, so TCP
+            // connections are closed and HTTP on 8080 is untouched.
+            apply_authz(&s.client, &s.ns, "no-tcp", json!({
+                "podSelector": server, "ports": ["tcp-echo"], "action": "Deny", "rules": [{}]
+            }))
+            .await;
+            until_via(s.driver, "the Deny by port name closes TCP", &s.spec(FetchProtocol::Tcp, 5), |r| {
+                r.echoed == 0 && r.errors == 5
+            })
+            .await;
+            let r = fetch_from(s.driver, &s.spec(FetchProtocol::Http1, 20)).await;
+            assert_eq!(r.status(200), 20, "HTTP is another port: {r:?}");
+
+            // A name only some selected Pods declare: admitted, and the
+            // status names the Pods without it.
+            apply_authz(&s.client, &s.ns, "everyone-http", json!({
+                "podSelector": {}, "ports": ["http"], "action": "Audit", "rules": [{}]
+            }))
+            .await;
+            let api = Api::<baton_crds::AuthorizationPolicy>::namespaced(s.client.clone(), &s.ns);
+            let message = wait_for("ResolvedRefs is False with UnknownPort", PROPAGATION, || {
+                let api = api.clone();
+                async move {
+                    let p = api.get("everyone-http").await.expect("get everyone-http");
+                    let status = p.status.clone().unwrap_or_default();
+                    match status.conditions.iter().find(|c| c.type_ == "ResolvedRefs") {
+                        Some(c) if c.status == "False" && c.reason == "UnknownPort" => {
+                            Check::Done(c.message.clone())
+                        }
+                        _ => Check::NotYet(format!("{status:?}")),
+                    }
+                }
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+            assert!(
+                message.contains("declares no container port named \"http\"") && message.contains("client-"),
+                "{message}"
+            );
+            assert!(!message.contains("server-"), "the server declares http: {message}");
         },
     )
     .await;
