@@ -1740,6 +1740,49 @@ async fn authz_all_authenticated_default_refuses_an_unmeshed_pod_serves_meshed_o
             )
             .await;
             let before = s.restarts().await;
+            // The default is the namespace's, so it would also refuse this
+            // test process (plaintext, no identity) on the meshed drivers'
+            // control port: an Allow policy keeps that port open to anyone
+            // (Allow policies come before the default), as a user exempts a
+            // port. Programmed before the default changes.
+            apply_authz(
+                &s.client,
+                &s.ns,
+                "drivers-control",
+                json!({
+                    "podSelector": {"matchExpressions": [
+                        {"key": "app", "operator": "In", "values": ["client", "intruder"]}]},
+                    "ports": [fetch::PORT], "rules": [{}]
+                }),
+            )
+            .await;
+            let api = Api::<baton_crds::AuthorizationPolicy>::namespaced(s.client.clone(), &s.ns);
+            wait_for(
+                "AuthorizationPolicy drivers-control is Programmed 2/2",
+                PROPAGATION,
+                || {
+                    let api = api.clone();
+                    async move {
+                        let p = api
+                            .get("drivers-control")
+                            .await
+                            .expect("get drivers-control");
+                        let status = p.status.clone().unwrap_or_default();
+                        match status.conditions.iter().find(|c| c.type_ == "Programmed") {
+                            Some(c)
+                                if c.status == "True"
+                                    && c.message == "2/2 sidecars ACKed"
+                                    && status.observed_generation == p.metadata.generation =>
+                            {
+                                Check::Done(())
+                            }
+                            _ => Check::NotYet(format!("{status:?}")),
+                        }
+                    }
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
 
             set_default_authorization(&s.client, &s.ns, "all-authenticated").await;
             let started = std::time::Instant::now();
