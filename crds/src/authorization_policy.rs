@@ -9,6 +9,7 @@ use std::net::IpAddr;
 use std::str::FromStr;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -64,11 +65,19 @@ pub struct AuthorizationPolicySpec {
     #[serde(default)]
     pub pod_selector: LabelSelector,
 
-    /// Pod ports (container ports, by number) the policy applies to. Empty:
-    /// every port.
+    /// Pod ports the policy applies to: container port numbers (`8080`) or
+    /// names of the selected Pods' container ports (`http`, an
+    /// IANA_SVC_NAME), each name resolved per Pod. Empty: every port.
+    // Entries are checked by `Validate` (the webhook, and the operator's
+    // Accepted condition), not by CEL: the API server's cost estimate
+    // takes an int-or-string item to be as long as a whole request, so a
+    // name regex per item would exceed the rule budget and a newer API
+    // server would refuse the CRD; the one cheap check, `type(p) == int`
+    // for the number range, cannot be evaluated by kube-cel, which the
+    // tests hold every rule to (docs/decisions/0054).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 32), inner(range(min = 1, max = 65535)))]
-    pub ports: Vec<i32>,
+    #[schemars(length(max = 32))]
+    pub ports: Vec<IntOrString>,
 
     /// Allow: requests a rule matches are let through; on the policy's
     /// ports, a request no Allow policy matches is denied. Deny: requests a
@@ -384,16 +393,26 @@ impl Validate for AuthorizationPolicy {
         let namespace = self.metadata.namespace.as_deref().unwrap_or("default");
         selector::check(&mut e, "spec.podSelector", &s.pod_selector);
         for (i, p) in s.ports.iter().enumerate() {
-            if !(1..=65535).contains(p) {
-                e.push(
+            match p {
+                IntOrString::Int(n) if !(1..=65535).contains(n) => e.push(
                     format!("spec.ports[{i}]"),
-                    format!("port {p} is out of range: use 1 to 65535"),
-                );
+                    format!("port {n} is out of range: use 1 to 65535"),
+                ),
+                IntOrString::String(name) => {
+                    if let Err(why) = check_port_name(name) {
+                        e.push(format!("spec.ports[{i}]"), why);
+                    }
+                }
+                IntOrString::Int(_) => {}
             }
             if s.ports[..i].contains(p) {
+                let shown = match p {
+                    IntOrString::Int(n) => n.to_string(),
+                    IntOrString::String(name) => format!("{name:?}"),
+                };
                 e.push(
                     format!("spec.ports[{i}]"),
-                    format!("port {p} is listed twice: remove the duplicate"),
+                    format!("port {shown} is listed twice: remove the duplicate"),
                 );
             }
         }
@@ -488,6 +507,38 @@ impl Validate for AuthorizationPolicy {
     }
 }
 
+/// Whether `name` is a valid container port name (Kubernetes'
+/// IANA_SVC_NAME): 1 to 15 characters, lowercase letters, digits and `-`,
+/// at least one letter, no `-` at either end and no `--`. The message says
+/// how to fix it.
+pub fn check_port_name(name: &str) -> Result<(), String> {
+    let valid = (1..=15).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && name.bytes().any(|b| b.is_ascii_lowercase())
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+        && !name.contains("--");
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a port name: a name (IANA_SVC_NAME) is 1 to 15 lowercase letters, digits and '-', with at least one letter, no '-' at either end and no \"--\", e.g. http or grpc-web; or give the port's number"
+        ))
+    }
+}
+
+impl AuthorizationPolicySpec {
+    /// The port names `ports` lists (not the numbers), in order.
+    pub fn port_names(&self) -> impl Iterator<Item = &str> {
+        self.ports.iter().filter_map(|p| match p {
+            IntOrString::String(name) => Some(name.as_str()),
+            IntOrString::Int(_) => None,
+        })
+    }
+}
+
 fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
@@ -576,6 +627,58 @@ mod tests {
             );
         }
         assert_eq!(e.len(), expect.len(), "{e:#?}");
+    }
+
+    #[test]
+    fn ports_are_numbers_or_iana_service_names_and_a_bad_name_says_what_a_name_is() {
+        let e = errors(serde_json::json!({
+            "ports": [8080, "http", "grpc-web", "h2c", "http", "HTTP", "8080",
+                      "-http", "http-", "a--b", "a-very-long-port", "", "web_ui"]
+        }));
+        let expect = [
+            "spec.ports[4]: port \"http\" is listed twice",
+            "spec.ports[5]: \"HTTP\" is not a port name",
+            "spec.ports[6]: \"8080\" is not a port name",
+            "spec.ports[7]: \"-http\" is not a port name",
+            "spec.ports[8]: \"http-\" is not a port name",
+            "spec.ports[9]: \"a--b\" is not a port name",
+            "spec.ports[10]: \"a-very-long-port\" is not a port name",
+            "spec.ports[11]: \"\" is not a port name",
+            "spec.ports[12]: \"web_ui\" is not a port name",
+        ];
+        for x in expect {
+            assert!(
+                e.iter().any(|m| m.starts_with(x)),
+                "missing {x:?} in {e:#?}"
+            );
+        }
+        assert_eq!(e.len(), expect.len(), "{e:#?}");
+        assert!(e[1].contains("IANA_SVC_NAME"), "{}", e[1]);
+        assert!(e[1].contains("or give the port's number"), "{}", e[1]);
+        assert!(check_port_name("a-very-long-po").is_ok());
+        assert!(check_port_name("8080-http").is_ok());
+        let p = policy(serde_json::json!({"ports": [80, "http", "admin"]}));
+        assert_eq!(p.spec.port_names().collect::<Vec<_>>(), ["http", "admin"]);
+    }
+
+    #[test]
+    fn malformed_identities_are_refused_with_the_form_to_use() {
+        let e = errors(serde_json::json!({"rules": [{"from": {
+            "identities": ["web", "spiffe://", "spiffe://cluster.local/ns/shop/sa/"],
+            "serviceAccounts": ["shop/web/extra", "/web"]
+        }}]}));
+        assert_eq!(e.len(), 5, "{e:#?}");
+        assert!(
+            e[0].contains(
+                "is not a SPIFFE ID: use spiffe://<trust domain>/ns/<namespace>/sa/<serviceaccount>"
+            ),
+            "{}",
+            e[0]
+        );
+        for m in &e {
+            assert!(m.starts_with("spec.rules[0].from."), "{m}");
+            assert!(m.len() > 40, "a message that says what is wrong: {m}");
+        }
     }
 
     #[test]

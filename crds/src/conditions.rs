@@ -93,12 +93,18 @@ pub mod authorization_policy {
     pub const ACCEPTED: &str = "Accepted";
     /// The policy reached the sidecars of the pods it selects.
     pub const PROGRAMMED: &str = "Programmed";
+    /// Every port name in `spec.ports` is a container port of every Pod
+    /// the policy selects.
+    pub const RESOLVED_REFS: &str = "ResolvedRefs";
 
     pub mod reasons {
         pub const ACCEPTED: &str = "Accepted";
         pub const INVALID: &str = "Invalid";
         pub const PROGRAMMED: &str = "Programmed";
         pub const PENDING: &str = "Pending";
+        pub const RESOLVED_REFS: &str = "ResolvedRefs";
+        /// A selected Pod declares no container port of a listed name.
+        pub const UNKNOWN_PORT: &str = "UnknownPort";
     }
 }
 

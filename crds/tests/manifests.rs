@@ -401,8 +401,12 @@ fn the_webhook_may_touch_only_its_own_configurations_and_ca_secret() {
         assert_eq!(grants(&cr, contract::GROUP, r, "watch").len(), 1, "{r}");
         assert!(grants(&cr, contract::GROUP, r, "update").is_empty(), "{r}");
     }
-    for r in ["namespaces", "nodes"] {
+    for r in ["namespaces", "nodes", "pods"] {
         assert_eq!(grants(&cr, "", r, "list").len(), 1, "{r}");
+    }
+    // Reads Pods (port names); never changes one.
+    for verb in ["create", "update", "patch", "delete"] {
+        assert!(grants(&cr, "", "pods", verb).is_empty(), "{verb}");
     }
 }
 

@@ -945,6 +945,24 @@ fn rejects_a_bad_cidr_method_and_port_with_messages_that_say_what_to_use() {
             "spec.rules[0].from.ipBlocks[0]: prefix length must be 0 to 32",
             "spec.rules[0].to.methods[0]: use one of GET, HEAD, POST",
         ],
+        // `ports` has no CEL rule (docs/decisions/0054).
+        &[],
+    );
+}
+
+#[test]
+fn port_names_are_accepted_and_malformed_ones_refused_by_the_webhook_with_what_a_name_is() {
+    let a = set(authz(), "spec.ports", json!([8080, "http", "grpc-web"]));
+    check("AuthorizationPolicy", &a, &[], &[]);
+    let a = set(authz(), "spec.ports", json!(["http", "Bad_Name", 0]));
+    check(
+        "AuthorizationPolicy",
+        &a,
+        &[
+            "spec.ports[1]: \"Bad_Name\" is not a port name: a name (IANA_SVC_NAME) is 1 to 15",
+            "spec.ports[2]: port 0 is out of range",
+        ],
+        // Only the webhook checks ports (docs/decisions/0054).
         &[],
     );
 }

@@ -870,6 +870,8 @@ fn identity_server(replicas: i32) -> Deployment {
         "demo-tcp-echo",
         &["--listen", &format!("0.0.0.0:{TCP_PORT}")],
     );
+    // Named, for AuthorizationPolicy `ports` by name.
+    tcp.ports = Some(vec![container_port("tcp-echo", TCP_PORT)]);
     tcp.readiness_probe = Some(
         serde_json::from_value(json!({"tcpSocket": {"port": TCP_PORT}, "periodSeconds": 1}))
             .unwrap(),
@@ -879,9 +881,18 @@ fn identity_server(replicas: i32) -> Deployment {
         .as_mut()
         .and_then(|s| s.template.spec.as_mut())
         .expect("a pod spec");
+    spec.containers[0].ports = Some(vec![container_port("http", PORT)]);
     spec.containers.push(tcp);
     spec.service_account_name = Some("server".into());
     d
+}
+
+fn container_port(name: &str, port: u16) -> k8s_openapi::api::core::v1::ContainerPort {
+    k8s_openapi::api::core::v1::ContainerPort {
+        name: Some(name.to_owned()),
+        container_port: i32::from(port),
+        ..Default::default()
+    }
 }
 
 /// A Deployment of one `demo-fetch` driver running as ServiceAccount `name`.
@@ -1012,12 +1023,17 @@ impl IdScene {
     }
 
     async fn policy(&self, allowed: &[String]) {
+        self.policy_mode("Strict", allowed).await;
+    }
+
+    /// TlsPolicy `server` in `mode` (Strict, Permissive) for the server.
+    async fn policy_mode(&self, mode: &str, allowed: &[String]) {
         let api = Api::<baton_crds::TlsPolicy>::namespaced(self.client.clone(), &self.ns);
         let manifest = json!({
             "apiVersion": "baton.dev/v1alpha1", "kind": "TlsPolicy",
             "metadata": {"name": "server"},
             "spec": {"podSelector": {"matchLabels": {"app": "server"}},
-                     "mtls": {"mode": "Strict", "allowedClients": allowed},
+                     "mtls": {"mode": mode, "allowedClients": allowed},
                      "certificate": {"source": "Mesh"}}
         });
         api.patch(
@@ -1674,6 +1690,389 @@ async fn authz_policy_allows_a_service_account_one_path_denies_tcp_audits_and_ch
             until_via(d, "the edited policy lets the intruder in", &public, |r| r.status(200) == 5).await;
             eprintln!("policy edit live after {:?}", started.elapsed());
             assert_eq!(s.restarts().await, before, "no container restarted");
+        },
+    )
+    .await;
+}
+
+/// Sets the namespace's `baton.dev/default-authorization` annotation.
+async fn set_default_authorization(client: &Client, ns: &str, value: &str) {
+    let patch = json!({"metadata": {"annotations": {
+        baton_crds::contract::annotations::DEFAULT_AUTHORIZATION: value
+    }}});
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .patch(ns, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("annotating namespace {ns} {value}: {e}"));
+}
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster (e2e/run.sh)"]
+async fn authz_all_authenticated_default_refuses_an_unmeshed_pod_serves_meshed_ones_and_reverts_live()
+ {
+    let _serial = SERIAL.lock().await;
+    let scope = "authz-default";
+    with_temp_ns_labelled(
+        baton::injected_namespace_labels(scope),
+        |client, ns| async move {
+            let s = id_scene(client, ns, scope).await;
+            // Permissive: the server's sidecar takes plaintext as well as
+            // mTLS, so what refuses the outsider below is the default
+            // authorization, not the TLS mode.
+            s.policy_mode("Permissive", &[]).await;
+            s.meshed().await;
+            let outsider = ready_pod(&s.client, &s.ns, &driver_pod("outsider", false)).await;
+            assert!(
+                !outsider
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .is_some_and(|l| l.contains_key(labels::INJECTED)),
+                "the outsider is not injected"
+            );
+            let outsider = SocketAddr::new(wait::pod_ip(&outsider), fetch::PORT);
+            let probe = s.spec(FetchProtocol::Http1, 10);
+            until_via(
+                outsider,
+                "the outsider is served in plaintext by default",
+                &probe,
+                |r| r.status(200) == 10,
+            )
+            .await;
+            let before = s.restarts().await;
+            // The default is the namespace's, so it would also refuse this
+            // test process (plaintext, no identity) on the meshed drivers'
+            // control port: an Allow policy keeps that port open to anyone
+            // (Allow policies come before the default), as a user exempts a
+            // port. Programmed before the default changes.
+            apply_authz(
+                &s.client,
+                &s.ns,
+                "drivers-control",
+                json!({
+                    "podSelector": {"matchExpressions": [
+                        {"key": "app", "operator": "In", "values": ["client", "intruder"]}]},
+                    "ports": [fetch::PORT], "rules": [{}]
+                }),
+            )
+            .await;
+            let api = Api::<baton_crds::AuthorizationPolicy>::namespaced(s.client.clone(), &s.ns);
+            wait_for(
+                "AuthorizationPolicy drivers-control is Programmed 2/2",
+                PROPAGATION,
+                || {
+                    let api = api.clone();
+                    async move {
+                        let p = api
+                            .get("drivers-control")
+                            .await
+                            .expect("get drivers-control");
+                        let status = p.status.clone().unwrap_or_default();
+                        match status.conditions.iter().find(|c| c.type_ == "Programmed") {
+                            Some(c)
+                                if c.status == "True"
+                                    && c.message == "2/2 sidecars ACKed"
+                                    && status.observed_generation == p.metadata.generation =>
+                            {
+                                Check::Done(())
+                            }
+                            _ => Check::NotYet(format!("{status:?}")),
+                        }
+                    }
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+
+            set_default_authorization(&s.client, &s.ns, "all-authenticated").await;
+            let started = std::time::Instant::now();
+            until_via(
+                outsider,
+                "all-authenticated refuses the outsider",
+                &probe,
+                |r| r.status(403) == 10,
+            )
+            .await;
+            eprintln!("all-authenticated live after {:?}", started.elapsed());
+            let r = fetch_from(outsider, &s.spec(FetchProtocol::Http1, 50)).await;
+            assert_eq!(r.status(403), 50, "unmeshed under all-authenticated: {r:?}");
+            assert_eq!(
+                r.from_servers("server-"),
+                0,
+                "no refused request reached the app: {r:?}"
+            );
+            for (who, driver) in [("client", s.driver), ("intruder", s.intruder)] {
+                for p in [FetchProtocol::Http1, FetchProtocol::Http2] {
+                    let r = fetch_from(driver, &s.spec(p, 50)).await;
+                    assert_eq!(
+                        (r.status(200), r.errors),
+                        (50, 0),
+                        "meshed {who} over {p:?} under all-authenticated: {r:?}"
+                    );
+                }
+            }
+            let tcp = fetch_from(s.driver, &s.spec(FetchProtocol::Tcp, 20)).await;
+            assert_eq!((tcp.echoed, tcp.errors), (20, 0), "meshed TCP: {tcp:?}");
+            let denied = authz_count(s.server_pod, "default", "deny").await;
+            assert!(
+                denied >= 50.0,
+                "the default's deny counted the outsider's requests: {denied}"
+            );
+
+            set_default_authorization(&s.client, &s.ns, "all-unauthenticated").await;
+            let started = std::time::Instant::now();
+            until_via(
+                outsider,
+                "all-unauthenticated serves the outsider again",
+                &probe,
+                |r| r.status(200) == 10,
+            )
+            .await;
+            eprintln!("all-unauthenticated live after {:?}", started.elapsed());
+            let r = fetch_from(outsider, &s.spec(FetchProtocol::Http1, 50)).await;
+            assert_eq!(
+                r.status(200),
+                50,
+                "unmeshed under all-unauthenticated: {r:?}"
+            );
+            let r = fetch_from(s.driver, &s.spec(FetchProtocol::Http1, 50)).await;
+            assert_eq!(r.status(200), 50, "meshed under all-unauthenticated: {r:?}");
+            assert_eq!(s.restarts().await, before, "no container restarted");
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster (e2e/run.sh)"]
+async fn authz_denials_hold_across_a_sidecar_hot_upgrade_and_allowed_requests_all_succeed() {
+    use baton_e2e::rollout::{
+        app_restarts, complete_on, last_handoff, make_versions, restarts, sidecar_image,
+        wait_release,
+    };
+    let _serial = SERIAL.lock().await;
+    let scope = "authz-upgrade";
+    with_temp_ns_labelled(
+        baton::injected_namespace_labels(scope),
+        |client, ns| async move {
+            make_versions(&["z2"], &[]).unwrap_or_else(|e| panic!("tagging z2: {e}"));
+            let s = id_scene(client, ns, scope).await;
+            s.policy(&[]).await;
+            s.meshed().await;
+            // The intruder's ServiceAccount is denied on every HTTP request
+            // (a rule with `to` never matches raw TCP, so its TCP is not
+            // part of this test).
+            apply_authz(&s.client, &s.ns, "no-intruder", json!({
+                "podSelector": {"matchLabels": {"app": "server"}},
+                "action": "Deny",
+                "rules": [{"from": {"serviceAccounts": ["intruder"]}, "to": {"paths": [{"prefix": "/"}]}}]
+            }))
+            .await;
+            until_via(
+                s.intruder,
+                "the Deny policy reaches the server's sidecar",
+                &s.spec(FetchProtocol::Http1, 10),
+                |r| r.status(403) == 10,
+            )
+            .await;
+            let server_before = s.pods("app=server").await.remove(0);
+            let before = restarts(&s.pods_all().await);
+
+            let allowed = s.load_from(
+                &[s.driver],
+                &[FetchProtocol::Http1, FetchProtocol::Http2, FetchProtocol::Tcp],
+            );
+            let denied = s.load_from(&[s.intruder], &[FetchProtocol::Http1, FetchProtocol::Http2]);
+            // Traffic flows before the handoff starts.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let release = s.release.0.clone();
+            let t0 = std::time::Instant::now();
+            let patch = json!({"spec": {"version": "z2", "image": sidecar_image("z2")}});
+            Api::<baton_crds::SidecarRelease>::all(s.client.clone())
+                .patch(&release, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap_or_else(|e| panic!("patching {release} to z2: {e}"));
+            wait_release(
+                &s.client,
+                &release,
+                "every Pod on z2",
+                ROLLOUT,
+                |st| complete_on(st, "z2", 3),
+                |_| {},
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+            eprintln!("authz upgrade to z2: {:?}", t0.elapsed());
+            // The new process answers for a while before the load stops.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let allowed = allowed.finish_by_protocol().await;
+            let denied = denied.finish_by_protocol().await;
+
+            for (p, r) in &allowed {
+                eprintln!(
+                    "allowed {p:?} across the upgrade: {} responses, {} not 200, {} TCP echoed, {} errors",
+                    r.responses(),
+                    r.responses() - r.status(200),
+                    r.echoed,
+                    r.errors
+                );
+                assert_eq!(r.errors, 0, "allowed {p:?}: {r:?}");
+                if *p == FetchProtocol::Tcp {
+                    assert!(r.echoed > 0, "TCP traffic ran");
+                } else {
+                    assert!(r.responses() > 0, "{p:?} traffic ran");
+                    assert_eq!(r.status(200), r.responses(), "allowed {p:?}: {r:?}");
+                }
+            }
+            for (p, r) in &denied {
+                eprintln!(
+                    "denied {p:?} across the upgrade: {} responses, {} not 403, {} reached the app, {} errors",
+                    r.responses(),
+                    r.responses() - r.status(403),
+                    r.from_servers("server-"),
+                    r.errors
+                );
+                assert!(r.responses() > 0, "denied {p:?} traffic ran");
+                assert_eq!(r.status(403), r.responses(), "no denied {p:?} request admitted: {r:?}");
+                assert_eq!(r.from_servers("server-"), 0, "denied {p:?} reached the app: {r:?}");
+                assert_eq!(r.errors, 0, "denied {p:?}: {r:?}");
+            }
+
+            // In place: the same Pod, handed off to z2, no application
+            // container restarted. (The sidecar's slot containers restart
+            // for their image swap by design: that is the handoff.)
+            let server_after = s.pods("app=server").await.remove(0);
+            assert_eq!(
+                server_after.metadata.uid, server_before.metadata.uid,
+                "the server Pod was not replaced"
+            );
+            assert_eq!(
+                last_handoff(&server_after).map(|(v, _)| v).as_deref(),
+                Some("z2"),
+                "the server's sidecar was handed off"
+            );
+            let after = restarts(&s.pods_all().await);
+            assert!(
+                app_restarts(&before, &after).is_empty(),
+                "application containers restarted: {:?}",
+                app_restarts(&before, &after)
+            );
+            // The new process still enforces the policy.
+            let r = fetch_from(s.intruder, &s.spec(FetchProtocol::Http1, 20)).await;
+            assert_eq!(r.status(403), 20, "intruder after the upgrade: {r:?}");
+            let r = fetch_from(s.driver, &s.spec(FetchProtocol::Http1, 20)).await;
+            assert_eq!(r.status(200), 20, "client after the upgrade: {r:?}");
+        },
+    )
+    .await;
+}
+
+/// Server-side applies AuthorizationPolicy `name`; the API server's (or
+/// the webhook's) refusal message when it is refused.
+async fn try_apply_authz(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    spec: serde_json::Value,
+) -> Result<(), String> {
+    let api = Api::<baton_crds::AuthorizationPolicy>::namespaced(client.clone(), ns);
+    let manifest = json!({
+        "apiVersion": "baton.dev/v1alpha1", "kind": "AuthorizationPolicy",
+        "metadata": {"name": name}, "spec": spec
+    });
+    match api
+        .patch(
+            name,
+            &PatchParams::apply("baton-e2e").force(),
+            &Patch::Apply(&manifest),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) => Err(e.message),
+        Err(e) => panic!("apply AuthorizationPolicy {name}: {e}"),
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the e2e cluster (e2e/run.sh)"]
+async fn authz_port_names_resolve_on_the_pod_and_unknown_or_malformed_names_are_refused_at_admission()
+ {
+    let _serial = SERIAL.lock().await;
+    let scope = "authz-ports";
+    with_temp_ns_labelled(
+        baton::injected_namespace_labels(scope),
+        |client, ns| async move {
+            let s = id_scene(client, ns, scope).await;
+            s.policy(&[]).await;
+            s.meshed().await;
+            let server = json!({"matchLabels": {"app": "server"}});
+
+            // A name the server does not declare: refused, with the names it does.
+            let m = try_apply_authz(&s.client, &s.ns, "typo", json!({
+                "podSelector": server, "ports": ["grpc"], "rules": [{}]
+            }))
+            .await
+            .expect_err("an unknown port name is refused");
+            assert!(
+                m.contains("spec.ports[0]: no Pod the policy selects (1 of them) declares a container port named \"grpc\"; they declare http, tcp-echo"),
+                "{m}"
+            );
+            // A malformed name: refused with what a name is.
+            let m = try_apply_authz(&s.client, &s.ns, "bad", json!({
+                "podSelector": server, "ports": ["Tcp_Echo"], "rules": [{}]
+            }))
+            .await
+            .expect_err("a malformed port name is refused");
+            assert!(m.contains("\"Tcp_Echo\" is not a port name: a name (IANA_SVC_NAME)"), "{m}");
+            // So is a malformed identity.
+            let m = try_apply_authz(&s.client, &s.ns, "bad-id", json!({
+                "podSelector": server, "rules": [{"from": {"identities": ["shop/web"]}}]
+            }))
+            .await
+            .expect_err("a malformed identity is refused");
+            assert!(m.contains("\"shop/web\" is not a SPIFFE ID: use spiffe://"), "{m}");
+
+            // Deny by name: `tcp-echo` resolves to the server's 7070, so TCP
+            // connections are closed and HTTP on 8080 is untouched.
+            apply_authz(&s.client, &s.ns, "no-tcp", json!({
+                "podSelector": server, "ports": ["tcp-echo"], "action": "Deny", "rules": [{}]
+            }))
+            .await;
+            until_via(s.driver, "the Deny by port name closes TCP", &s.spec(FetchProtocol::Tcp, 5), |r| {
+                r.echoed == 0 && r.errors == 5
+            })
+            .await;
+            let r = fetch_from(s.driver, &s.spec(FetchProtocol::Http1, 20)).await;
+            assert_eq!(r.status(200), 20, "HTTP is another port: {r:?}");
+
+            // A name only some selected Pods declare: admitted, and the
+            // status names the Pods without it.
+            apply_authz(&s.client, &s.ns, "everyone-http", json!({
+                "podSelector": {}, "ports": ["http"], "action": "Audit", "rules": [{}]
+            }))
+            .await;
+            let api = Api::<baton_crds::AuthorizationPolicy>::namespaced(s.client.clone(), &s.ns);
+            let message = wait_for("ResolvedRefs is False with UnknownPort", PROPAGATION, || {
+                let api = api.clone();
+                async move {
+                    let p = api.get("everyone-http").await.expect("get everyone-http");
+                    let status = p.status.clone().unwrap_or_default();
+                    match status.conditions.iter().find(|c| c.type_ == "ResolvedRefs") {
+                        Some(c) if c.status == "False" && c.reason == "UnknownPort" => {
+                            Check::Done(c.message.clone())
+                        }
+                        _ => Check::NotYet(format!("{status:?}")),
+                    }
+                }
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+            assert!(
+                message.contains("declares no container port named \"http\"") && message.contains("client-"),
+                "{message}"
+            );
+            assert!(!message.contains("server-"), "the server declares http: {message}");
         },
     )
     .await;

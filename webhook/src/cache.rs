@@ -20,7 +20,7 @@ use std::{
 use arc_swap::ArcSwapOption;
 use baton_controlplane::reflect::{self, trim_managed_fields};
 use baton_crds::{AcceleratorPool, Route, SidecarRelease, TlsPolicy, tls_policy::OffloadMode};
-use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::api::core::v1::{Container, Namespace, Node, Pod, PodSpec};
 use kube::{
     Api, Client, Resource,
     runtime::reflector::{ObjectRef, Store},
@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     inject::{ClusterView, ServerVersion},
-    validate::ValidationView,
+    validate::{PodPorts, ValidationView},
 };
 
 /// The caches' contents at one instant, owned (cheap: `Arc`s).
@@ -48,6 +48,10 @@ pub struct Snapshot {
     pub recent_grants: Vec<crate::inject::RecentGrant>,
     /// Filled by the handler: the admission request's uid.
     pub grant_id: String,
+    /// The namespace's Pods, for AuthorizationPolicy port names: only what
+    /// [`ClusterState::pods`] returns (the reflector-backed snapshot leaves
+    /// it empty, Pod admissions never read it).
+    pub pods: Vec<PodPorts>,
 }
 
 impl Snapshot {
@@ -73,6 +77,7 @@ impl Snapshot {
             routes: &self.routes,
             // A setting, not cluster state: the handler fills it in.
             trust_domain: "",
+            pods: &self.pods,
         }
     }
 }
@@ -85,6 +90,12 @@ pub trait ClusterState: Send + Sync + 'static {
     fn snapshot(&self, namespace: &str) -> (Snapshot, bool);
     /// Every cache has listed at least once and the version is known.
     fn is_synced(&self) -> bool;
+    /// The Pods of `namespace` as port-name validation sees them (only
+    /// AuthorizationPolicy reviews ask: copying them for every Pod
+    /// admission would cost for nothing).
+    fn pods(&self, namespace: &str) -> Vec<PodPorts> {
+        self.snapshot(namespace).0.pods
+    }
 }
 
 /// A fixed state (tests and benchmarks).
@@ -112,6 +123,7 @@ pub struct Caches {
     routes: Store<Route>,
     namespaces: Store<Namespace>,
     nodes: Store<Node>,
+    pods: Store<Pod>,
     synced: Arc<AtomicBool>,
     version: Arc<ArcSwapOption<ServerVersion>>,
 }
@@ -181,6 +193,7 @@ impl Caches {
                 },
                 stop.clone(),
             ),
+            pods: spawn_reflector(Api::all(client.clone()), trim_pod, stop.clone()),
             synced: Arc::new(AtomicBool::new(false)),
             version: Arc::new(ArcSwapOption::empty()),
         };
@@ -194,6 +207,7 @@ impl Caches {
                 me.routes.wait_until_ready().await.ok();
                 me.namespaces.wait_until_ready().await.ok();
                 me.nodes.wait_until_ready().await.ok();
+                me.pods.wait_until_ready().await.ok();
             };
             tokio::select! {
                 () = stop2.cancelled() => {}
@@ -273,11 +287,78 @@ impl ClusterState for Caches {
             server_version: self.version.load().as_deref().copied(),
             recent_grants: Vec::new(),
             grant_id: String::new(),
+            pods: Vec::new(),
         };
         (snapshot, known)
     }
 
     fn is_synced(&self) -> bool {
         self.synced.load(Ordering::Acquire) && self.version.load().is_some()
+    }
+
+    fn pods(&self, namespace: &str) -> Vec<PodPorts> {
+        self.pods
+            .state_filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
+            .iter()
+            .map(|p| PodPorts::of(p))
+            .collect()
+    }
+}
+
+/// Keeps of a cached Pod only what [`PodPorts`] reads: name, namespace,
+/// labels and its containers' names and ports. A cluster's Pods are its
+/// most numerous objects; whole ones (env, volumes, status) would be most
+/// of the webhook's memory.
+fn trim_pod(p: &mut Pod) {
+    trim_managed_fields(&mut p.metadata);
+    p.metadata.annotations = None;
+    p.metadata.owner_references = None;
+    p.status = None;
+    if let Some(spec) = p.spec.as_mut() {
+        let containers = std::mem::take(&mut spec.containers)
+            .into_iter()
+            .map(|c| Container {
+                name: c.name,
+                ports: c.ports,
+                ..Container::default()
+            })
+            .collect();
+        *spec = PodSpec {
+            containers,
+            ..PodSpec::default()
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trimmed_pod_keeps_what_port_names_read_and_drops_the_rest() {
+        let mut pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web-1", "namespace": "shop", "labels": {"app": "web"},
+                         "annotations": {"big": "x"}},
+            "spec": {"serviceAccountName": "web", "volumes": [{"name": "v", "emptyDir": {}}],
+                     "containers": [
+                {"name": "app", "image": "web", "env": [{"name": "A", "value": "1"}],
+                 "ports": [{"name": "http", "containerPort": 8080}, {"containerPort": 9000}]},
+                {"name": "baton-sidecar-a", "image": "s",
+                 "ports": [{"name": "admin", "containerPort": 15021}]}]},
+            "status": {"podIP": "10.0.0.1"}
+        }))
+        .unwrap();
+        let before = PodPorts::of(&pod);
+        trim_pod(&mut pod);
+        assert_eq!(PodPorts::of(&pod), before);
+        assert_eq!(
+            before.port_names.iter().collect::<Vec<_>>(),
+            ["http"],
+            "the sidecar's own ports are not the application's"
+        );
+        let spec = pod.spec.as_ref().unwrap();
+        assert!(spec.volumes.is_none() && spec.service_account_name.is_none());
+        assert!(spec.containers[0].env.is_none() && spec.containers[0].image.is_none());
+        assert!(pod.status.is_none() && pod.metadata.annotations.is_none());
     }
 }

@@ -352,8 +352,14 @@ impl Admission {
         };
         let namespace = request.namespace.clone().unwrap_or_default();
         let (snapshot, _) = self.state.snapshot(&namespace);
+        let pods = if request.kind.kind == "AuthorizationPolicy" {
+            self.state.pods(&namespace)
+        } else {
+            Vec::new()
+        };
         let view = ValidationView {
             trust_domain: &self.config.trust_domain,
+            pods: &pods,
             ..snapshot.validation_view()
         };
         match validate::validate(&request.kind.group, &request.kind.kind, &value, &view) {

@@ -9,11 +9,16 @@
 //! * two TlsPolicies of a namespace that select a common pod must agree on
 //!   mTLS mode, minimum version and offload mode (otherwise which one wins
 //!   would be an accident of naming);
-//! * one Route per Service port (`parentRef`) per namespace.
+//! * one Route per Service port (`parentRef`) per namespace;
+//! * an AuthorizationPolicy's port names must be declared by at least one
+//!   of the Pods it selects, when it selects any yet.
 //!
 //! Pure: the view of existing objects comes from the caches.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
 
 use baton_crds::{
     AcceleratorPool, AuthorizationPolicy, Route, SidecarRelease, TlsPolicy,
@@ -32,6 +37,36 @@ pub struct ValidationView<'a> {
     /// The mesh's trust domain; empty: identities are not checked against
     /// one.
     pub trust_domain: &'a str,
+    /// The Pods of the object's namespace (filled for AuthorizationPolicy
+    /// reviews only: port names are checked against them).
+    pub pods: &'a [PodPorts],
+}
+
+/// A Pod as port-name admission sees it: its name, labels and the names of
+/// its application containers' ports (not the sidecar slots').
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodPorts {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub port_names: BTreeSet<String>,
+}
+
+impl PodPorts {
+    pub fn of(pod: &k8s_openapi::api::core::v1::Pod) -> Self {
+        use baton_crds::contract::containers::{SLOT_A, SLOT_B};
+        Self {
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            labels: pod.metadata.labels.clone().unwrap_or_default(),
+            port_names: pod
+                .spec
+                .iter()
+                .flat_map(|s| s.containers.iter())
+                .filter(|c| c.name != SLOT_A && c.name != SLOT_B)
+                .flat_map(|c| c.ports.iter().flatten())
+                .filter_map(|p| p.name.clone())
+                .collect(),
+        }
+    }
 }
 
 /// The verdict on one object.
@@ -69,7 +104,10 @@ pub fn validate(
             Err(m) => Verdict::Denied(m),
         },
         "AuthorizationPolicy" => match per_object::<AuthorizationPolicy>(kind, object) {
-            Ok(p) => foreign_identities(&p, view.trust_domain),
+            Ok(p) => match foreign_identities(&p, view.trust_domain) {
+                Verdict::Allowed(_) => port_names(&p, view.pods),
+                denied => denied,
+            },
             Err(m) => Verdict::Denied(m),
         },
         other => Verdict::Denied(format!(
@@ -91,6 +129,97 @@ fn foreign_identities(policy: &AuthorizationPolicy, trust_domain: &str) -> Verdi
             display_name(&policy.metadata),
             summarize(errors)
         )),
+    }
+}
+
+/// Pods named in a warning before "and N more".
+const SHOWN_PODS: usize = 3;
+
+/// An AuthorizationPolicy's port names against the Pods it selects now. A
+/// name none of them declares is refused, with the names they do declare
+/// (a typo, or a port the workload does not have). A name only some
+/// declare, or any name while no Pod matches yet, is allowed with a
+/// warning: Pods come and go, and the operator reports a name a selected
+/// Pod lacks on the policy's ResolvedRefs condition (UnknownPort).
+fn port_names(policy: &AuthorizationPolicy, pods: &[PodPorts]) -> Verdict {
+    let named: Vec<(usize, &str)> = policy
+        .spec
+        .ports
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| match p {
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(n) => {
+                Some((i, n.as_str()))
+            }
+            _ => None,
+        })
+        .collect();
+    if named.is_empty() {
+        return Verdict::Allowed(vec![]);
+    }
+    let selected: Vec<&PodPorts> = pods
+        .iter()
+        .filter(|p| selector::matches(&policy.spec.pod_selector, &p.labels))
+        .collect();
+    let names = || {
+        named
+            .iter()
+            .map(|(_, n)| format!("{n:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if selected.is_empty() {
+        return Verdict::Allowed(vec![format!(
+            "no Pod matches the podSelector yet, so port names {} are not checked now: each is resolved on the Pods that match, and the policy's ResolvedRefs condition reports a name a Pod does not declare (UnknownPort)",
+            names()
+        )]);
+    }
+    let declared: BTreeSet<&str> = selected
+        .iter()
+        .flat_map(|p| p.port_names.iter().map(String::as_str))
+        .collect();
+    let mut errors = Vec::new();
+    let mut warnings = Vec::new();
+    for (i, name) in &named {
+        let lacking: Vec<&str> = selected
+            .iter()
+            .filter(|p| !p.port_names.contains(*name))
+            .map(|p| p.name.as_str())
+            .collect();
+        if lacking.len() == selected.len() {
+            errors.push(baton_crds::validation::FieldError::new(
+                format!("spec.ports[{i}]"),
+                format!(
+                    "no Pod the policy selects ({} of them) declares a container port named {name:?}; they declare {}: name one of those or give the port's number",
+                    selected.len(),
+                    if declared.is_empty() {
+                        "no named ports".to_owned()
+                    } else {
+                        declared.iter().copied().collect::<Vec<_>>().join(", ")
+                    }
+                ),
+            ));
+        } else if !lacking.is_empty() {
+            let more = lacking.len().saturating_sub(SHOWN_PODS);
+            warnings.push(format!(
+                "Pods {}{} declare no container port named {name:?}: the policy does not apply to that port on them (ResolvedRefs: UnknownPort)",
+                lacking[..lacking.len().min(SHOWN_PODS)].join(", "),
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                }
+            ));
+        }
+    }
+    if errors.is_empty() {
+        Verdict::Allowed(warnings)
+    } else {
+        Verdict::Denied(format!(
+            "AuthorizationPolicy {} is invalid: {}",
+            display_name(&policy.metadata),
+            summarize(&errors)
+        ))
     }
 }
 
@@ -303,6 +432,118 @@ mod tests {
             &view,
         ));
         assert!(m.contains("is not a SPIFFE ID"), "{m}");
+    }
+
+    fn pod(name: &str, app: &str, ports: &[&str]) -> PodPorts {
+        PodPorts {
+            name: name.into(),
+            labels: [("app".to_owned(), app.to_owned())].into(),
+            port_names: ports.iter().map(|p| (*p).to_owned()).collect(),
+        }
+    }
+
+    fn named(ports: serde_json::Value) -> serde_json::Value {
+        json!({"apiVersion": "baton.dev/v1alpha1", "kind": "AuthorizationPolicy",
+               "metadata": {"name": "p", "namespace": "apps"},
+               "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "ports": ports}})
+    }
+
+    #[test]
+    fn a_port_name_no_selected_pod_declares_is_refused_listing_the_names_they_do() {
+        let pods = [
+            pod("web-1", "web", &["http", "metrics"]),
+            pod("web-2", "web", &["http"]),
+            pod("db-1", "db", &["grpc"]),
+        ];
+        let view = ValidationView {
+            pods: &pods,
+            ..ValidationView::default()
+        };
+        let m = denied(validate(
+            GROUP,
+            "AuthorizationPolicy",
+            &named(json!([8080, "grpc", "htp"])),
+            &view,
+        ));
+        assert_eq!(
+            m,
+            "AuthorizationPolicy apps/p is invalid: \
+             spec.ports[1]: no Pod the policy selects (2 of them) declares a container port named \"grpc\"; they declare http, metrics: name one of those or give the port's number; \
+             spec.ports[2]: no Pod the policy selects (2 of them) declares a container port named \"htp\"; they declare http, metrics: name one of those or give the port's number"
+        );
+        assert_eq!(
+            validate(
+                GROUP,
+                "AuthorizationPolicy",
+                &named(json!(["http", 9090])),
+                &view
+            ),
+            Verdict::Allowed(vec![])
+        );
+    }
+
+    #[test]
+    fn a_port_name_only_some_selected_pods_declare_is_allowed_with_a_warning_naming_the_rest() {
+        let pods = [
+            pod("web-1", "web", &["http", "metrics"]),
+            pod("web-2", "web", &["http"]),
+        ];
+        let view = ValidationView {
+            pods: &pods,
+            ..ValidationView::default()
+        };
+        match validate(
+            GROUP,
+            "AuthorizationPolicy",
+            &named(json!(["metrics"])),
+            &view,
+        ) {
+            Verdict::Allowed(w) => {
+                assert_eq!(w.len(), 1, "{w:?}");
+                assert!(
+                    w[0].starts_with("Pods web-2 declare no container port named \"metrics\""),
+                    "{w:?}"
+                );
+                assert!(w[0].contains("UnknownPort"), "{w:?}");
+            }
+            v => panic!("{v:?}"),
+        }
+    }
+
+    #[test]
+    fn port_names_are_allowed_with_a_warning_while_no_pod_matches_yet() {
+        let pods = [pod("db-1", "db", &["grpc"])];
+        let view = ValidationView {
+            pods: &pods,
+            ..ValidationView::default()
+        };
+        match validate(GROUP, "AuthorizationPolicy", &named(json!(["http"])), &view) {
+            Verdict::Allowed(w) => {
+                assert_eq!(w.len(), 1, "{w:?}");
+                assert!(w[0].starts_with("no Pod matches the podSelector yet, so port names \"http\" are not checked now"), "{w:?}");
+            }
+            v => panic!("{v:?}"),
+        }
+        // Numbers only: nothing to resolve, no warning.
+        assert_eq!(
+            validate(GROUP, "AuthorizationPolicy", &named(json!([80])), &view),
+            Verdict::Allowed(vec![])
+        );
+    }
+
+    #[test]
+    fn a_malformed_port_name_is_refused_with_what_a_name_is_whatever_the_pods() {
+        let m = denied(validate(
+            GROUP,
+            "AuthorizationPolicy",
+            &named(json!(["HTTP", 0])),
+            &ValidationView::default(),
+        ));
+        assert!(
+            m.starts_with("AuthorizationPolicy apps/p is invalid: spec.ports[0]: \"HTTP\" is not a port name: a name (IANA_SVC_NAME) is 1 to 15 lowercase letters"),
+            "{m}"
+        );
+        assert!(m.contains("spec.ports[1]: port 0 is out of range"), "{m}");
     }
 
     fn denied(v: Verdict) -> String {

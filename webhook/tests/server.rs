@@ -14,6 +14,7 @@ use baton_webhook::{
     metrics::{self, Metrics},
     spawn_servers,
     tls::{CertFiles, CertStore},
+    validate::PodPorts,
 };
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -57,6 +58,11 @@ fn snapshot() -> Snapshot {
         releases: vec![Arc::new(release)],
         routes: vec![Arc::new(route)],
         server_version: Some(ServerVersion::new(1, 20)),
+        pods: vec![PodPorts {
+            name: "web-1".into(),
+            labels: [("app".to_owned(), "web".to_owned())].into(),
+            port_names: ["http".to_owned(), "metrics".to_owned()].into(),
+        }],
         ..Snapshot::default()
     }
 }
@@ -384,6 +390,40 @@ async fn an_invalid_route_is_refused_by_validate_with_the_field_path() {
             .unwrap()
             .contains("Route apps/existing already routes")
     );
+}
+
+#[tokio::test]
+async fn an_authorization_policy_naming_a_port_no_selected_pod_declares_is_refused_with_the_names_they_do()
+ {
+    let h = start().await;
+    let kind = json!({"group": "baton.dev", "version": "v1alpha1", "kind": "AuthorizationPolicy"});
+    let policy = |ports: Value| {
+        json!({"apiVersion": "baton.dev/v1alpha1", "kind": "AuthorizationPolicy",
+               "metadata": {"name": "p", "namespace": "apps"},
+               "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "ports": ports}})
+    };
+    let ask = |ports: Value| {
+        let body = review(kind.clone(), "authorizationpolicies", Some(policy(ports)));
+        let h = &h;
+        async move { response_of(&post(h, names::VALIDATE_PATH, body).await.1) }
+    };
+    let resp = ask(json!(["grpc"])).await;
+    assert_eq!(resp["allowed"], false, "{resp}");
+    let message = resp["status"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("AuthorizationPolicy apps/p is invalid: spec.ports[0]: no Pod the policy selects (1 of them) declares a container port named \"grpc\"; they declare http, metrics"),
+        "{message}"
+    );
+    // A malformed name is refused before any Pod is asked.
+    let resp = ask(json!([80, "Not_A_Name"])).await;
+    assert_eq!(resp["allowed"], false, "{resp}");
+    let message = resp["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("spec.ports[1]: \"Not_A_Name\" is not a port name"),
+        "{message}"
+    );
+    let resp = ask(json!(["http", 9000])).await;
+    assert_eq!(resp["allowed"], true, "{resp}");
 }
 
 #[tokio::test]

@@ -27,6 +27,7 @@ use baton_crds::authorization_policy::{
 };
 use baton_crds::tls_policy::client_identity;
 use baton_crds::{AuthorizationPolicy, TlsPolicy, Validate};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::compile::Refusal;
 use super::index::{Index, ObjKey, PodInfo};
@@ -129,7 +130,11 @@ pub fn compile(
         AuthorizationAction::Allow,
     ] {
         for (key, p) in of(action) {
-            let ports = ports(p);
+            let Some(ports) = ports(p, info) else {
+                // Names only, none declared by this Pod: the policy
+                // applies to no port here (status says UnknownPort).
+                continue;
+            };
             for (i, r) in p.spec.rules.iter().enumerate() {
                 let name = format!("{key}/rules[{i}]");
                 rules.extend(rule(
@@ -164,8 +169,10 @@ pub fn compile(
         allow_ports = None;
     }
     for (_, p) in of(AuthorizationAction::Allow) {
+        let Some(ports) = ports(p, info) else {
+            continue;
+        };
         any_allow = true;
-        let ports = ports(p);
         match (&mut allow_ports, ports.is_empty()) {
             (Some(_), true) => allow_ports = None,
             (Some(set), false) => set.extend(ports),
@@ -245,16 +252,103 @@ fn rbac_action(a: AuthorizationAction) -> RbacAction {
     }
 }
 
-fn ports(p: &AuthorizationPolicy) -> Vec<u16> {
+/// The policy's ports on one Pod: numbers as they are, names resolved
+/// against the Pod's container ports. Empty: every port. `None`: the
+/// policy lists ports but none exists on this Pod (every entry a name the
+/// Pod does not declare), so it applies to no port here — never "every
+/// port", which is what an empty list would say.
+fn ports(p: &AuthorizationPolicy, info: &PodInfo) -> Option<Vec<u16>> {
     let mut v: Vec<u16> = p
         .spec
         .ports
         .iter()
-        .filter_map(|p| u16::try_from(*p).ok())
+        .filter_map(|p| match p {
+            IntOrString::Int(n) => u16::try_from(*n).ok(),
+            IntOrString::String(name) => info.port_names.get(name).copied(),
+        })
         .collect();
+    if v.is_empty() && !p.spec.ports.is_empty() {
+        return None;
+    }
     v.sort_unstable();
     v.dedup();
-    v
+    Some(v)
+}
+
+/// How the port names the `policies` list resolve on a Pod (`None`: not
+/// declared): what the compile reads of the Pod's ports, for
+/// [`super::compile::CompileKey`].
+pub fn resolved_names(
+    info: &PodInfo,
+    policies: &[(&ObjKey, &AuthorizationPolicy)],
+) -> Vec<(String, Option<u16>)> {
+    let names: BTreeSet<&str> = policies
+        .iter()
+        .flat_map(|(_, p)| p.spec.port_names())
+        .collect();
+    names
+        .into_iter()
+        .map(|n| (n.to_owned(), info.port_names.get(n).copied()))
+        .collect()
+}
+
+/// Pods shown by name in an UnknownPort message before "and N more".
+const SHOWN_PODS: usize = 3;
+
+/// The port names of `policy` that Pods it selects do not declare, as one
+/// message for its status (`None`: every name resolves on every selected
+/// Pod, or it names none). A Pod without the name gets no rule from the
+/// policy on that port; the message says which Pods and what they declare.
+pub fn unknown_ports(index: &Index, key: &ObjKey, policy: &AuthorizationPolicy) -> Option<String> {
+    let names: Vec<&str> = policy.spec.port_names().collect();
+    if names.is_empty() {
+        return None;
+    }
+    let mut missing: Vec<String> = Vec::new();
+    let mut total = 0;
+    for (pod, info) in index
+        .pods
+        .range(ObjKey::new(&key.namespace, "")..)
+        .take_while(|(k, _)| k.namespace == key.namespace)
+        .filter(|(_, i)| baton_crds::selector::matches(&policy.spec.pod_selector, &i.labels))
+    {
+        let absent: Vec<&str> = names
+            .iter()
+            .copied()
+            .filter(|n| !info.port_names.contains_key(*n))
+            .collect();
+        if absent.is_empty() {
+            continue;
+        }
+        total += 1;
+        if missing.len() < SHOWN_PODS {
+            let declared: Vec<&str> = info.port_names.keys().map(String::as_str).collect();
+            missing.push(format!(
+                "Pod {} declares no container port named {} (it declares {})",
+                pod.name,
+                absent
+                    .iter()
+                    .map(|n| format!("{n:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if declared.is_empty() {
+                    "no named port".to_owned()
+                } else {
+                    declared.join(", ")
+                }
+            ));
+        }
+    }
+    if total == 0 {
+        return None;
+    }
+    let more = total - missing.len();
+    let mut message = missing.join("; ");
+    if more > 0 {
+        message.push_str(&format!("; and {more} more Pods"));
+    }
+    message.push_str(": the policy does not apply to those ports of those Pods; name a port they declare or use its number");
+    Some(message)
 }
 
 /// A peer pattern: one identity, or every identity of a namespace.

@@ -263,6 +263,9 @@ pub enum CompileKey {
         /// authorization and logging read them.
         probes: Vec<(u16, String)>,
         access_log: bool,
+        /// The port names its AuthorizationPolicies list, as they resolve
+        /// on the Pod.
+        port_names: Vec<(String, Option<u16>)>,
     },
     /// A Pod the index does not hold (its compile fails on its own).
     Unknown(ObjKey),
@@ -270,17 +273,18 @@ pub enum CompileKey {
 
 pub fn compile_key(index: &Index, trust_domain: &str, pod: &ObjKey) -> CompileKey {
     match index.pods.get(pod) {
-        Some(info) => CompileKey::Group {
-            namespace: pod.namespace.clone(),
-            service_account: info.service_account.clone(),
-            tls_policy: select_tls_policy(index, pod).map(|(k, _)| k.clone()),
-            authorization_policies: authz::select(index, trust_domain, pod)
-                .into_iter()
-                .map(|(k, _)| k.clone())
-                .collect(),
-            probes: info.probes.clone(),
-            access_log: info.access_log,
-        },
+        Some(info) => {
+            let authorization = authz::select(index, trust_domain, pod);
+            CompileKey::Group {
+                namespace: pod.namespace.clone(),
+                service_account: info.service_account.clone(),
+                tls_policy: select_tls_policy(index, pod).map(|(k, _)| k.clone()),
+                port_names: authz::resolved_names(info, &authorization),
+                authorization_policies: authorization.into_iter().map(|(k, _)| k.clone()).collect(),
+                probes: info.probes.clone(),
+                access_log: info.access_log,
+            }
+        }
         None => CompileKey::Unknown(pod.clone()),
     }
 }

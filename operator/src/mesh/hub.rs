@@ -18,7 +18,7 @@
 //! NACK — it is the full snapshot. A NACKed delta is followed at once by the
 //! full snapshot (the sidecar's base may not be what the hub thinks).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -451,6 +451,18 @@ impl Hub {
                 .cloned()
                 .collect(),
         }
+    }
+
+    /// Per AuthorizationPolicy naming ports some selected Pod does not
+    /// declare, the UnknownPort message ([`super::authz::unknown_ports`]).
+    pub fn unknown_ports(&self) -> BTreeMap<ObjKey, String> {
+        let inner = self.lock();
+        let index = &inner.index;
+        index
+            .authorization_policies
+            .iter()
+            .filter_map(|(k, p)| super::authz::unknown_ports(index, k, p).map(|m| (k.clone(), m)))
+            .collect()
     }
 
     /// The cluster-wide parameters the hub compiles with.

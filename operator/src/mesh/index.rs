@@ -99,6 +99,26 @@ pub struct PodInfo {
     pub probes: Vec<(u16, String)>,
     /// The `baton.dev/access-log: "true"` annotation.
     pub access_log: bool,
+    /// Named container ports of the application containers (name → port),
+    /// which AuthorizationPolicy `ports` names resolve against.
+    pub port_names: BTreeMap<String, u16>,
+}
+
+/// The named ports of the Pod's application containers (not the sidecar
+/// slots'); the first container declaring a name wins, as for probes.
+pub fn port_names(pod: &Pod) -> BTreeMap<String, u16> {
+    let mut out = BTreeMap::new();
+    for c in pod.spec.iter().flat_map(|s| s.containers.iter()) {
+        if c.name == contract::containers::SLOT_A || c.name == contract::containers::SLOT_B {
+            continue;
+        }
+        for p in c.ports.iter().flatten() {
+            if let (Some(name), Ok(port)) = (&p.name, u16::try_from(p.container_port)) {
+                out.entry(name.clone()).or_insert(port);
+            }
+        }
+    }
+    out
 }
 
 /// Every httpGet probe (readiness, liveness, startup) of the Pod's
@@ -364,6 +384,7 @@ impl Index {
                 .get(contract::labels::INJECTED)
                 .is_some_and(|v| v == "true"),
             probes: http_probes(pod),
+            port_names: port_names(pod),
             access_log: pod
                 .annotations()
                 .get(contract::annotations::ACCESS_LOG)

@@ -194,11 +194,14 @@ pub fn tls_policy_status(policy: &TlsPolicy, p: &Programmed, now: &Time) -> TlsP
 
 /// An AuthorizationPolicy's status: Accepted unless invalid or naming
 /// identities outside `trust_domain`; Programmed counts the sidecars of the
-/// Pods it selects.
+/// Pods it selects; ResolvedRefs is False (UnknownPort, with
+/// `unknown_ports` as its message) while a selected Pod lacks a port name
+/// it lists ([`super::authz::unknown_ports`]).
 pub fn authorization_policy_status(
     policy: &AuthorizationPolicy,
     trust_domain: &str,
     p: &Programmed,
+    unknown_ports: Option<&str>,
     now: &Time,
 ) -> AuthorizationPolicyStatus {
     let generation = policy.metadata.generation;
@@ -232,6 +235,24 @@ pub fn authorization_policy_status(
         }
     };
     programmed(c, ac::PROGRAMMED, accepted, p, generation, now);
+    let (resolved, reason, message) = match unknown_ports {
+        Some(m) => (false, ac::reasons::UNKNOWN_PORT, m),
+        None if policy.spec.port_names().next().is_some() => (
+            true,
+            ac::reasons::RESOLVED_REFS,
+            "every selected Pod declares the named ports",
+        ),
+        None => (true, ac::reasons::RESOLVED_REFS, "no port names to resolve"),
+    };
+    upsert(
+        c,
+        ac::RESOLVED_REFS,
+        resolved,
+        reason,
+        message,
+        generation,
+        now,
+    );
     status
 }
 
@@ -367,13 +388,17 @@ pub async fn write_once(
         }
     }
     let trust_domain = &hub.params().trust_domain;
+    let unknown = hub.unknown_ports();
     for policy in authorization_policies {
         let (own, source) = counts.next().expect("one count per authorization policy");
         if !compiled.contains(source) {
             continue;
         }
         let p = tally::merged(own, source, peers);
-        let status = authorization_policy_status(&policy, trust_domain, &p, now);
+        let unknown = unknown
+            .get(&ObjKey::of(policy.as_ref()))
+            .map(String::as_str);
+        let status = authorization_policy_status(&policy, trust_domain, &p, unknown, now);
         let before = policy.status.as_ref().map(|s| s.conditions.as_slice());
         if policy.status.as_ref() != Some(&status)
             && apply_status(

@@ -2041,6 +2041,199 @@ mod authorization {
         );
     }
 
+    /// An `app=api` Pod whose app container declares `ports` (name, number).
+    fn api_pod(name: &str, ip: &str, ports: &[(&str, u16)]) -> Pod {
+        let ports: Vec<Value> = ports
+            .iter()
+            .map(|(n, p)| json!({"name": n, "containerPort": p}))
+            .collect();
+        from(json!({
+            "metadata": {"name": name, "namespace": NS,
+                         "labels": {"app": "api", "baton.dev/injected": "true"}},
+            "spec": {"serviceAccountName": "api", "containers": [
+                {"name": "app", "ports": ports},
+                {"name": "baton-sidecar-a", "ports": [{"name": "admin", "containerPort": 15021}]}
+            ]},
+            "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+    }
+
+    /// Three `app=api` Pods: `http` on 8080, `http` on 9090, and one
+    /// declaring only `grpc`.
+    fn api_pods() -> Index {
+        let mut ix = shop();
+        ix.apply_pod(&api_pod("api-a", "10.1.2.1", &[("http", 8080)]));
+        ix.apply_pod(&api_pod(
+            "api-b",
+            "10.1.2.2",
+            &[("http", 9090), ("metrics", 9100)],
+        ));
+        ix.apply_pod(&api_pod("api-c", "10.1.2.3", &[("grpc", 7000)]));
+        ix
+    }
+
+    #[test]
+    fn a_port_name_resolves_per_pod_and_pods_with_other_numbers_compile_apart() {
+        let mut ix = api_pods();
+        ix.apply_authorization_policy(&policy(
+            "web",
+            json!({"podSelector": {"matchLabels": {"app": "api"}}, "ports": ["http"],
+                   "rules": [{"from": {"serviceAccounts": ["client"]}}]}),
+        ));
+        let on = |pod: &str| rbac(&ix, &ObjKey::new(NS, pod)).unwrap();
+        for (pod, port) in [("api-a", 8080), ("api-b", 9090)] {
+            let p = on(pod);
+            assert_eq!(
+                names(&p),
+                [
+                    ("shop/web/rules[0]", RbacAction::Allow),
+                    ("implicit-deny", RbacAction::Deny)
+                ],
+                "{pod}"
+            );
+            assert_eq!(
+                p.rules[0].ports,
+                [port],
+                "{pod}: the rule is on its http port"
+            );
+            assert_eq!(
+                p.rules[1].ports,
+                [port],
+                "{pod}: only http is implicitly denied"
+            );
+        }
+        // api-c has no `http`: the policy applies to no port there — not
+        // to every port, which an empty port list would mean.
+        let p = on("api-c");
+        assert!(p.rules.is_empty(), "{:?}", names(&p));
+        assert_eq!(p.default_action, RbacAction::Allow);
+        // Equal keys must mean equal configs: the resolved numbers differ.
+        let key = |pod: &str| compile_key(&ix, "cluster.local", &ObjKey::new(NS, pod));
+        assert_ne!(key("api-a"), key("api-b"));
+        assert_ne!(key("api-a"), key("api-c"));
+    }
+
+    #[test]
+    fn numbers_still_apply_where_a_listed_name_is_unknown_and_sidecar_ports_do_not_count() {
+        let mut ix = api_pods();
+        ix.apply_authorization_policy(&policy(
+            "no-metrics",
+            json!({"podSelector": {"matchLabels": {"app": "api"}}, "ports": [7000, "metrics", "admin"],
+                   "action": "Deny", "rules": [{}]}),
+        ));
+        let ports = |pod: &str| {
+            rbac(&ix, &ObjKey::new(NS, pod)).unwrap().rules[0]
+                .ports
+                .clone()
+        };
+        assert_eq!(ports("api-a"), [7000]);
+        assert_eq!(ports("api-b"), [7000, 9100]);
+        assert_eq!(
+            ports("api-c"),
+            [7000],
+            "the sidecar's own `admin` is not the app's"
+        );
+    }
+
+    #[test]
+    fn an_unknown_port_name_is_reported_with_the_pods_and_the_names_they_declare() {
+        let mut ix = api_pods();
+        let web = policy(
+            "web",
+            json!({"podSelector": {"matchLabels": {"app": "api"}}, "ports": ["http", 8443],
+                   "rules": [{}]}),
+        );
+        ix.apply_authorization_policy(&web);
+        let key = ObjKey::new(NS, "web");
+        let m = authz::unknown_ports(&ix, &key, &web).expect("api-c lacks http");
+        assert!(
+            m.starts_with(
+                "Pod api-c declares no container port named \"http\" (it declares grpc):"
+            ),
+            "{m}"
+        );
+        assert!(
+            m.contains("name a port they declare or use its number"),
+            "{m}"
+        );
+        // Numbers only, or names every selected Pod declares: nothing to say.
+        let numbers = policy(
+            "n",
+            json!({"podSelector": {"matchLabels": {"app": "api"}}, "ports": [80]}),
+        );
+        assert_eq!(
+            authz::unknown_ports(&ix, &ObjKey::new(NS, "n"), &numbers),
+            None
+        );
+        let grpc = policy(
+            "g",
+            json!({"podSelector": {"matchLabels": {"app": "api"}, "matchExpressions": [
+            {"key": "app", "operator": "In", "values": ["api"]}]}, "ports": ["grpc"]}),
+        );
+        let m = authz::unknown_ports(&ix, &ObjKey::new(NS, "g"), &grpc).unwrap();
+        assert!(m.starts_with("Pod api-a declares no container port named \"grpc\" (it declares http); Pod api-b declares no container port named \"grpc\" (it declares http, metrics):"), "{m}");
+
+        // The status says so on ResolvedRefs; Accepted stays True.
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap(),
+        );
+        let p = crate::mesh::hub::Programmed::default();
+        let m = authz::unknown_ports(&ix, &key, &web);
+        let status = crate::mesh::status::authorization_policy_status(
+            &web,
+            "cluster.local",
+            &p,
+            m.as_deref(),
+            &now,
+        );
+        let c = |t: &str| {
+            status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == t)
+                .unwrap()
+                .clone()
+        };
+        assert_eq!(c("Accepted").status, "True");
+        let r = c("ResolvedRefs");
+        assert_eq!(
+            (r.status.as_str(), r.reason.as_str()),
+            ("False", "UnknownPort")
+        );
+        assert_eq!(Some(r.message), m);
+        // The Pod gains the port: resolved.
+        ix.apply_pod(&api_pod(
+            "api-c",
+            "10.1.2.3",
+            &[("grpc", 7000), ("http", 8080)],
+        ));
+        assert_eq!(authz::unknown_ports(&ix, &key, &web), None);
+        let status =
+            crate::mesh::status::authorization_policy_status(&web, "cluster.local", &p, None, &now);
+        let r = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "ResolvedRefs")
+            .unwrap();
+        assert_eq!(
+            (r.status.as_str(), r.reason.as_str()),
+            ("True", "ResolvedRefs")
+        );
+    }
+
+    #[test]
+    fn more_than_three_pods_without_a_name_are_counted_not_listed() {
+        let mut ix = Index::default();
+        for i in 0..5 {
+            ix.apply_pod(&api_pod(&format!("api-{i}"), &format!("10.1.3.{i}"), &[]));
+        }
+        let p = policy("p", json!({"podSelector": {}, "ports": ["http"]}));
+        let m = authz::unknown_ports(&ix, &ObjKey::new(NS, "p"), &p).unwrap();
+        assert_eq!(m.matches("declares no container port").count(), 3, "{m}");
+        assert!(m.contains("(it declares no named port)"), "{m}");
+        assert!(m.contains("; and 2 more Pods:"), "{m}");
+    }
+
     #[test]
     fn the_implicit_deny_covers_only_the_ports_allow_policies_select() {
         let mut ix = shop();
@@ -2376,6 +2569,7 @@ mod authorization {
             &hub.objects().authorization_policies[0],
             "cluster.local",
             &p,
+            None,
             &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                 k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap(),
             ),
