@@ -210,14 +210,20 @@ fn start_sidecar_serving(op: &Operator, pod: &str, token: &str, snapshot: &Snaps
 }
 
 /// Polls `f` every 10 ms for up to 10 s; whether it came true.
+/// Polls `f` until it holds, for up to 30 s of wall time. A deadline, not a
+/// count of polls: under a loaded machine (CI builds beside the tests) 1,000
+/// polls of 10 ms once ran out before a TLS stream's first exchange.
 async fn wait_for(mut f: impl FnMut() -> bool) -> bool {
-    for _ in 0..1000 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
         if f() {
             return true;
         }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    false
 }
 
 async fn eventually(what: &str, f: impl FnMut() -> bool) {
