@@ -25,6 +25,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
+mod log_sink;
+use log_sink::Sink;
+
 /// The allowed client's address and the denied one's.
 const ALLOWED: &str = "127.0.0.1";
 const OTHER: &str = "127.0.0.2";
@@ -881,36 +884,4 @@ async fn a_policy_without_path_conditions_forwards_paths_as_received() {
     let m = metrics(&sc).await;
     assert_eq!(series(&m, "baton_sidecar_h1_fast_path_requests_total "), 2);
     sc.stop().await;
-}
-
-/// Where the sidecar's access log goes in these tests.
-#[derive(Clone, Default)]
-struct Sink(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Sink {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Sink {
-    /// Every line parsed as JSON, once at least `n` are there (5 s at most).
-    async fn lines(&self, n: usize) -> Vec<serde_json::Value> {
-        for _ in 0..500 {
-            let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
-            let lines: Vec<serde_json::Value> = text
-                .lines()
-                .map(|l| serde_json::from_str(l).expect("each line is JSON"))
-                .collect();
-            if lines.len() >= n {
-                return lines;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("fewer than {n} access-log lines in 5 s");
-    }
 }

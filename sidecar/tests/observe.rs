@@ -19,41 +19,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// Where the sidecar's access log goes in these tests.
-#[derive(Clone, Default)]
-struct Sink(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Sink {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Sink {
-    fn text(&self) -> String {
-        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
-    }
-
-    /// Every line parsed as JSON, once at least `n` are there (5 s at most).
-    async fn lines(&self, n: usize) -> Vec<serde_json::Value> {
-        for _ in 0..500 {
-            let lines: Vec<serde_json::Value> = self
-                .text()
-                .lines()
-                .map(|l| serde_json::from_str(l).expect("each line is JSON"))
-                .collect();
-            if lines.len() >= n {
-                return lines;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("fewer than {n} access-log lines in 5 s:\n{}", self.text());
-    }
-}
+mod log_sink;
+use log_sink::Sink;
 
 /// Headers of the last request the upstream received.
 type Seen = Arc<Mutex<Option<http::HeaderMap>>>;
