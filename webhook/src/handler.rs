@@ -18,11 +18,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use baton_crds::contract::webhook as names;
+use baton_crds::{SidecarRelease, contract::webhook as names};
 use http::{Method, StatusCode};
 use k8s_openapi::api::core::v1::{Namespace, ObjectReference, Pod};
 use kube::{
     Api, Client,
+    api::ListParams,
     core::{
         DynamicObject, Status,
         admission::{AdmissionRequest, AdmissionResponse, Operation},
@@ -32,7 +33,7 @@ use kube::{
 
 use crate::{
     cache::ClusterState,
-    inject::{self, Denial, InjectConfig, Outcome, RecentGrant, Skip},
+    inject::{self, Denial, DenialReason, InjectConfig, Outcome, RecentGrant, Skip},
     metrics::{DecisionLabels, Metrics},
     review::{self, Decoded},
     server::{SimpleRequest, SimpleResponse, response},
@@ -228,37 +229,69 @@ impl Admission {
         }
     }
 
-    /// Runs `mutate` on a snapshot. If the cache does not know the
-    /// namespace, or says it did not opt in (the API server only sends pods
-    /// its selectors matched, so that suggests the cache lags a fresh
-    /// label), the namespace is read live once before deciding.
+    /// Runs `mutate` on a snapshot, re-reading live what the cache may not
+    /// have seen yet before it answers from a possibly stale view:
+    ///
+    /// - the namespace, if the cache does not know it or says it did not opt
+    ///   in (the API server only sends pods its selectors matched, so that
+    ///   suggests the cache lags a fresh label);
+    /// - the SidecarReleases, if the pod opted in but none selects it (a
+    ///   release applied a moment before its first pod must not refuse that
+    ///   pod; refusals are rare, so one consistent LIST costs little).
     async fn decide(&self, pod: &Pod, namespace: &str, uid: &str) -> Result<Outcome, Denial> {
         let (mut snapshot, known) = self.state.snapshot(namespace);
         snapshot.recent_grants = self.grants.recent(Instant::now());
         snapshot.grant_id = uid.to_owned();
         let first = inject::mutate(pod, &snapshot.cluster_view(), &self.config);
-        let lagging = !known || matches!(first, Ok(Outcome::Skipped(Skip::NotOptedIn)));
-        let Some(client) = self.client.as_ref().filter(|_| lagging) else {
+        let stale_namespace = !known || matches!(first, Ok(Outcome::Skipped(Skip::NotOptedIn)));
+        let no_release = matches!(&first, Err(d) if d.reason == DenialReason::NoRelease);
+        let Some(client) = self
+            .client
+            .as_ref()
+            .filter(|_| stale_namespace || no_release)
+        else {
             return first;
         };
+        let mut changed = false;
         match Api::<Namespace>::all(client.clone())
             .get_opt(namespace)
             .await
         {
             Ok(Some(ns)) => {
                 let labels = ns.metadata.labels.unwrap_or_default();
-                if labels == snapshot.namespace_labels {
-                    return first;
+                if labels != snapshot.namespace_labels {
+                    snapshot.namespace_labels = labels;
+                    changed = true;
                 }
-                snapshot.namespace_labels = labels;
-                inject::mutate(pod, &snapshot.cluster_view(), &self.config)
             }
-            Ok(None) => first,
+            Ok(None) => {}
             Err(error) => {
                 tracing::warn!(%error, namespace, "live namespace read failed; using the cache");
-                first
             }
         }
+        if no_release {
+            match Api::<SidecarRelease>::all(client.clone())
+                .list(&ListParams::default())
+                .await
+            {
+                Ok(list) => {
+                    tracing::debug!(
+                        cached = snapshot.releases.len(),
+                        live = list.items.len(),
+                        "no cached SidecarRelease selects the pod; re-read them live"
+                    );
+                    snapshot.releases = list.items.into_iter().map(Arc::new).collect();
+                    changed = true;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "live SidecarRelease list failed; using the cache");
+                }
+            }
+        }
+        if !changed {
+            return first;
+        }
+        inject::mutate(pod, &snapshot.cluster_view(), &self.config)
     }
 
     fn count_decision(&self, decision: &'static str) {
@@ -530,6 +563,64 @@ mod tests {
         assert_eq!(out["response"]["patchType"], "JSONPatch");
     }
 
+    /// Answers the live reads `decide` makes before a "no release" refusal:
+    /// the namespace (opted in) and the SidecarReleases (one per selector).
+    async fn serve_live_reads(
+        handle: &mut tower_test::mock::Handle<Request<Body>, Response<Body>>,
+        selectors: serde_json::Value,
+    ) {
+        let (request, send) = handle.next_request().await.unwrap();
+        assert_eq!(request.uri().path(), "/api/v1/namespaces/fresh");
+        send.send_response(json_response(
+            200,
+            &json!({
+                "apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": "fresh", "labels": {labels::INJECT: labels::INJECT_ENABLED}},
+            }),
+        ));
+        let (request, send) = handle.next_request().await.unwrap();
+        assert_eq!(request.method(), "GET");
+        assert_eq!(
+            request.uri().path(),
+            "/apis/baton.dev/v1alpha1/sidecarreleases"
+        );
+        let items: Vec<_> = selectors
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| serde_json::to_value(&*release(s.clone())).unwrap())
+            .collect();
+        send.send_response(json_response(
+            200,
+            &json!({
+                "apiVersion": "baton.dev/v1alpha1", "kind": "SidecarReleaseList",
+                "metadata": {"resourceVersion": "7"}, "items": items,
+            }),
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_release_the_cache_has_not_seen_yet_is_read_live_before_refusing() {
+        // The namespace opted in; the release was applied a moment ago and
+        // the reflector has not delivered it.
+        let snapshot = Snapshot {
+            namespace_labels: [(labels::INJECT.to_owned(), labels::INJECT_ENABLED.to_owned())]
+                .into(),
+            server_version: Some(ServerVersion::new(1, 20)),
+            ..Snapshot::default()
+        };
+        let (a, mut handle) = admission(Arc::new(crate::cache::StaticState(snapshot)));
+        let server = tokio::spawn(async move { serve_live_reads(&mut handle, json!([{}])).await });
+        let out = post(
+            &a,
+            review(json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "app"}]}})),
+        )
+        .await;
+        server.await.unwrap();
+        assert_eq!(out["response"]["allowed"], true, "{out}");
+        assert_eq!(out["response"]["patchType"], "JSONPatch");
+    }
+
     #[tokio::test]
     async fn a_refusal_for_want_of_a_release_is_recorded_on_the_pods_controller() {
         let snapshot = Snapshot {
@@ -540,6 +631,12 @@ mod tests {
             ..Snapshot::default()
         };
         let (a, mut handle) = admission(Arc::new(crate::cache::StaticState(snapshot)));
+        // Before refusing, the namespace and the releases are read live;
+        // the API server has no other release either.
+        let server = tokio::spawn(async move {
+            serve_live_reads(&mut handle, json!([{"matchLabels": {"app": "other"}}])).await;
+            handle
+        });
         let pod = json!({"metadata": {"generateName": "web-", "ownerReferences": [
             {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-abc", "uid": "rs-uid", "controller": true}]},
             "spec": {"containers": [{"name": "app"}]}});
@@ -551,6 +648,7 @@ mod tests {
                 .unwrap()
                 .contains("no SidecarRelease selects it")
         );
+        let mut handle = server.await.unwrap();
         // The Event is published in the background: the refusal did not wait.
         let (request, send) =
             tokio::time::timeout(std::time::Duration::from_secs(10), handle.next_request())
