@@ -7,9 +7,9 @@
 #
 #   bench/flaky-handoffs.sh [N] [OUTDIR]      N runs (default 50)
 #
-# Env: TEST (test binary and name filter, default "handoff
-# consecutive_handoffs_lose_no_request_no_byte_and_no_counter"; e.g. "retire
-# a_retired" or "proxy reload"), BUSY (busy loops, default one per core),
+# Env: TEST (test name filter in the sidecar's integration test binary,
+# default "handoff::consecutive_handoffs_lose_no_request_no_byte_and_no_counter";
+# e.g. "retire::a_retired" or "proxy::reload"), BUSY (busy loops, default one per core),
 # RUN_SECS (each run's limit, default 300), DEADLINE_SECS (the whole hunt's,
 # default 5400: the runs left are skipped and reported). Builds the test
 # binary once (debug, as `cargo test` does). Bounded: N runs, each and all
@@ -19,7 +19,8 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 N=${1:-50}
 bench_init flaky-handoffs "${2:-}"
-read -r test_bin test_filter <<<"${TEST:-handoff consecutive_handoffs_lose_no_request_no_byte_and_no_counter}"
+test_bin=integration
+test_filter="${TEST:-handoff::consecutive_handoffs_lose_no_request_no_byte_and_no_counter}"
 BUSY=${BUSY:-$(nproc)}
 RUN_SECS=${RUN_SECS:-300}
 DEADLINE_SECS=${DEADLINE_SECS:-5400}

@@ -18,4 +18,4 @@ ulimit -n "$(ulimit -Hn)"
 if [ "$(ulimit -n)" -lt 12000 ]; then
   echo "RLIMIT_NOFILE is $(ulimit -n); 10,000 connections need >= 12000" >&2
 fi
-exec cargo test --release -p baton-sidecar --test handoff_bench -- --ignored --nocapture --test-threads 1
+exec cargo test --release -p baton-sidecar --test integration handoff_bench:: -- --ignored --nocapture --test-threads 1

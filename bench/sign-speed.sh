@@ -9,7 +9,7 @@
 #   BATON_BENCH_ROUNDS=5 bench/sign-speed.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo test --release -p baton-sidecar --test tls_offload signing_speed_ring_vs_libcrypto \
+cargo test --release -p baton-sidecar --test integration tls_offload::signing_speed_ring_vs_libcrypto \
   -- --ignored --nocapture --test-threads 1 2>&1 | grep '^|'
 echo
 echo "openssl speed (sign/s, 1 core):"

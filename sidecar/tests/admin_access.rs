@@ -4,7 +4,7 @@
 //! and a handoff attempted by a process under another UID refused while the
 //! old sidecar keeps serving.
 
-mod handoff_support;
+use crate::handoff_support;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};

@@ -6,7 +6,7 @@
 //! sidecar; under Strict it is refused (counted, logged). Mesh clients are
 //! terminated and their identity is seen on both.
 
-mod tls_support;
+use crate::tls_support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -25,7 +25,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
-mod log_sink;
+use crate::log_sink;
 use log_sink::Sink;
 
 /// The allowed client's address and the denied one's.

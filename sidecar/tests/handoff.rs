@@ -6,7 +6,7 @@
 //! (consecutive handoffs, default 50) and `BATON_HANDOFF_CHAOS_RUNS` (default
 //! 20).
 
-mod handoff_support;
+use crate::handoff_support;
 
 use std::time::{Duration, Instant};
 

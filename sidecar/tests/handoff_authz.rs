@@ -10,7 +10,7 @@
 //! connection the policy denies may reach the application, whichever
 //! process served it, and every allowed one must succeed.
 
-mod handoff_support;
+use crate::handoff_support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -7,7 +7,7 @@
 //! state and during the handoff (same run, same machine), peak RSS (VmHWM)
 //! of both processes, and checks every idle connection still works after.
 
-mod handoff_support;
+use crate::handoff_support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -11,7 +11,7 @@
 //! the sidecar has no TLS layer", "TLS is disabled by policy") to requests
 //! sent during a rollout (issue #33).
 
-mod handoff_support;
+use crate::handoff_support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -19,7 +19,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-mod log_sink;
+use crate::log_sink;
 use log_sink::Sink;
 
 /// Headers of the last request the upstream received.

@@ -5,8 +5,8 @@
 //! connections move to a new process with every byte, and the TLS counters
 //! continue across the handoff.
 
-mod handoff_support;
-mod tls_support;
+use crate::handoff_support;
+use crate::tls_support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

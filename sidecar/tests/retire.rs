@@ -6,7 +6,7 @@
 //! process started again in the retired slot idles too. Real processes on
 //! loopback, as in `handoff.rs`.
 
-mod handoff_support;
+use crate::handoff_support;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! forwards plaintext to a local app, refuses plaintext in Strict mode,
 //! exports the TLS metrics and gates /ready on the offload engine.
 
-mod tls_support;
+use crate::tls_support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

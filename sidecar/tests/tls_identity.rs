@@ -2,7 +2,7 @@
 //! (HTTP and HTTPS): CSR with the projected token, retries, renewal at 2/3 of
 //! the lifetime, and a refused token.
 
-mod tls_support;
+use crate::tls_support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! Strict, plaintext and TLS to Permissive, version and cipher outside
 //! policy, and every supported key type on TLS 1.2 and 1.3.
 
-mod tls_support;
+use crate::tls_support;
 
 use std::sync::Arc;
 use std::time::Duration;

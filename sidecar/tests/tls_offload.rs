@@ -3,7 +3,7 @@
 //! pool, and engine failures fall back (Preferred) or keep the sidecar not
 //! ready (Required).
 
-mod tls_support;
+use crate::tls_support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -4,7 +4,7 @@
 //! touched; the file watcher applies a complete rotation and ignores a
 //! half-written one.
 
-mod tls_support;
+use crate::tls_support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
