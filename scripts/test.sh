@@ -81,65 +81,88 @@ scripts/crd-drift.sh
 step "workspace tests: build"
 cargo test --workspace --locked --no-run
 
-# The fuzz run goes beside the test run and the release build (decision
-# 0057): the tests mostly wait on sockets and timers and libFuzzer uses one
-# core, so on two cores running them one after another left a core idle for
-# minutes. Its own process group (killed on exit, pass or fail) and log,
-# printed when it is waited for; it writes its own row of the stage table.
-fuzz_pid="" fuzz_log=""
-stop_fuzz() {
-  if [ -n "$fuzz_pid" ] && kill -0 "$fuzz_pid" 2>/dev/null; then
-    kill -- "-$fuzz_pid" 2>/dev/null || true
-    wait "$fuzz_pid" 2>/dev/null || true
-  fi
-  [ -z "$fuzz_log" ] || rm -f "$fuzz_log"
-}
-trap 'r=$?; stop_fuzz; stage_table "$r"' EXIT
-if [ "${BATON_SKIP_FUZZ:-0}" != 1 ]; then
-  fuzz_log="$(mktemp /tmp/baton-fuzz.XXXXXX)"
-  fuzz_stage="fuzz the HTTP/1 request-head parser and validation and the TLS record layer (bounded: ${BATON_FUZZ_BUDGET:-60} s for all targets; beside the next stages)"
+# Work that goes beside other stages, each in its own process group (killed
+# on exit, pass or fail) with its own log, printed when it is waited for; it
+# writes its own row of the stage table. On two cores, stages that mostly
+# wait (the unit tests on sockets and timers, the demo on its cluster) left
+# a core idle for minutes when they ran one after another (decisions 0057,
+# 0061).
+declare -A bg_pid=() bg_log=()
+bg_start() { # NAME STAGE-TITLE COMMAND...
+  local name=$1 title=$2
+  shift 2
+  bg_log[$name]="$(mktemp "/tmp/baton-$name.XXXXXX")"
   setsid bash -c '
+    log=$1 title=$2; shift 2
     t0=$(date +%s)
-    scripts/fuzz.sh >"$1" 2>&1 && r=ok || r="FAILED (exit $?)"
-    printf "%s\t%s\t%s\n" "$(($(date +%s) - t0))" "$r" "$2" >>"$BATON_STAGE_TIMES"
-    [ "$r" = ok ]' fuzz "$fuzz_log" "$fuzz_stage" &
-  fuzz_pid=$!
-fi
+    "$@" >"$log" 2>&1 && r=ok || r="FAILED (exit $?)"
+    printf "%s\t%s\t%s\n" "$(($(date +%s) - t0))" "$r" "$title" >>"$BATON_STAGE_TIMES"
+    [ "$r" = ok ]' "$name" "${bg_log[$name]}" "$title" "$@" &
+  bg_pid[$name]=$!
+}
+bg_wait() { # NAME SUMMARY-REGEX FAILURE-HINT: waits; prints the log's summary lines, or all of it and fails
+  local name=$1 summary=$2 hint=$3
+  [ -n "${bg_pid[$name]:-}" ] || return 0
+  step "$name: waiting for the run started beside the other stages"
+  if wait "${bg_pid[$name]}"; then
+    grep -E "$summary" "${bg_log[$name]}" || true
+  else
+    cat "${bg_log[$name]}"
+    echo "$hint" >&2
+    bg_pid[$name]=""
+    exit 1
+  fi
+  bg_pid[$name]=""
+}
+bg_stop_all() {
+  local name
+  for name in "${!bg_pid[@]}"; do
+    local pid=${bg_pid[$name]}
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+      kill -- "-$pid" 2>/dev/null || true
+      wait "$pid" 2>/dev/null || true
+    fi
+    rm -f "${bg_log[$name]}"
+  done
+}
+trap 'r=$?; bg_stop_all; stage_table "$r"' EXIT
 
-step "workspace tests: run"
-cargo test --workspace --locked
+# Fuzzing (one core, pure CPU) goes beside the release build and the demo.
+if [ "${BATON_SKIP_FUZZ:-0}" != 1 ]; then
+  bg_start fuzz "fuzz the HTTP/1 request-head parser and validation and the TLS record layer (bounded: ${BATON_FUZZ_BUDGET:-60} s for all targets; beside the next stages)" \
+    scripts/fuzz.sh
+fi
 
 if [ "${BATON_SKIP_E2E:-0}" != 1 ]; then
   # The test tools (echo servers, load generators, demo-rollout) are the
   # ones the workspace test build above made, as they are; only the binaries
   # Baton ships are built for release (e2e/scripts/common.sh, decision 0043).
-  # The images (e2e/images.sh) and the demo run the same command: a no-op.
   export BATON_TOOLS_DIR="$CARGO_TARGET_DIR/debug"
   step "release build of the shipped binaries (scripts/build-binaries.sh shipped: sidecar with thin LTO, operator and webhook without)"
   (E2E_DIR="$PWD/e2e" && . e2e/scripts/common.sh && release_build)
+  # Everything is built: the demo and e2e/images.sh need no cargo of their
+  # own (cargo test, running beside the demo, holds the target dir's lock).
+  export BATON_RELEASE_BUILT=1
 fi
 
-if [ -n "$fuzz_pid" ]; then
-  step "fuzz: waiting for the run started beside the tests"
-  if wait "$fuzz_pid"; then
-    grep -E '^(fuzz:|Done [0-9]+ runs)' "$fuzz_log" || true
-  else
-    cat "$fuzz_log"
-    echo "fuzzing failed (the crashing input is under sidecar/fuzz/artifacts/)" >&2
-    fuzz_pid=""
-    exit 1
-  fi
-  fuzz_pid=""
+if [ "${BATON_SKIP_E2E:-0}" != 1 ] && [ "${BATON_SKIP_DEMO:-0}" != 1 ]; then
+  # The unit and in-process tests mostly wait on sockets and timers, and so
+  # does the demo on its cluster: they go side by side.
+  bg_start "workspace tests" "workspace tests: run (beside the demo)" \
+    cargo test --workspace --locked
+  # The README's first command as a newcomer runs it, then the suite on the
+  # same machine: the demo's teardown must leave nothing that fails it.
+  step "the README's demo (BATON_DEMO_REPLICAS=${BATON_DEMO_REPLICAS:-2}), then the suite on the same machine"
+  BATON_DEMO_REPLICAS="${BATON_DEMO_REPLICAS:-2}" scripts/demo.sh
+  bg_wait "workspace tests" '^(test result:|failures:)' "workspace tests failed"
+else
+  step "workspace tests: run"
+  cargo test --workspace --locked
 fi
+
+bg_wait fuzz '^(fuzz:|Done [0-9]+ runs)' "fuzzing failed (the crashing input is under sidecar/fuzz/artifacts/)"
 
 if [ "${BATON_SKIP_E2E:-0}" != 1 ]; then
-  if [ "${BATON_SKIP_DEMO:-0}" != 1 ]; then
-    # The README's first command as a newcomer runs it, then the suite on the
-    # same machine: the demo's teardown must leave nothing that fails it.
-    step "the README's demo (BATON_DEMO_REPLICAS=${BATON_DEMO_REPLICAS:-2}), then the suite on the same machine"
-    BATON_DEMO_REPLICAS="${BATON_DEMO_REPLICAS:-2}" scripts/demo.sh
-  fi
-
   step "end-to-end suite on a local cluster"
   # The e2e test binaries of the workspace test build above, as they are.
   BATON_E2E_BUILD=--workspace e2e/run.sh

@@ -77,6 +77,9 @@ TOOLS_DIR="${BATON_TOOLS_DIR:-}"
 # (and, without BATON_TOOLS_DIR, the test tools) for `control`; a no-op when
 # up to date.
 release_build() {
+  # scripts/test.sh built them already and runs `cargo test` beside the demo
+  # (which holds the target dir's lock): no second cargo.
+  [ "${BATON_RELEASE_BUILT:-0}" = 1 ] && return 0
   if [ -n "$TOOLS_DIR" ]; then
     "$REPO/scripts/build-binaries.sh" shipped
   else

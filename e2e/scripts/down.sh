@@ -83,6 +83,7 @@ if [ -d "$RUN" ]; then
   # kube-proxy first: once stopped it cannot re-create the chains removed below.
   stop_recorded kube-proxy 5
   stop_recorded kubelet 10
+  log "kube-proxy and kubelet stopped"
 
   # Containers: kill every container process (by the init.pid files
   # containerd wrote for each task), then containerd, then the shims.
@@ -96,9 +97,18 @@ if [ -d "$RUN" ]; then
   # Shims started after the list above (none once the kubelet is stopped,
   # but a sandbox being created at that moment could add one).
   mapfile -t -O "${#shims[@]}" shims < <(our_shims)
-  for p in $(printf '%s\n' "${shims[@]:-}" | grep -E '^[0-9]+$' | sort -un); do
-    stop_pid containerd-shim "$p" 3
+  # All at once: one by one, a 3 s grace each made the demo's teardown
+  # (a dozen shims) take half a minute.
+  mapfile -t shims < <(printf '%s\n' "${shims[@]:-}" | grep -E '^[0-9]+$' | sort -un)
+  for p in "${shims[@]}"; do
+    stop_pid containerd-shim "$p" 3 &
   done
+  wait
+  # (a subshell's `problem` does not count here: check again)
+  for p in "${shims[@]}"; do
+    pid_alive "$p" && problem "containerd-shim still running as PID $p"
+  done
+  log "containers, containerd and shims stopped"
 fi
 
 # Mounts under the kubelet root and the run dir (deepest first).
@@ -126,6 +136,7 @@ if [ -d "$RUN" ]; then
   stop_recorded kube-apiserver 10 &
   wait
   stop_recorded etcd 10
+  log "control plane stopped"
   for f in "$PIDS"/*.pid; do
     [ -e "$f" ] && stop_recorded "$(basename "$f" .pid)" 5
   done
