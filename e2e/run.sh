@@ -8,7 +8,7 @@
 #
 # Env: BATON_E2E_KEEP=1 leaves the cluster up for debugging (then run
 # `e2e/cluster.sh down` yourself); BATON_E2E_JOBS (test binaries at once,
-# default 4), BATON_E2E_TEST_THREADS (default 2).
+# default 2), BATON_E2E_TEST_THREADS (default 2).
 set -euo pipefail
 E2E_DIR="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=e2e/scripts/common.sh
