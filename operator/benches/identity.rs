@@ -23,7 +23,14 @@
 //!    - *new connection per CSR* (what a fleet of sidecars does: each
 //!      renews once per ~16 h, so nothing is reused);
 //!    - *one HTTP/2 connection* carrying every CSR — issuance through the
-//!      server without any handshake.
+//!      server without any handshake;
+//!    - *held connections* (decision 0056): one HTTP/2 connection per
+//!      simulated sidecar, opened before the measurement (as a sidecar holds
+//!      its config stream's connection), then one CSR on each, all at once
+//!      and then paced at `BATON_BENCH_RATE` per second (default 3,000):
+//!      the server's CPU counted from the moment every connection is open,
+//!      so the handshakes are not in it, and the CSR latency measured by
+//!      the client under that load.
 //!
 //!    For each: wall time and certificates/s as the client sees them,
 //!    client latency p50/p99/max, and the **server thread's own CPU time**
@@ -118,7 +125,13 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 /// Nanoseconds this thread has spent on a CPU (Linux schedstat).
 fn thread_cpu_ns() -> u64 {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
+    cpu_ns_of(std::path::Path::new("/proc/thread-self"))
+}
+
+/// Nanoseconds the thread whose `/proc/<pid>/task/<tid>` is `task` has
+/// spent on a CPU, read from any thread.
+fn cpu_ns_of(task: &std::path::Path) -> u64 {
+    std::fs::read_to_string(task.join("schedstat"))
         .ok()
         .and_then(|t| t.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
@@ -189,6 +202,9 @@ enum Burst {
     NewConnections,
     /// Every CSR as a stream of one HTTP/2 connection.
     OneH2Connection,
+    /// One HTTP/2 connection per CSR, all opened before the server's CPU
+    /// is counted; the CSRs sent at once (`None`) or one every `Some(gap)`.
+    Held(Option<Duration>),
 }
 
 struct Measured {
@@ -212,7 +228,7 @@ fn served_burst(
     let addr = std_listener.local_addr().unwrap();
     let (server_service, acceptor) = (service.clone(), acceptor.clone());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<u64>();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<(u64, std::path::PathBuf)>();
     // Named, so a profiler can tell the server's samples from the client's.
     let server = std::thread::Builder::new()
         .name("identity-server".into())
@@ -222,7 +238,10 @@ fn served_burst(
                 .build()
                 .unwrap();
             let cpu_start = thread_cpu_ns();
-            ready_tx.send(cpu_start).unwrap();
+            // Where the client reads this thread's CPU time mid-burst.
+            let task = std::fs::read_link("/proc/thread-self").unwrap();
+            let task = std::path::Path::new("/proc").join(task);
+            ready_tx.send((cpu_start, task)).unwrap();
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
                 tokio::select! {
@@ -233,7 +252,7 @@ fn served_burst(
             thread_cpu_ns().saturating_sub(cpu_start)
         })
         .unwrap();
-    ready_rx.recv().unwrap();
+    let (_, server_task) = ready_rx.recv().unwrap();
     let client_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -242,7 +261,16 @@ fn served_burst(
     // Reset the peak-RSS mark so VmHWM reports this burst's peak.
     let _ = std::fs::write("/proc/self/clear_refs", "5");
     let t = Instant::now();
+    // Held connections: the server's CPU time and the wall time of the
+    // CSRs alone.
+    let mut held_phase: Option<(u64, Duration)> = None;
     let results: Vec<Result<Duration, String>> = client_rt.block_on(async {
+        if let Burst::Held(gap) = burst {
+            let (results, csr_cpu, csr_wall) =
+                held_burst(addr, client_config, bodies, gap, &server_task).await;
+            held_phase = Some((csr_cpu, csr_wall));
+            return results;
+        }
         let h2 = if burst == Burst::OneH2Connection {
             let tls = tls_connect(addr, client_config.clone()).await.unwrap();
             let (sender, conn) =
@@ -271,6 +299,7 @@ fn served_burst(
                             )
                             .await
                         }
+                        (Burst::Held(_), _) => unreachable!("served by held_burst"),
                         (_, None) => {
                             post_new_connection(
                                 addr,
@@ -306,10 +335,12 @@ fn served_burst(
         }
         out
     });
-    let wall = t.elapsed();
+    let wall = held_phase.map_or_else(|| t.elapsed(), |(_, w)| w);
     let rss_peak_kib = proc_status("VmHWM:").unwrap_or(0);
     let _ = stop_tx.send(());
-    let server_cpu = Duration::from_nanos(server.join().unwrap());
+    let total = server.join().unwrap();
+    // Held connections: only what the server spent on the CSRs.
+    let server_cpu = Duration::from_nanos(held_phase.map_or(total, |(csr_cpu, _)| csr_cpu));
     let mut latencies: Vec<Duration> = results
         .iter()
         .filter_map(|r| r.as_ref().ok().copied())
@@ -323,6 +354,98 @@ fn served_burst(
         server_cpu,
         rss_peak_kib,
     }
+}
+
+/// The held-connections burst: opens one HTTP/2 connection per body (at
+/// most 64 handshakes in flight), waits for the server to go idle, reads its
+/// CPU time, then sends one CSR per connection — all at once, or one every
+/// `gap` — and keeps every connection open until all answers are in.
+/// Returns each CSR's latency (from its send), the server's CPU time from
+/// the first CSR to the last answer (connections still open), and that
+/// span's wall time.
+async fn held_burst(
+    addr: SocketAddr,
+    config: &Arc<rustls::ClientConfig>,
+    bodies: &[Bytes],
+    gap: Option<Duration>,
+    server_task: &std::path::Path,
+) -> (Vec<Result<Duration, String>>, u64, Duration) {
+    let open = Arc::new(tokio::sync::Semaphore::new(64));
+    let connecting: Vec<_> = bodies
+        .iter()
+        .map(|_| {
+            let (config, open) = (config.clone(), open.clone());
+            tokio::spawn(async move {
+                let _permit = open.acquire_owned().await.map_err(|e| e.to_string())?;
+                let tls = tls_connect(addr, config).await?;
+                let (mut sender, conn) =
+                    hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                tokio::spawn(conn);
+                sender.ready().await.map_err(|e| e.to_string())?;
+                Ok::<_, String>(sender)
+            })
+        })
+        .collect();
+    let mut senders = Vec::with_capacity(bodies.len());
+    for c in connecting {
+        senders.push(c.await.map_err(|e| e.to_string()).and_then(|r| r));
+    }
+    // Let the server finish the connections' SETTINGS exchange: idle means
+    // its CPU time stops moving.
+    let mut last = cpu_ns_of(server_task);
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = cpu_ns_of(server_task);
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    let cpu_at_open = cpu_ns_of(server_task);
+    let start = tokio::time::Instant::now();
+    let tasks: Vec<_> = senders
+        .into_iter()
+        .zip(bodies)
+        .enumerate()
+        .map(|(i, (sender, body))| {
+            let body = body.clone();
+            let at = start + gap.map_or(Duration::ZERO, |g| g * i as u32);
+            tokio::spawn(async move {
+                let mut sender = sender?;
+                tokio::time::sleep_until(at).await;
+                let sent = Instant::now();
+                let resp = sender
+                    .send_request(request("https://127.0.0.1/v1/sign", &format!("t{i}"), body))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                read_answer(resp, http::StatusCode::OK).await?;
+                // The sender goes back with the latency: the connection
+                // stays open (as a sidecar's does) until the CPU is read.
+                Ok((sent.elapsed(), sender))
+            })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(tasks.len());
+    let mut open_senders = Vec::with_capacity(tasks.len());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for task in tasks {
+        let left = deadline.saturating_duration_since(Instant::now());
+        out.push(match tokio::time::timeout(left, task).await {
+            Ok(Ok(Ok((latency, sender)))) => {
+                open_senders.push(sender);
+                Ok(latency)
+            }
+            Ok(Ok(Err(e))) => Err(e),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("timed out".into()),
+        });
+    }
+    let wall = start.elapsed();
+    let used = cpu_ns_of(server_task).saturating_sub(cpu_at_open);
+    drop(open_senders);
+    (out, used, wall)
 }
 
 fn report(label: &str, n: usize, m: &Measured, sign_rate: f64) -> Option<f64> {
@@ -473,6 +596,27 @@ fn main() {
     let fresh_rate = report("  new connection per CSR    ", n, &fresh, sign_rate);
     let reused = served_burst(&service, &ours, &h2, &bodies, Burst::OneH2Connection);
     let reused_rate = report("  one HTTP/2 connection     ", n, &reused, sign_rate);
+    // Decision 0056: each CSR on a connection the sidecar already holds.
+    let held = served_burst(&service, &ours, &h2, &bodies, Burst::Held(None));
+    report("  held connections, at once ", n, &held, sign_rate);
+    let rate: u32 = std::env::var("BATON_BENCH_RATE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3000)
+        .clamp(1, 100_000);
+    let paced = served_burst(
+        &service,
+        &ours,
+        &h2,
+        &bodies,
+        Burst::Held(Some(Duration::from_secs(1) / rate)),
+    );
+    report(
+        &format!("  held connections, {rate}/s "),
+        n,
+        &paced,
+        sign_rate,
+    );
     if let (Some(stock), Some(hs)) = (stock_rate, hs_rate) {
         println!(
             "  the endpoint's TLS settings: {:.2} x the handshakes per CPU-second of stock rustls",
@@ -501,7 +645,7 @@ fn main() {
         .find(|l| l.starts_with("certificates_issued_total"))
         .unwrap_or("certificates_issued_total ?");
     println!("server metrics: {issued}");
-    if [&stock_hs, &handshake, &fresh, &reused]
+    if [&stock_hs, &handshake, &fresh, &reused, &held, &paced]
         .iter()
         .any(|m| !m.failures.is_empty())
     {
