@@ -301,6 +301,7 @@ impl IdentityArgs {
             ledger: Arc::default(),
             reissue_rate: self.reissue_rate.max(1),
             trust: Arc::new(watch::channel(None).0),
+            published: Arc::default(),
         })
     }
 }
@@ -338,6 +339,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "--config-push needs --identity-service (it serves that endpoint's certificate)"
     );
     let serving = Arc::new(identity::server::ServingCert::default());
+    // The identity service, once running, also answers certificate requests
+    // on the config push endpoint's connections (decision 0056).
+    let published: Arc<std::sync::OnceLock<_>> = Arc::default();
     // The CA material's trust state: identity publishes it, the hub pushes
     // its generation, the leader's rotation observer reads it.
     let trust = Arc::new(watch::channel(None).0);
@@ -346,6 +350,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .mesh_identity
             .config(&args.namespace, Some(identity.clone()))?;
         cfg.trust = trust.clone();
+        cfg.published = published.clone();
         let _ = view.ledger.set(cfg.ledger.clone());
         let (client, m) = (client.clone(), metrics.identity.clone());
         let serving = serving.clone();
@@ -357,7 +362,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     // Every replica serves config streams too; only the leader writes status.
     let hub = if args.config_push.enabled {
-        let hub = start_config_push(&args, &client, &metrics, serving, &identity).await?;
+        let hub =
+            start_config_push(&args, &client, &metrics, serving, published, &identity).await?;
         tokio::spawn(push_reissue(
             hub.clone(),
             trust.subscribe(),
@@ -524,6 +530,11 @@ async fn start_config_push(
     client: &kube::Client,
     metrics: &metrics::Metrics,
     serving: Arc<identity::server::ServingCert>,
+    published: Arc<
+        std::sync::OnceLock<
+            Arc<identity::service::IdentityService<identity::cluster::KubeCluster>>,
+        >,
+    >,
     instance: &str,
 ) -> anyhow::Result<Arc<mesh::hub::Hub>> {
     let hub = Arc::new(mesh::hub::Hub::new(
@@ -551,6 +562,19 @@ async fn start_config_push(
         cluster: identity::cluster::KubeCluster::new(client.clone(), Some(instance.to_owned())),
         audience: contract::volumes::TOKEN_AUDIENCE.to_owned(),
         trust_domain: args.mesh_identity.trust_domain.clone(),
+        sign: Some(Arc::new(move |req| {
+            let published = published.clone();
+            Box::pin(async move {
+                match published.get() {
+                    Some(service) => {
+                        identity::server::respond(service, mesh::server::SIGN_PATH, req)
+                            .await
+                            .map(http_body_util::BodyExt::boxed)
+                    }
+                    None => identity::server::starting().map(http_body_util::BodyExt::boxed),
+                }
+            })
+        })),
     });
     tokio::spawn(async move {
         if let Err(error) =

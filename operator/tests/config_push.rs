@@ -8,20 +8,28 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use baton_config::Snapshot;
 use baton_config::push::{self, Decoder, Push, Reply, Section};
 use baton_operator::identity::authority::{Authority, generate_root};
 use baton_operator::identity::cluster::{Cluster, PodState};
+use baton_operator::identity::issue::IssuePolicy;
 use baton_operator::identity::issue::{Caller, Refusal, ReviewResult};
+use baton_operator::identity::metrics::IdentityMetrics;
+use baton_operator::identity::rate_limit::RateLimit;
 use baton_operator::identity::server::{ServingCert, acceptor};
+use baton_operator::identity::service::{IdentityService, ServiceConfig};
 use baton_operator::mesh::compile::MeshParams;
 use baton_operator::mesh::hub::{Hub, Source};
 use baton_operator::mesh::index::{Index, ObjKey};
 use baton_operator::mesh::metrics::{PushMetrics, RefusalLabels, ReplyLabels};
-use baton_operator::mesh::server::{PushServer, serve};
+use baton_operator::mesh::server::{PushServer, SIGN_PATH, serve};
 use baton_sidecar::config::store::ConfigStore;
 use baton_sidecar::control::{self, ControlConfig};
 use baton_sidecar::metrics::Metrics;
+use baton_sidecar::operator_link::OperatorLink;
+use baton_sidecar::tls::identity_client::{IdentityClient, IdentityClientError};
+use baton_sidecar::tls::settings::KeyType;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 use k8s_openapi::api::core::v1::{Pod, Service};
@@ -143,11 +151,34 @@ async fn start_operator() -> Operator {
         ("token-1".to_owned(), bound("client-1")),
         ("token-2".to_owned(), bound("client-2")),
     ]);
+    // The identity service answers certificate requests on the config
+    // stream's connections, as the operator binary composes it.
+    let identity = Arc::new(IdentityService::new(
+        FakeCluster {
+            tokens: tokens.clone(),
+        },
+        ServiceConfig {
+            trust_domain: "cluster.local".into(),
+            audience: AUDIENCE.into(),
+            policy: IssuePolicy::default(),
+            rate_limit: RateLimit::default(),
+        },
+        Arc::new(ArcSwap::from_pointee(authority)),
+        IdentityMetrics::default(),
+    ));
     let server = Arc::new(PushServer {
         hub: hub.clone(),
         cluster: FakeCluster { tokens },
         audience: AUDIENCE.into(),
         trust_domain: "cluster.local".into(),
+        sign: Some(Arc::new(move |req| {
+            let identity = identity.clone();
+            Box::pin(async move {
+                baton_operator::identity::server::respond(&identity, SIGN_PATH, req)
+                    .await
+                    .map(BodyExt::boxed)
+            })
+        })),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -186,6 +217,17 @@ fn start_sidecar(op: &Operator, pod: &str, token: &str) -> Sidecar {
 
 /// A sidecar already serving `snapshot` (what a handoff hands over).
 fn start_sidecar_serving(op: &Operator, pod: &str, token: &str, snapshot: &Snapshot) -> Sidecar {
+    start_sidecar_linked(op, pod, token, snapshot, OperatorLink::default())
+}
+
+/// [`start_sidecar_serving`], publishing its operator connection on `link`.
+fn start_sidecar_linked(
+    op: &Operator,
+    pod: &str,
+    token: &str,
+    snapshot: &Snapshot,
+    link: OperatorLink,
+) -> Sidecar {
     let metrics = Arc::new(Metrics::new());
     let store = Arc::new(ConfigStore::new(snapshot, metrics.clone()).unwrap());
     let token_path = op.dir.path().join(format!("{pod}-{token}"));
@@ -200,7 +242,14 @@ fn start_sidecar_serving(op: &Operator, pod: &str, token: &str, snapshot: &Snaps
         max_backoff: Duration::from_millis(400),
     };
     let (stop, rx) = watch::channel(false);
-    let task = tokio::spawn(control::run(cfg, store.clone(), metrics.clone(), rx));
+    let task = tokio::spawn(control::run_reporting(
+        cfg,
+        store.clone(),
+        metrics.clone(),
+        rx,
+        None,
+        link,
+    ));
     Sidecar {
         store,
         metrics,
@@ -247,6 +296,61 @@ fn split_route() -> baton_crds::Route {
                  "rules": [{"backendRefs": [{"name": "server", "port": 80, "weight": 9},
                                              {"name": "server-v2", "port": 80, "weight": 1}]}]}
     }))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_requests_ride_on_the_config_streams_connection_while_it_is_open() {
+    let op = start_operator().await;
+    let link = OperatorLink::default();
+    let sc = start_sidecar_linked(
+        &op,
+        "client-1",
+        "token-1",
+        &baton_config::pod_default(),
+        link.clone(),
+    );
+    eventually("the config stream publishes its connection", || {
+        link.sender().is_some()
+    })
+    .await;
+    // The identity endpoint the client is configured with: a port nothing
+    // listens on, so only the held connection can answer.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let token_path = op.dir.path().join("sign-token");
+    std::fs::write(&token_path, "token-1").unwrap();
+    let client = IdentityClient::new(
+        &format!("https://{closed}{SIGN_PATH}"),
+        Some(&op.dir.path().join("ca.pem")),
+        Some(token_path),
+        "spiffe://cluster.local/ns/shop/sa/client".parse().unwrap(),
+        KeyType::EcdsaP256,
+    )
+    .unwrap()
+    .with_link(link.clone());
+    let material = client
+        .issue()
+        .await
+        .expect("issued over the config stream's connection");
+    assert_eq!(
+        material.identity().map(|i| i.to_string()).as_deref(),
+        Some("spiffe://cluster.local/ns/shop/sa/client")
+    );
+    assert_eq!(op.hub.metrics().sign_requests.get(), 1);
+    // Still one stream, one connection: the request did not disturb it.
+    assert_eq!(sc.metrics.control_connected.get(), 1);
+
+    // The stream gone, the slot is empty and the client falls back to its
+    // own connection (here: refused).
+    drop(sc);
+    eventually("the connection is withdrawn", || link.sender().is_none()).await;
+    match client.issue().await {
+        Err(IdentityClientError::Connect(_)) => {}
+        other => panic!("want a connect error from the fallback, got {other:?}"),
+    }
+    assert_eq!(op.hub.metrics().sign_requests.get(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

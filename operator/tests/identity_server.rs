@@ -854,6 +854,7 @@ async fn a_pushed_trust_generation_re_issues_before_renewal_time_through_every_r
             RetryPolicy::default(),
             trigger_rx.clone(),
             held.clone(),
+            baton_sidecar::operator_link::OperatorLink::default(),
         )
         .await
         .unwrap();

@@ -392,6 +392,7 @@ fn run_proxy(args: RunArgs) -> Result<(), CliError> {
                         .push(crate::control::readiness(running.shared.store.clone()));
                     let shared = running.shared.clone();
                     let certificate = Some(tls.certificate_generation());
+                    let link = tls.operator_link();
                     // The stream lives as long as the process.
                     let (_stop, stop) = tokio::sync::watch::channel(false);
                     tokio::spawn(async move {
@@ -402,6 +403,7 @@ fn run_proxy(args: RunArgs) -> Result<(), CliError> {
                             shared.metrics.clone(),
                             stop,
                             certificate,
+                            link,
                         )
                         .await
                     });

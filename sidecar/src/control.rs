@@ -28,6 +28,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::config::store::ConfigStore;
 use crate::metrics::Metrics;
+use crate::operator_link::{self, OperatorLink};
 
 /// Where and how to reach the operator.
 #[derive(Debug, Clone)]
@@ -85,24 +86,27 @@ pub async fn run(
     metrics: Arc<Metrics>,
     stop: watch::Receiver<bool>,
 ) {
-    run_reporting(cfg, store, metrics, stop, None).await
+    run_reporting(cfg, store, metrics, stop, None, OperatorLink::default()).await
 }
 
 /// [`run`], reporting to the operator the trust generation of the
 /// certificate the sidecar holds (`certificate`, from the TLS layer) on
-/// every stream whose config carries a re-issue trigger.
+/// every stream whose config carries a re-issue trigger, and publishing
+/// the stream's connection on `link` while it is open (the certificate
+/// client sends its requests on it: [`crate::operator_link`]).
 pub async fn run_reporting(
     cfg: ControlConfig,
     store: Arc<ConfigStore>,
     metrics: Arc<Metrics>,
     mut stop: watch::Receiver<bool>,
     certificate: Option<watch::Receiver<Option<String>>>,
+    link: OperatorLink,
 ) {
     let mut backoff = cfg.min_backoff;
     loop {
         let mut applied_any = false;
         let result = tokio::select! {
-            r = stream_once(&cfg, &store, &metrics, &mut applied_any, certificate.clone()) => r,
+            r = stream_once(&cfg, &store, &metrics, &mut applied_any, certificate.clone(), &link) => r,
             _ = stop.wait_for(|s| *s) => return,
         };
         metrics.control_connected.set(0);
@@ -179,6 +183,7 @@ async fn stream_once(
     metrics: &Metrics,
     applied_any: &mut bool,
     mut certificate: Option<watch::Receiver<Option<String>>>,
+    link: &OperatorLink,
 ) -> Result<(), StreamError> {
     let token = std::fs::read_to_string(&cfg.token_path).map_err(|source| StreamError::Read {
         path: cfg.token_path.clone(),
@@ -207,7 +212,7 @@ async fn stream_once(
     let _abort = AbortOnDrop(conn);
 
     let (replies, rx) = mpsc::channel::<Bytes>(16);
-    let body = ReplyBody(rx);
+    let body: operator_link::Body = ReplyBody(rx).boxed_unsync();
     let req = http::Request::post(push::WATCH_PATH)
         .uri(format!("https://{}{}", cfg.server_name, push::WATCH_PATH))
         .header(
@@ -234,6 +239,8 @@ async fn stream_once(
         return Err(StreamError::Refused { status, body });
     }
     metrics.control_connected.set(1);
+    // Withdrawn when this function returns (the stream is over).
+    let _published = link.publish(sender.clone(), &cfg.server_name);
     tracing::info!(operator = %cfg.address, version = store.version(), "config stream open");
     let mut body = resp.into_body();
     let mut decoder = Decoder::default();

@@ -54,6 +54,7 @@ mod linger;
 mod listener;
 mod loop_lag;
 pub mod metrics;
+pub mod operator_link;
 mod orig_dst;
 mod path_norm;
 mod process;

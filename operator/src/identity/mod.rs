@@ -72,6 +72,10 @@ pub struct IdentityConfig {
     /// Where the trust state of the material in use is published (the
     /// config push hub and the leader's rotation observer read it).
     pub trust: Arc<tokio::sync::watch::Sender<Option<rotation::TrustState>>>,
+    /// Where the running service is published once built, so the config
+    /// push endpoint can answer certificate requests arriving on its
+    /// connections (decision 0056).
+    pub published: Arc<std::sync::OnceLock<Arc<IdentityService<KubeCluster>>>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -191,6 +195,8 @@ pub async fn run_with_serving(
         .with_ledger(cfg.ledger.clone())
         .with_reissue_rate(cfg.reissue_rate),
     );
+    // The service runs once per process: set once.
+    let _ = cfg.published.set(service.clone());
     let mut server = tokio::spawn(server::serve(
         listener,
         server::acceptor(serving.clone()),

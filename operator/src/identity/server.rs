@@ -95,6 +95,22 @@ pub async fn respond<C: Cluster>(
     }
 }
 
+/// The answer while the service is not running yet (the CA not loaded):
+/// 503, retried by the sidecar like any failed attempt.
+pub fn starting() -> Response<Full<Bytes>> {
+    let mut response = json(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &RefusalBody {
+            reason: "starting".into(),
+            message: "the identity service is starting".into(),
+        },
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    response
+}
+
 fn refusal(r: &Refusal) -> Response<Full<Bytes>> {
     let status = StatusCode::from_u16(r.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut response = json(

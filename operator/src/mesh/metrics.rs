@@ -36,6 +36,8 @@ pub struct PushMetrics {
     pub refusals: Family<RefusalLabels, Counter>,
     /// Streams closed for a malformed frame.
     pub bad_frames: Counter,
+    /// Certificate requests that arrived on config stream connections.
+    pub sign_requests: Counter,
     /// Watch (list or watch call) failures feeding the index, by kind.
     pub watch_errors: Family<WatchLabels, Counter>,
 }
@@ -52,6 +54,7 @@ impl Default for PushMetrics {
             compile_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 15)),
             refusals: Family::default(),
             bad_frames: Counter::default(),
+            sign_requests: Counter::default(),
             watch_errors: Family::default(),
         }
     }
@@ -96,6 +99,11 @@ impl PushMetrics {
             "bad_frames",
             "Config streams closed for a malformed frame",
             self.bad_frames.clone(),
+        );
+        registry.register(
+            "sign_requests",
+            "Certificate requests sidecars sent on their config stream's connection (answered by the identity service)",
+            self.sign_requests.clone(),
         );
     }
 }

@@ -67,16 +67,40 @@ impl StreamRefusal {
 }
 
 /// The endpoint's state: the hub and how callers are authenticated.
-#[derive(Debug)]
 pub struct PushServer<C> {
     pub hub: Arc<Hub>,
     pub cluster: C,
     /// Audience the sidecar's token must carry.
     pub audience: String,
     pub trust_domain: String,
+    /// Answers certificate requests (`POST` [`SIGN_PATH`]) that sidecars
+    /// send on the connection their config stream holds, which costs the
+    /// CA no handshake (decision 0056). Composed by the caller (the
+    /// identity service), so this module never reaches into it; `None`:
+    /// such requests get 404 and the sidecar uses the identity endpoint.
+    pub sign: Option<Signer>,
 }
 
-type Body = BoxBody<Bytes, Infallible>;
+impl<C: std::fmt::Debug> std::fmt::Debug for PushServer<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PushServer")
+            .field("cluster", &self.cluster)
+            .field("audience", &self.audience)
+            .field("trust_domain", &self.trust_domain)
+            .field("sign", &self.sign.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The identity service's answer to one certificate request.
+pub type Signer = Arc<
+    dyn Fn(Request<Incoming>) -> futures::future::BoxFuture<'static, Response<Body>> + Send + Sync,
+>;
+
+/// The path of certificate requests, as on the identity endpoint.
+pub const SIGN_PATH: &str = baton_crds::contract::identity::SIGN_PATH;
+
+pub type Body = BoxBody<Bytes, Infallible>;
 
 impl<C: Cluster> PushServer<C> {
     /// Who may open a stream for which Pod.
@@ -127,8 +151,15 @@ impl<C: Cluster> PushServer<C> {
         }
     }
 
-    /// Answers one request: a refusal, or the stream of pushes.
+    /// Answers one request: a certificate request (to the identity
+    /// service), a refusal, or the stream of pushes.
     pub async fn respond(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+        if req.uri().path() == SIGN_PATH
+            && let Some(sign) = &self.sign
+        {
+            self.hub.metrics().sign_requests.inc();
+            return sign(req).await;
+        }
         let pod = match self.authenticate(&req).await {
             Ok(pod) => pod,
             Err(refusal) => {

@@ -69,6 +69,9 @@ pub struct MeshTls {
     /// The trust generation of the certificate held (the config stream
     /// reports it to the operator).
     held: Arc<tokio::sync::watch::Sender<Option<String>>>,
+    /// The config stream's connection to the operator, on which the
+    /// certificate client sends its requests while it is open.
+    link: crate::operator_link::OperatorLink,
 }
 
 /// How long an mTLS connection waits for the first certificate while the
@@ -113,7 +116,14 @@ impl MeshTls {
             installed: tokio::sync::Notify::new(),
             reissue: tokio::sync::watch::channel(None).0,
             held: Arc::new(tokio::sync::watch::channel(None).0),
+            link: crate::operator_link::OperatorLink::default(),
         })
+    }
+
+    /// The slot the config stream publishes its operator connection in
+    /// (the certificate client sends on it: decision 0056).
+    pub fn operator_link(&self) -> crate::operator_link::OperatorLink {
+        self.link.clone()
     }
 
     /// The trust generation of the certificate held, as it changes
@@ -205,7 +215,11 @@ impl MeshTls {
                     Some("waiting for the first certificate from the identity service".into());
                 let metrics = self.metrics.clone();
                 let settings = s.clone();
-                let (trigger, held) = (self.reissue.subscribe(), self.held.clone());
+                let (trigger, held, link) = (
+                    self.reissue.subscribe(),
+                    self.held.clone(),
+                    self.link.clone(),
+                );
                 // The task holds only a Weak: dropping the MeshTls ends it.
                 let this = Arc::downgrade(self);
                 rt.spawn(async move {
@@ -221,6 +235,7 @@ impl MeshTls {
                             RetryPolicy::default(),
                             trigger.clone(),
                             held.clone(),
+                            link.clone(),
                         )
                         .await;
                         let Some(this) = this.upgrade() else { return };

@@ -36,6 +36,7 @@ use super::material::{Material, pem_encode};
 use super::metrics::TlsMetrics;
 use super::settings::{CertSource, KeyType, TlsSettings};
 use super::spiffe::SpiffeId;
+use crate::operator_link::OperatorLink;
 
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityClientError {
@@ -191,6 +192,9 @@ pub struct IdentityClient {
     identity: SpiffeId,
     key_type: KeyType,
     timeout: Duration,
+    /// The config stream's connection to the operator, tried first
+    /// ([`crate::operator_link`], decision 0056).
+    link: Option<OperatorLink>,
 }
 
 impl IdentityClient {
@@ -234,6 +238,7 @@ impl IdentityClient {
             identity,
             key_type,
             timeout: Duration::from_secs(10),
+            link: None,
         })
     }
 
@@ -286,6 +291,13 @@ impl IdentityClient {
 
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// Sends requests on the config stream's connection while it is open
+    /// (decision 0056), else on a connection of its own.
+    pub fn with_link(mut self, link: OperatorLink) -> Self {
+        self.link = Some(link);
         self
     }
 
@@ -516,7 +528,44 @@ impl IdentityClient {
         }
     }
 
+    /// POSTs a request: on the config stream's connection when one is
+    /// open, else (or when that fails, or the operator there does not
+    /// answer this path: one from before decision 0056 says 404) on a new
+    /// connection.
     async fn post(&self, body: Vec<u8>, token: &str) -> Result<(u16, Bytes), IdentityClientError> {
+        if let Some((sender, origin)) = self.link.as_ref().and_then(OperatorLink::sender) {
+            let path = self.uri.path_and_query().map_or("/", |p| p.as_str());
+            let held = tokio::time::timeout(
+                self.timeout / 2,
+                post_held(sender, &origin, path, body.clone(), token),
+            )
+            .await;
+            match held {
+                Ok(Ok((404, _))) => {
+                    tracing::debug!(
+                        "the operator's config endpoint does not sign; using the identity endpoint"
+                    )
+                }
+                Ok(Ok(answer)) => return Ok(answer),
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, "certificate request on the config stream's connection failed; using a new connection")
+                }
+                Err(_) => {
+                    tracing::debug!(
+                        "certificate request on the config stream's connection timed out; using a new connection"
+                    )
+                }
+            }
+        }
+        self.post_new(body, token).await
+    }
+
+    /// POSTs on a connection of its own (HTTP/1.1, TLS when `https`).
+    async fn post_new(
+        &self,
+        body: Vec<u8>,
+        token: &str,
+    ) -> Result<(u16, Bytes), IdentityClientError> {
         let host = self
             .uri
             .host()
@@ -593,8 +642,34 @@ where
         let _ = conn.await;
     });
     let resp = sender.send_request(req).await.map_err(http)?;
+    read_answer(resp).await
+}
+
+/// One request as a new HTTP/2 stream on the operator connection the
+/// config stream holds: no TCP or TLS handshake.
+async fn post_held(
+    mut sender: hyper::client::conn::http2::SendRequest<crate::operator_link::Body>,
+    origin: &str,
+    path: &str,
+    body: Vec<u8>,
+    token: &str,
+) -> Result<(u16, Bytes), IdentityClientError> {
+    let http = |e: hyper::Error| IdentityClientError::Http(e.to_string());
+    let req = http::Request::post(format!("{origin}{path}"))
+        .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)).boxed_unsync())
+        .map_err(|e| IdentityClientError::Http(e.to_string()))?;
+    sender.ready().await.map_err(http)?;
+    let resp = sender.send_request(req).await.map_err(http)?;
+    read_answer(resp).await
+}
+
+/// The status and body (at most 1 MiB: answers are a few KiB).
+async fn read_answer(
+    resp: http::Response<hyper::body::Incoming>,
+) -> Result<(u16, Bytes), IdentityClientError> {
     let status = resp.status().as_u16();
-    // Responses are a few KiB; refuse anything absurd.
     let body = http_body_util::Limited::new(resp.into_body(), 1 << 20)
         .collect()
         .await
@@ -614,11 +689,22 @@ pub async fn bootstrap(
 ) -> Result<Arc<TlsContext>, TlsError> {
     let (_trigger, trigger) = tokio::sync::watch::channel(None);
     let held = Arc::new(tokio::sync::watch::channel(None).0);
-    bootstrap_with(settings, metrics, stop, policy, trigger, held).await
+    bootstrap_with(
+        settings,
+        metrics,
+        stop,
+        policy,
+        trigger,
+        held,
+        OperatorLink::default(),
+    )
+    .await
 }
 
-/// [`bootstrap`], following `trigger` (the pushed re-issue trigger) and
-/// publishing the held certificate's trust generation on `held`.
+/// [`bootstrap`], following `trigger` (the pushed re-issue trigger),
+/// publishing the held certificate's trust generation on `held`, and
+/// sending requests on the config stream's connection while `link` holds
+/// one.
 pub async fn bootstrap_with(
     settings: &TlsSettings,
     metrics: TlsMetrics,
@@ -626,9 +712,11 @@ pub async fn bootstrap_with(
     policy: RetryPolicy,
     trigger: tokio::sync::watch::Receiver<Option<baton_config::tls::Reissue>>,
     held: Arc<tokio::sync::watch::Sender<Option<String>>>,
+    link: OperatorLink,
 ) -> Result<Arc<TlsContext>, TlsError> {
     let client = IdentityClient::from_settings(settings)
-        .map_err(|e| TlsError::Io(std::io::Error::other(e)))?;
+        .map_err(|e| TlsError::Io(std::io::Error::other(e)))?
+        .with_link(link);
     let issued = client
         .issue_tagged_with_retries(policy)
         .await
