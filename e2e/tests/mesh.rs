@@ -2369,6 +2369,30 @@ kubectl -n $NS wait configmap/baton-mesh-trust --timeout=3m \
             eprintln!("rotation: notAfter after step 2 {e2:?}, after step 4 {e4:?}");
             no_failures("root rotation", &report);
             assert_eq!(s.restarts().await, restarts, "no Pod restarted");
+            // The re-issues went on the sidecars' config stream connections,
+            // not on new ones (decision 0056).
+            let mut on_streams = 0.0;
+            for pod in baton::component_pods(&s.client, "operator").await {
+                let name = pod.metadata.name.unwrap_or_default();
+                let text = kubectl_ok(&[
+                    "get",
+                    "--raw",
+                    &format!(
+                        "/api/v1/namespaces/{}/pods/{name}:9090/proxy/metrics",
+                        baton_crds::contract::SYSTEM_NAMESPACE
+                    ),
+                ]);
+                on_streams += text
+                    .lines()
+                    .filter(|l| l.starts_with("baton_operator_push_sign_requests_total "))
+                    .filter_map(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+                    .sum::<f64>();
+            }
+            eprintln!("rotation: {on_streams} certificate requests on config stream connections");
+            assert!(
+                on_streams > 0.0,
+                "no certificate request came on a config stream's connection"
+            );
         },
     )
     .await;
