@@ -67,7 +67,25 @@ pub enum ProxyBody {
         /// Counts the body's bytes into an access-log line, released at
         /// the end like `done`.
         tap: Option<Tap>,
+        /// Runs once, when the body has ended (not when it is dropped
+        /// before its end): gives the upstream connection back.
+        at_end: Option<EndHook>,
     },
+}
+
+/// What a streamed body does when it has ended.
+pub struct EndHook(Box<dyn FnOnce() + Send + Sync>);
+
+impl EndHook {
+    pub fn new(f: impl FnOnce() + Send + Sync + 'static) -> Self {
+        Self(Box::new(f))
+    }
+}
+
+impl std::fmt::Debug for EndHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EndHook")
+    }
 }
 
 /// Which byte count of an access-log line a body feeds.
@@ -98,16 +116,37 @@ impl ProxyBody {
             body,
             done: None,
             tap: None,
+            at_end: None,
         }
+    }
+
+    /// Run `hook` when the body has ended; a buffered or empty body has
+    /// ended already, so it runs now.
+    pub fn with_end_hook(mut self, hook: Option<EndHook>) -> Self {
+        let Some(hook) = hook else { return self };
+        match &mut self {
+            // An empty body is never read: it has ended already.
+            ProxyBody::Streamed { body, at_end, .. } if !body.is_end_stream() => {
+                *at_end = Some(hook)
+            }
+            _ => (hook.0)(),
+        }
+        self
     }
 
     /// Attach a completion callback (kept until end-of-stream or drop).
     pub fn with_done(self, done: Option<InFlightGuard>) -> Self {
         match (self, done) {
-            (ProxyBody::Streamed { body, tap, .. }, Some(d)) => ProxyBody::Streamed {
+            (
+                ProxyBody::Streamed {
+                    body, tap, at_end, ..
+                },
+                Some(d),
+            ) => ProxyBody::Streamed {
                 body,
                 done: Some(d),
                 tap,
+                at_end,
             },
             (other, _) => other, // buffered bodies finish immediately; the guard drops here
         }
@@ -137,17 +176,37 @@ impl Body for ProxyBody {
         match self.get_mut() {
             ProxyBody::Empty => Poll::Ready(None),
             ProxyBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            ProxyBody::Streamed { body, done, tap } => {
-                let r = Pin::new(body).poll_frame(cx);
+            ProxyBody::Streamed {
+                body,
+                done,
+                tap,
+                at_end,
+            } => {
+                let r = Pin::new(&mut *body).poll_frame(cx);
                 match &r {
                     Poll::Ready(Some(Ok(f))) => {
                         if let (Some(t), Some(d)) = (tap.as_ref(), f.data_ref()) {
                             t.count(d.len());
                         }
+                        // A reader that knows the length stops here,
+                        // without asking for the end (hyper's HTTP/2 does).
+                        if body.is_end_stream()
+                            && let Some(hook) = at_end.take()
+                        {
+                            (hook.0)();
+                        }
                     }
-                    Poll::Ready(None) | Poll::Ready(Some(Err(_))) => {
+                    Poll::Ready(None) => {
                         done.take();
                         tap.take();
+                        if let Some(hook) = at_end.take() {
+                            (hook.0)();
+                        }
+                    }
+                    Poll::Ready(Some(Err(_))) => {
+                        done.take();
+                        tap.take();
+                        at_end.take();
                     }
                     Poll::Pending => {}
                 }

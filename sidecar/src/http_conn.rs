@@ -32,6 +32,7 @@ fn http_service(
         conn: Arc::new(meta),
         inflight: Arc::new(InFlight::default()),
         h1_refusal,
+        peers: Default::default(),
     }
 }
 

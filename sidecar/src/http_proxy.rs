@@ -23,7 +23,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::sync::Semaphore;
 
-use crate::body::{InFlight, ProxyBody};
+use crate::body::{EndHook, InFlight, ProxyBody};
 use crate::config::UpstreamProtocol;
 use crate::config::store::{Active, ConfigStore};
 use crate::conn::{ConnRegistry, H1Refusal};
@@ -35,7 +35,7 @@ use crate::h1valid::Refusal;
 use crate::lifecycle::Lifecycle;
 use crate::metrics::{Metrics, RequestLabels, RouteLabels, RouteMetrics, StatusClass};
 use crate::routing::{CompiledRoute, RequestView, match_route, split_host_port};
-use crate::upstream::{Cluster, Outcome};
+use crate::upstream::{Cluster, Outcome, SendError};
 
 /// Process-wide state every connection handler shares.
 #[derive(Debug)]
@@ -121,6 +121,11 @@ pub struct HttpService {
     pub inflight: Arc<InFlight>,
     /// HTTP/1 only: marks the request the framing guard refused.
     pub h1_refusal: Option<Arc<H1Refusal>>,
+    /// This connection's last (route, peer) metric handles: its peer never
+    /// changes, so the shared table (a lock and two hashes) is asked only
+    /// when the route changes. Uncontended: an HTTP/2 connection's streams
+    /// run on its one event loop.
+    pub peers: Arc<std::sync::Mutex<crate::route_metrics::ConnCache>>,
 }
 
 impl hyper::service::Service<Request<Incoming>> for HttpService {
@@ -304,6 +309,13 @@ fn upstream_uri(authority: &http::uri::Authority, original: &Uri) -> Uri {
             .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
     );
     Uri::from_parts(parts).unwrap_or_else(|_| original.clone())
+}
+
+/// The origin form of `uri` (its path and query; `/` when it has none):
+/// what an HTTP/1.1 request line to an origin server carries.
+fn origin_form(uri: &Uri) -> Uri {
+    uri.path_and_query()
+        .map_or_else(|| Uri::from_static("/"), |pq| Uri::from(pq.clone()))
 }
 
 /// `uri` with its path replaced (the query kept): the normalized path
@@ -605,6 +617,7 @@ impl HttpService {
                             .passthrough
                             .request(Request::from_parts(parts, body))
                             .await
+                            .map(|r| (r, None))
                             .map_err(|e| {
                                 if e.is_connect() {
                                     (Failure::Connect, e.to_string())
@@ -652,7 +665,7 @@ impl HttpService {
         };
 
         let resp = match result {
-            Ok(mut resp) => {
+            Ok((mut resp, end_hook)) => {
                 let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
                 if switching && let Some(down) = downstream_upgrade {
                     // Both sides switch protocols: splice the raw streams.
@@ -675,7 +688,12 @@ impl HttpService {
                 if switching {
                     Response::from_parts(rparts, ProxyBody::streamed(rbody))
                 } else {
-                    Response::from_parts(rparts, ProxyBody::streamed(rbody).with_done(Some(guard)))
+                    Response::from_parts(
+                        rparts,
+                        ProxyBody::streamed(rbody)
+                            .with_done(Some(guard))
+                            .with_end_hook(end_hook),
+                    )
                 }
             }
             Err((failure, detail)) => {
@@ -730,9 +748,15 @@ impl HttpService {
             .snapshot()
             .runtime
             .route_metrics_max_series();
-        self.shared
-            .peer_routes
-            .pair(route, self.conn.peer_identity.as_deref(), max)
+        self.peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(
+                &self.shared.peer_routes,
+                route,
+                self.conn.peer_identity.as_deref(),
+                max,
+            )
             .record(status.as_u16(), started.elapsed().as_secs_f64());
         if access_log {
             tracing::debug!(target: "access", conn = self.conn.id, peer = %self.conn.peer, route = %route, status = status.as_u16(), micros = started.elapsed().as_micros() as u64, "request");
@@ -751,7 +775,7 @@ impl HttpService {
         mut streamed: Option<Incoming>,
         route_name: &Arc<str>,
         log: Option<&Arc<crate::access_log::Pending>>,
-    ) -> Result<Response<Incoming>, (Failure, String)> {
+    ) -> Result<(Response<Incoming>, Option<EndHook>), (Failure, String)> {
         let retry = route.as_ref().and_then(|r| r.retry.as_ref());
         if let Some(r) = retry {
             r.budget.deposit();
@@ -778,7 +802,6 @@ impl HttpService {
             } else {
                 parts.take().expect("parts available for the last attempt")
             };
-            p.uri = upstream_uri(&ep.endpoint().authority, &p.uri);
             p.version = match cluster.config.protocol {
                 UpstreamProtocol::Http1 => Version::HTTP_11,
                 UpstreamProtocol::Http2 => Version::HTTP_2,
@@ -790,13 +813,54 @@ impl HttpService {
                 }
                 (None, None) => ProxyBody::Empty,
             };
-            let fut = cluster.client.request(Request::from_parts(p, body));
+            // HTTP/1.1 upstreams take the cluster's own connection list;
+            // HTTP/2 upstreams and protocol upgrades (the connection is
+            // spliced, never reused) take hyper-util's client.
+            let own_pool = cluster.config.protocol == UpstreamProtocol::Http1
+                && !p.headers.contains_key(header::UPGRADE);
+            let fut = async {
+                if own_pool {
+                    p.uri = origin_form(&p.uri);
+                    if !p.headers.contains_key(header::HOST)
+                        && let Ok(v) = HeaderValue::from_str(ep.endpoint().authority.as_str())
+                    {
+                        p.headers.insert(header::HOST, v);
+                    }
+                    match cluster
+                        .send_http1(ep.index(), Request::from_parts(p, body))
+                        .await
+                    {
+                        Ok((resp, checkin)) => Ok((resp, Some(EndHook::new(|| checkin.done())))),
+                        Err(SendError::Connect(e)) => {
+                            Err((Failure::Connect, format!("client error (Connect): {e}")))
+                        }
+                        Err(e) => Err((Failure::Reset, e.to_string())),
+                    }
+                } else {
+                    p.uri = upstream_uri(&ep.endpoint().authority, &p.uri);
+                    match cluster.client.request(Request::from_parts(p, body)).await {
+                        Ok(resp) => Ok((resp, None)),
+                        Err(e) => {
+                            let kind = if e.is_connect() {
+                                Failure::Connect
+                            } else {
+                                Failure::Reset
+                            };
+                            let detail = match std::error::Error::source(&e) {
+                                Some(s) => format!("{e}: {s}"),
+                                None => e.to_string(),
+                            };
+                            Err((kind, detail))
+                        }
+                    }
+                }
+            };
             let res = match retry.and_then(|r| r.per_try_timeout) {
                 Some(t) => tokio::time::timeout(t, fut).await.map_err(|_| ()),
                 None => Ok(fut.await),
             };
             let failure = match res {
-                Ok(Ok(resp)) => {
+                Ok(Ok((resp, hook))) => {
                     let status = resp.status().as_u16();
                     let retry_status =
                         retry.is_some_and(|r| r.on_statuses.contains(&status)) && method_idempotent;
@@ -806,28 +870,19 @@ impl HttpService {
                         Outcome::Success
                     });
                     if !(retry_status && more_attempts) {
-                        return Ok(resp);
+                        return Ok((resp, hook));
                     }
                     if !retry.is_some_and(|r| r.budget.try_withdraw()) {
                         self.retry_metric("budget_exhausted");
-                        return Ok(resp);
+                        return Ok((resp, hook));
                     }
                     self.retry_metric("sent");
                     attempt += 1;
                     tracing::debug!(route = %route_name, status, attempt, "retrying on status");
                     continue;
                 }
-                Ok(Err(e)) => {
+                Ok(Err((kind, detail))) => {
                     ep.report(Outcome::Failure);
-                    let kind = if e.is_connect() {
-                        Failure::Connect
-                    } else {
-                        Failure::Reset
-                    };
-                    let detail = match std::error::Error::source(&e) {
-                        Some(s) => format!("{e}: {s}"),
-                        None => e.to_string(),
-                    };
                     (
                         kind,
                         format!("{} {}: {detail}", cluster.name, ep.endpoint().addr),

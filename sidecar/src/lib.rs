@@ -46,6 +46,7 @@ pub mod detect;
 mod filters;
 mod h1fast;
 pub mod h1valid;
+pub mod h2_state;
 mod http_conn;
 mod http_proxy;
 mod init;

@@ -212,8 +212,70 @@ pub struct Cluster {
     /// first: returned when their downstream connection ends, taken by the
     /// next one that needs the endpoint.
     idle: std::sync::Mutex<Vec<IdleConn>>,
+    /// HTTP/1.1 connections of the general path (hyper's client connection
+    /// driven by a task of its own), oldest first: checked in when a
+    /// response body has ended, taken by the next request to the endpoint.
+    /// In place of hyper-util's pool for HTTP/1.1 clusters: no pool key
+    /// hashing or URI copies, and no task spawned per request to wait for
+    /// the connection to become idle (docs/decisions/0059).
+    senders: std::sync::Mutex<Vec<IdleSender>>,
     metrics: Arc<Metrics>,
     mtls: Option<Arc<MtlsTarget>>,
+}
+
+/// An HTTP/1.1 sender checked in to a cluster's list.
+struct IdleSender {
+    endpoint: usize,
+    sender: Http1Sender,
+    since: Instant,
+}
+
+impl std::fmt::Debug for IdleSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdleSender")
+            .field("endpoint", &self.endpoint)
+            .finish()
+    }
+}
+
+/// The sending half of a general-path HTTP/1.1 upstream connection.
+pub type Http1Sender = hyper::client::conn::http1::SendRequest<ProxyBody>;
+
+/// Why [`Cluster::send_http1`] got no response.
+#[derive(Debug)]
+pub enum SendError {
+    /// No connection (connect, mesh mTLS or the HTTP/1.1 handshake failed):
+    /// the request never left.
+    Connect(std::io::Error),
+    /// The connection failed after the request was (perhaps) sent.
+    Reset(hyper::Error),
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SendError::Connect(e) => write!(f, "connect: {e}"),
+            SendError::Reset(e) => match std::error::Error::source(e) {
+                Some(s) => write!(f, "{e}: {s}"),
+                None => write!(f, "{e}"),
+            },
+        }
+    }
+}
+
+/// Gives a sender back to its cluster when the response body has ended
+/// (see [`crate::body::ProxyBody::with_end_hook`]); dropped before that,
+/// the connection is not reused.
+pub struct Checkin {
+    cluster: Arc<Cluster>,
+    endpoint: usize,
+    sender: Http1Sender,
+}
+
+impl Checkin {
+    pub fn done(self) {
+        self.cluster.put_sender(self.endpoint, self.sender);
+    }
 }
 
 /// An idle fast-path connection in a cluster's idle list.
@@ -394,6 +456,7 @@ impl Cluster {
             epoch: Instant::now(),
             client,
             idle: Default::default(),
+            senders: Default::default(),
             metrics: deps.metrics.clone(),
             mtls,
         }
@@ -436,6 +499,104 @@ impl Cluster {
             None => Ok(TcpUpstream::Plain(tcp)),
             Some(t) => t.originate(tcp, alpn).await,
         }
+    }
+
+    /// One HTTP/1.1 exchange with endpoint `idx` on a pooled connection
+    /// (a new one when none is idle). `req` must be in origin form. A
+    /// request that a reused connection hands back unsent (it was closed
+    /// under us: the upstream's keep-alive timeout) goes on the next one.
+    pub async fn send_http1(
+        self: &Arc<Self>,
+        idx: usize,
+        mut req: http::Request<ProxyBody>,
+    ) -> Result<(http::Response<hyper::body::Incoming>, Checkin), SendError> {
+        loop {
+            let (mut sender, reused) = match self.take_sender(idx).await {
+                Some(s) => (s, true),
+                None => (self.new_sender(idx).await?, false),
+            };
+            match sender.try_send_request(req).await {
+                Ok(resp) => {
+                    let checkin = Checkin {
+                        cluster: self.clone(),
+                        endpoint: idx,
+                        sender,
+                    };
+                    return Ok((resp, checkin));
+                }
+                Err(mut e) => match e.take_message() {
+                    Some(unsent) if reused => req = unsent,
+                    _ => return Err(SendError::Reset(e.into_error())),
+                },
+            }
+        }
+    }
+
+    /// The newest checked-in sender to `idx` that takes a request, waiting
+    /// for one whose connection is still finishing the previous response
+    /// (checked in at its body's end, it is ready once its task has run);
+    /// closed and expired ones are dropped.
+    async fn take_sender(&self, idx: usize) -> Option<Http1Sender> {
+        let max_age = Duration::from_millis(self.config.pool_idle_timeout_ms);
+        loop {
+            let mut s = {
+                let mut senders = self.senders.lock().unwrap_or_else(|p| p.into_inner());
+                let now = Instant::now();
+                let expired = senders.partition_point(|c| now.duration_since(c.since) >= max_age);
+                senders.drain(..expired);
+                let at = senders.iter().rposition(|c| c.endpoint == idx)?;
+                senders.remove(at).sender
+            };
+            if s.is_ready() {
+                return Some(s);
+            }
+            // Bounded: a connection whose request body is still being sent
+            // (an upstream that answered before reading it all) may never
+            // become ready; it is dropped (closed once idle) for the next.
+            let wait = Duration::from_millis(self.config.connect_timeout_ms);
+            if !s.is_closed() && matches!(tokio::time::timeout(wait, s.ready()).await, Ok(Ok(()))) {
+                return Some(s);
+            }
+        }
+    }
+
+    async fn new_sender(&self, idx: usize) -> Result<Http1Sender, SendError> {
+        let io = self
+            .connect_upstream(self.endpoints[idx].addr, b"http/1.1")
+            .await
+            .map_err(SendError::Connect)?;
+        let (sender, conn) = hyper::client::conn::http1::Builder::new()
+            .handshake(TokioIo::new(io))
+            .await
+            .map_err(|e| SendError::Connect(std::io::Error::other(e)))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream HTTP/1.1 connection ended with an error");
+            }
+        });
+        Ok(sender)
+    }
+
+    /// Check a sender in (at most `pool_max_idle_per_endpoint` per
+    /// endpoint: the oldest goes, its connection closes when idle).
+    fn put_sender(&self, idx: usize, sender: Http1Sender) {
+        if sender.is_closed() {
+            return;
+        }
+        let mut senders = self.senders.lock().unwrap_or_else(|p| p.into_inner());
+        if senders.iter().filter(|c| c.endpoint == idx).count()
+            >= self.config.pool_max_idle_per_endpoint
+        {
+            match senders.iter().position(|c| c.endpoint == idx) {
+                Some(oldest) => drop(senders.remove(oldest)),
+                None => return,
+            }
+        }
+        senders.push(IdleSender {
+            endpoint: idx,
+            sender,
+            since: Instant::now(),
+        });
     }
 
     /// An idle fast-path connection to endpoint `idx` that is still open
@@ -632,6 +793,140 @@ mod tests {
             cfg,
             &UpstreamDeps::new(Arc::new(Metrics::new())),
         ))
+    }
+
+    /// A local HTTP/1.1 server answering every request with a body of
+    /// `body_len` bytes (`close`: and `Connection: close`); counts the
+    /// connections it accepted.
+    async fn counting_upstream(
+        body_len: usize,
+        close: bool,
+    ) -> (SocketAddr, Arc<AtomicU32>, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicU32::new(0));
+        let count = accepted.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((s, _)) = listener.accept().await else {
+                    return;
+                };
+                count.fetch_add(1, Ordering::Relaxed);
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |_req| async move {
+                        let mut r = http::Response::new(http_body_util::Full::new(
+                            bytes::Bytes::from(vec![b'x'; body_len]),
+                        ));
+                        if close {
+                            r.headers_mut()
+                                .insert("connection", http::HeaderValue::from_static("close"));
+                        }
+                        Ok::<_, std::convert::Infallible>(r)
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(s), svc)
+                        .await;
+                });
+            }
+        });
+        (addr, accepted, task)
+    }
+
+    fn cluster_to(addr: SocketAddr, max_idle: usize) -> Arc<Cluster> {
+        let cfg = ClusterConfig {
+            name: "c".into(),
+            endpoints: vec![addr],
+            lb: LbPolicy::RoundRobin,
+            protocol: UpstreamProtocol::Http1,
+            connect_timeout_ms: 1000,
+            pool_idle_timeout_ms: 60_000,
+            pool_max_idle_per_endpoint: max_idle,
+            outlier: None,
+            mtls: None,
+        };
+        Arc::new(Cluster::new(
+            cfg,
+            &UpstreamDeps::new(Arc::new(Metrics::new())),
+        ))
+    }
+
+    /// One exchange the way the proxy makes it: the response body read to
+    /// its end through a [`ProxyBody`] that checks the connection in.
+    async fn exchange(c: &Arc<Cluster>) -> usize {
+        use http_body_util::BodyExt;
+        let req = http::Request::get("/x")
+            .header("host", "up")
+            .body(ProxyBody::Empty)
+            .unwrap();
+        let (resp, checkin) = c.send_http1(0, req).await.expect("an answer");
+        assert_eq!(resp.status(), 200);
+        let body = ProxyBody::streamed(resp.into_body())
+            .with_end_hook(Some(crate::body::EndHook::new(|| checkin.done())));
+        body.collect().await.unwrap().to_bytes().len()
+    }
+
+    fn idle_senders(c: &Cluster) -> usize {
+        c.senders.lock().unwrap().len()
+    }
+
+    #[tokio::test]
+    async fn http1_exchanges_reuse_one_connection_once_each_body_has_ended() {
+        for body_len in [0, 10, 100_000] {
+            let (addr, accepted, task) = counting_upstream(body_len, false).await;
+            let c = cluster_to(addr, 4);
+            for _ in 0..5 {
+                assert_eq!(exchange(&c).await, body_len);
+                assert_eq!(idle_senders(&c), 1, "body of {body_len} B: checked in");
+            }
+            assert_eq!(
+                accepted.load(Ordering::Relaxed),
+                1,
+                "body of {body_len} B: one connection for five exchanges"
+            );
+            task.abort();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_upstream_closes_is_not_reused() {
+        let (addr, accepted, task) = counting_upstream(10, true).await;
+        let c = cluster_to(addr, 4);
+        for _ in 0..3 {
+            assert_eq!(exchange(&c).await, 10);
+        }
+        assert_eq!(accepted.load(Ordering::Relaxed), 3);
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn concurrent_exchanges_keep_at_most_the_idle_limit() {
+        let (addr, accepted, task) = counting_upstream(10, false).await;
+        let c = cluster_to(addr, 2);
+        let all: Vec<_> = (0..6)
+            .map(|_| {
+                let c = c.clone();
+                tokio::spawn(async move { exchange(&c).await })
+            })
+            .collect();
+        for t in all {
+            assert_eq!(t.await.unwrap(), 10);
+        }
+        assert!(idle_senders(&c) <= 2, "{} kept", idle_senders(&c));
+        assert!(accepted.load(Ordering::Relaxed) <= 6);
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_endpoint_is_a_connect_error() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let c = cluster_to(addr, 2);
+        let req = http::Request::get("/").body(ProxyBody::Empty).unwrap();
+        assert!(matches!(
+            c.send_http1(0, req).await,
+            Err(SendError::Connect(_))
+        ));
     }
 
     #[tokio::test]

@@ -415,8 +415,13 @@ pub fn metric_sum(text: &str, prefix: &str) -> u64 {
         .sum()
 }
 
-/// The local upstream: HTTP (1.1 and 2) answering with its path, recording
-/// how often each request id was served; and a TCP echo server.
+/// Requests whose path starts with this are answered with their whole
+/// request body (read to its end first); every other with its path.
+pub const ECHO_BODY_PREFIX: &str = "/echo-body/";
+
+/// The local upstream: HTTP (1.1 and 2) answering with its path (or, under
+/// [`ECHO_BODY_PREFIX`], the request body), recording how often each request
+/// path was served (counted when its head arrives); and a TCP echo server.
 pub struct Upstream {
     pub http: SocketAddr,
     pub echo: SocketAddr,
@@ -466,9 +471,23 @@ impl Upstream {
                         async move {
                             let path = req.uri().path().to_string();
                             *s.lock().unwrap().entry(path.clone()).or_default() += 1;
-                            Ok::<_, std::convert::Infallible>(Response::new(Full::new(
-                                Bytes::from(path),
-                            )))
+                            // Every request body is read to its end before
+                            // the answer, as a gRPC server does: hyper closes
+                            // a connection whose request body was left unread
+                            // (it cannot tell where the next request starts),
+                            // and a proxy's next request on it would race that
+                            // close. A streaming call gets its whole body back
+                            // (every byte checked by the client).
+                            let received = match req.into_body().collect().await {
+                                Ok(b) => b.to_bytes(),
+                                Err(_) => Bytes::from_static(b"body read error"),
+                            };
+                            let body = if path.starts_with(ECHO_BODY_PREFIX) {
+                                received
+                            } else {
+                                Bytes::from(path)
+                            };
+                            Ok::<_, std::convert::Infallible>(Response::new(Full::new(body)))
                         }
                     });
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())

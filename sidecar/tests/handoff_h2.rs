@@ -1,0 +1,503 @@
+//! HTTP/2 across consecutive handoffs: HTTP/2 connections do not move (see
+//! docs/decisions/0060), so at each handoff the old process sends GOAWAY on
+//! every one of them and finishes what is in flight, while the new process
+//! takes every new connection. This test holds that drain to "airtight":
+//! h2c and h2-over-TLS clients make unary calls all along, and at every
+//! handoff a long streaming call on each protocol is open when the handoff
+//! starts and keeps sending for seconds after the new process took over.
+//! No call may fail (a client may only re-send what a GOAWAY or
+//! REFUSED_STREAM said was not processed, as RFC 9113 §6.8 allows, and the
+//! upstream proves none was processed twice), every streamed byte comes back
+//! intact, the streams finish on the old process, and the old process
+//! counts each drained connection in `handoff_connections_total{outcome="drained"}`.
+//!
+//! Knob: `BATON_H2_HANDOFF_ROUNDS` (consecutive handoffs, default 8: about a
+//! minute; 20 or 100 for a longer proof).
+
+use crate::handoff_support;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use handoff_support::{
+    ECHO_BODY_PREFIX, EXCHANGE_TIMEOUT, Pattern, Sidecar, World, admin_get, metric_sum,
+    socket_holders,
+};
+use http::Request;
+use http_body::Frame;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http2::SendRequest;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot, watch};
+
+type Body = BoxBody<Bytes, Infallible>;
+
+fn knob(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A request body fed chunk by chunk from a channel; ends when the sender
+/// is dropped.
+struct ChannelBody(mpsc::Receiver<Bytes>);
+
+impl http_body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|c| c.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+/// How a client reaches the sidecar: h2c (prior knowledge) or TLS 1.3 with
+/// ALPN `h2` and the mesh marker, as a peer sidecar would.
+#[derive(Clone)]
+enum Dial {
+    H2c(SocketAddr),
+    Tls(SocketAddr, Arc<rustls::ClientConfig>),
+}
+
+impl Dial {
+    fn addr(&self) -> SocketAddr {
+        match self {
+            Dial::H2c(a) | Dial::Tls(a, _) => *a,
+        }
+    }
+    fn name(&self) -> &'static str {
+        match self {
+            Dial::H2c(_) => "h2c",
+            Dial::Tls(..) => "h2-tls",
+        }
+    }
+
+    /// A new HTTP/2 connection: its sender and its local port.
+    async fn connect(&self) -> Result<(SendRequest<Body>, u16), String> {
+        let tcp = TcpStream::connect(self.addr())
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        let port = tcp.local_addr().map_err(|e| e.to_string())?.port();
+        let builder = {
+            let mut b = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
+            b.timer(TokioTimer::new());
+            b
+        };
+        let sender = match self {
+            Dial::H2c(_) => {
+                let (s, conn) = builder
+                    .handshake(TokioIo::new(tcp))
+                    .await
+                    .map_err(|e| format!("h2 handshake: {e}"))?;
+                tokio::spawn(conn);
+                s
+            }
+            Dial::Tls(_, cfg) => {
+                let name = rustls_pki_types::ServerName::try_from(
+                    baton_sidecar::client_hello::MESH_SERVER_NAME,
+                )
+                .unwrap();
+                let tls = tokio_rustls::TlsConnector::from(cfg.clone())
+                    .connect(name, tcp)
+                    .await
+                    .map_err(|e| format!("TLS: {e}"))?;
+                if tls.get_ref().1.alpn_protocol() != Some(b"h2") {
+                    return Err("the sidecar did not select ALPN h2".into());
+                }
+                let (s, conn) = builder
+                    .handshake(TokioIo::new(tls))
+                    .await
+                    .map_err(|e| format!("h2 handshake: {e}"))?;
+                tokio::spawn(conn);
+                s
+            }
+        };
+        Ok((sender, port))
+    }
+}
+
+fn tls_client_config(ca: rustls_pki_types::CertificateDer<'static>) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca).unwrap();
+    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    Arc::new(cfg)
+}
+
+/// Whether an error says the request was not processed, so an RFC 9113
+/// client may send it again on a new connection: the stream was above the
+/// GOAWAY's last stream id, refused, or never left the client.
+fn unprocessed(e: &hyper::Error) -> bool {
+    let text = format!("{e:?}");
+    e.is_canceled() || text.contains("GoAway(") || text.contains("REFUSED_STREAM")
+}
+
+#[derive(Default)]
+struct Counts {
+    ok: AtomicU64,
+    /// Requests re-sent because the server said they were not processed.
+    resent: AtomicU64,
+    /// Connections the unary clients opened (the first plus one per GOAWAY).
+    connections: AtomicU64,
+    failures: std::sync::Mutex<Vec<String>>,
+}
+
+impl Counts {
+    fn fail(&self, what: String) {
+        let mut f = self.failures.lock().unwrap();
+        if f.len() < 50 {
+            f.push(what);
+        }
+    }
+}
+
+/// Unary calls, one at a time on one connection, a new connection when the
+/// old one goes away (as a pooling client does). Each call's response is
+/// its path.
+async fn unary_client(dial: Dial, c: usize, counts: Arc<Counts>, stop: watch::Receiver<bool>) {
+    let mut sender: Option<SendRequest<Body>> = None;
+    let mut seq = 0u64;
+    while !*stop.borrow() {
+        seq += 1;
+        let path = format!("/h2u/{}/{c}/{seq}", dial.name());
+        let mut attempts = 0;
+        let outcome = loop {
+            attempts += 1;
+            if attempts > 4 {
+                break Err(format!("gave up after {} attempts", attempts - 1));
+            }
+            let r = tokio::time::timeout(EXCHANGE_TIMEOUT, async {
+                if sender.as_ref().is_none_or(|s| s.is_closed()) {
+                    let (s, _) = dial.connect().await?;
+                    counts.connections.fetch_add(1, Ordering::Relaxed);
+                    sender = Some(s);
+                }
+                let s = sender.as_mut().expect("connected above");
+                if s.ready().await.is_err() {
+                    // Closed before this request was sent: not a failure.
+                    sender = None;
+                    return Ok(None);
+                }
+                let req = Request::post(format!("http://upstream{path}"))
+                    .body(Full::new(Bytes::from(path.clone())).boxed())
+                    .unwrap();
+                match s.send_request(req).await {
+                    Ok(resp) => {
+                        let status = resp.status();
+                        let body = resp
+                            .into_body()
+                            .collect()
+                            .await
+                            .map_err(|e| format!("response body: {e}"))?
+                            .to_bytes();
+                        Ok(Some((status, body)))
+                    }
+                    Err(e) if unprocessed(&e) => {
+                        sender = None;
+                        Ok(None)
+                    }
+                    Err(e) => Err(format!("{e:?}")),
+                }
+            })
+            .await;
+            match r {
+                Err(_) => break Err(format!("no answer within {EXCHANGE_TIMEOUT:?}")),
+                Ok(Err(e)) => break Err(e),
+                Ok(Ok(None)) => {
+                    counts.resent.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                Ok(Ok(Some(answer))) => break Ok(answer),
+            }
+        };
+        match outcome {
+            Ok((s, body)) if s == 200 && body == path.as_bytes() => {
+                counts.ok.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok((s, body)) => counts.fail(format!(
+                "{} #{c}: POST {path}: {s} {:?}",
+                dial.name(),
+                String::from_utf8_lossy(&body)
+            )),
+            Err(e) => counts.fail(format!("{} #{c}: POST {path}: {e}", dial.name())),
+        }
+        tokio::time::sleep(Duration::from_millis(4)).await;
+    }
+}
+
+/// Chunk `i` of the stream seeded `seed`: 1–4 KiB of the pattern.
+fn chunk_len(i: usize) -> usize {
+    1024 + (i * 613) % 3072
+}
+
+/// What one finished streaming call did.
+struct StreamDone {
+    bytes: usize,
+    /// When its last chunk was handed to the connection.
+    last_write: Instant,
+}
+
+/// A streaming call on a connection of its own: a POST whose body is sent
+/// a chunk every 20 ms until `finish` fires (at most 1000 chunks), and whose
+/// answer must be every byte sent. `port` gets the connection's local port
+/// once connected.
+async fn streaming_call(
+    dial: Dial,
+    path: String,
+    seed: u64,
+    port: oneshot::Sender<u16>,
+    mut finish: oneshot::Receiver<()>,
+) -> Result<StreamDone, String> {
+    let (mut sender, local) = dial.connect().await?;
+    let _ = port.send(local);
+    sender.ready().await.map_err(|e| format!("ready: {e}"))?;
+    let (tx, rx) = mpsc::channel::<Bytes>(4);
+    let writer = tokio::spawn(async move {
+        let mut pattern = Pattern::new(seed);
+        let (mut sent, mut chunks) = (0usize, 0usize);
+        let mut last_write = Instant::now();
+        let mut finishing = false;
+        while chunks < 1000 {
+            let mut buf = vec![0u8; chunk_len(chunks)];
+            pattern.fill(&mut buf);
+            if tx.send(Bytes::from(buf)).await.is_err() {
+                return Err(format!("request body closed after {sent} bytes"));
+            }
+            sent += chunk_len(chunks);
+            chunks += 1;
+            last_write = Instant::now();
+            if finishing {
+                break;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                _ = &mut finish => finishing = true,
+            }
+        }
+        Ok((sent, chunks, last_write))
+    });
+    let req = Request::post(format!("http://upstream{path}"))
+        .header("content-type", "application/grpc")
+        .body(ChannelBody(rx).boxed())
+        .unwrap();
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| format!("{path}: {e:?}"))?;
+    let status = resp.status();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("{path}: response body: {e}"))?
+        .to_bytes();
+    let (sent, chunks, last_write) = writer.await.map_err(|e| e.to_string())??;
+    if status != 200 {
+        return Err(format!("{path}: status {status}"));
+    }
+    let mut want = Vec::with_capacity(sent);
+    let mut pattern = Pattern::new(seed);
+    for i in 0..chunks {
+        let mut buf = vec![0u8; chunk_len(i)];
+        pattern.fill(&mut buf);
+        want.extend_from_slice(&buf);
+    }
+    if body[..] != want[..] {
+        let at = body.iter().zip(&want).position(|(a, b)| a != b);
+        return Err(format!(
+            "{path}: echoed {} of {} bytes, first difference at {at:?}",
+            body.len(),
+            want.len()
+        ));
+    }
+    Ok(StreamDone {
+        bytes: body.len(),
+        last_write,
+    })
+}
+
+async fn wait_exit(s: &mut Sidecar, within: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if let Ok(Some(st)) = s.child.try_wait() {
+            return Some(st);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    None
+}
+
+async fn metrics(world: &World) -> String {
+    for _ in 0..50 {
+        if let Ok((200, body)) = admin_get(world.admin, "/metrics").await {
+            return body;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no /metrics answer");
+}
+
+const DRAINED: &str = "baton_sidecar_handoff_connections_total{outcome=\"drained\"";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_streams_open_across_consecutive_handoffs_finish_on_the_old_process_and_no_call_fails()
+ {
+    let rounds = knob("BATON_H2_HANDOFF_ROUNDS", 8);
+    let world = World::new_with_tls().await;
+    let (tls_addr, ca) = world.tls.clone().expect("a world with TLS");
+    let h2c = Dial::H2c(world.http);
+    let tls = Dial::Tls(tls_addr, tls_client_config(ca));
+    let mut current = world.spawn(&[]);
+    world.wait_ready(Duration::from_secs(20)).await;
+
+    let counts = Arc::new(Counts::default());
+    let (stop, stop_rx) = watch::channel(false);
+    let clients: Vec<_> = [h2c.clone(), h2c.clone(), tls.clone(), tls.clone()]
+        .into_iter()
+        .enumerate()
+        .map(|(c, d)| tokio::spawn(unary_client(d, c, counts.clone(), stop_rx.clone())))
+        .collect();
+
+    let mut streamed = 0usize;
+    for round in 1..=rounds {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The long calls, one per protocol, each on its own connection.
+        let mut streams = Vec::new();
+        for (k, dial) in [&h2c, &tls].into_iter().enumerate() {
+            let path = format!("{ECHO_BODY_PREFIX}{}/{round}", dial.name());
+            let (port_tx, port_rx) = oneshot::channel();
+            let (finish_tx, finish_rx) = oneshot::channel();
+            let task = tokio::spawn(streaming_call(
+                dial.clone(),
+                path.clone(),
+                (round * 2 + k) as u64,
+                port_tx,
+                finish_rx,
+            ));
+            let port = tokio::time::timeout(EXCHANGE_TIMEOUT, port_rx)
+                .await
+                .ok()
+                .and_then(Result::ok);
+            let Some(port) = port else {
+                panic!(
+                    "round {round}: {path}: no connection: {:?}",
+                    task.await.map(|r| r.err())
+                );
+            };
+            streams.push((dial.addr(), path, port, finish_tx, task));
+        }
+        // Open when the handoff starts: the upstream has their heads.
+        let deadline = Instant::now() + EXCHANGE_TIMEOUT;
+        while !streams.iter().all(|(_, p, ..)| {
+            world
+                .upstream
+                .served
+                .lock()
+                .unwrap()
+                .contains_key(p.as_str())
+        }) {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: the upstream never saw the streaming calls"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let next = world.spawn(&[]);
+        let (old_pid, new_pid) = (current.pid(), next.pid());
+        world.wait_complete(new_pid, Duration::from_secs(20)).await;
+        let completed = Instant::now();
+        // The new process serves; the streams go on where they started.
+        for (addr, path, port, ..) in &streams {
+            let holders: Vec<u32> = socket_holders(*addr, *port)
+                .into_iter()
+                .map(|(p, _)| p)
+                .collect();
+            assert!(
+                holders.contains(&old_pid) && !holders.contains(&new_pid),
+                "round {round}: {path}: its connection is held by {holders:?}, \
+                 not by the old process {old_pid} alone (new: {new_pid})"
+            );
+        }
+        // Seconds more of streaming after the takeover.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        for (_, path, _, finish, task) in streams {
+            let _ = finish.send(());
+            let done = tokio::time::timeout(EXCHANGE_TIMEOUT * 2, task)
+                .await
+                .unwrap_or_else(|_| panic!("round {round}: {path}: no end\n{}", world.logs()))
+                .unwrap();
+            let done = done.unwrap_or_else(|e| {
+                panic!(
+                    "round {round}: {e}\n{}",
+                    world.log_tails_of(&[old_pid, new_pid])
+                )
+            });
+            assert!(
+                done.last_write > completed,
+                "round {round}: {path} was not sending after the handoff"
+            );
+            streamed += done.bytes;
+        }
+        // Nothing left in flight: the old process ends by itself.
+        let exit = wait_exit(&mut current, Duration::from_secs(20)).await;
+        assert!(
+            exit.is_some_and(|s| s.success()),
+            "round {round}: old process did not exit cleanly: {exit:?}\n{}",
+            current.log_tail()
+        );
+        current = next;
+    }
+
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let _ = stop.send(true);
+    for c in clients {
+        tokio::time::timeout(EXCHANGE_TIMEOUT * 6, c)
+            .await
+            .expect("a unary client finishes")
+            .unwrap();
+    }
+    let failures = counts.failures.lock().unwrap().clone();
+    assert!(
+        failures.is_empty(),
+        "{} failed calls: {failures:#?}\n{}",
+        failures.len(),
+        world.log_tails_of(&[current.pid()])
+    );
+    let dups = world.upstream.duplicates();
+    assert!(dups.is_empty(), "calls processed twice: {dups:?}");
+    let ok = counts.ok.load(Ordering::Relaxed);
+    assert!(ok > rounds as u64 * 10, "too few unary calls: {ok}");
+    // Every HTTP/2 connection on an old process was drained with GOAWAY and
+    // counted there (the counters carry to the last process): at least the
+    // two streaming connections of each round.
+    let m = metrics(&world).await;
+    let drained = metric_sum(&m, DRAINED);
+    assert!(
+        drained >= 2 * rounds as u64,
+        "{drained} drained connections counted in {rounds} handoffs:\n{m}"
+    );
+    eprintln!(
+        "{rounds} handoffs: {ok} unary calls ({} re-sent after GOAWAY, {} connections), \
+         {streamed} streamed bytes checked in {} streaming calls, {drained} connections drained",
+        counts.resent.load(Ordering::Relaxed),
+        counts.connections.load(Ordering::Relaxed),
+        2 * rounds
+    );
+}
