@@ -47,8 +47,53 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send + 'static> Lingering<I> {
 impl<I: AsyncRead + AsyncWrite + Unpin + Send + 'static> Drop for Lingering<I> {
     fn drop(&mut self) {
         if let (Some(io), Ok(runtime)) = (self.io.take(), tokio::runtime::Handle::try_current()) {
-            runtime.spawn(linger(io));
+            // Counted before the connection leaves the registry (its guard
+            // is dropped after this), so a drain never sees a gap.
+            let lingering = InFlight::new();
+            runtime.spawn(async move {
+                linger(io).await;
+                drop(lingering);
+            });
         }
+    }
+}
+
+/// Lingering closes still running in this process. A process that exits
+/// (its drain done) while one runs closes that socket with the peer's
+/// bytes unread: the reset the lingering close exists to avoid, which also
+/// cuts a response the kernel has not sent yet. Seen as a TLS streaming
+/// call's body cut when an old sidecar stopped after a handoff.
+static IN_FLIGHT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static SETTLED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+struct InFlight;
+
+impl InFlight {
+    fn new() -> Self {
+        IN_FLIGHT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        InFlight
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if IN_FLIGHT.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+            SETTLED.notify_waiters();
+        }
+    }
+}
+
+/// Resolves once no lingering close runs in this process (each is bounded
+/// by [`LINGER_TIMEOUT`]); the drain waits for it before stopping.
+pub async fn settled() {
+    loop {
+        let notified = SETTLED.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if IN_FLIGHT.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            return;
+        }
+        notified.await;
     }
 }
 
@@ -114,6 +159,28 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send + 'static> AsyncWrite for Lingerin
 mod tests {
     use super::*;
     use tokio::net::{TcpListener, TcpStream};
+
+    /// A drain waits for the lingering closes it started: `settled` does
+    /// not resolve while the peer keeps the connection open, and does once
+    /// it closes.
+    #[tokio::test]
+    async fn settled_waits_for_a_running_lingering_close() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        drop(Lingering::new(server));
+        // The peer has not closed: the lingering close is still reading.
+        let waited = tokio::time::timeout(Duration::from_millis(300), settled()).await;
+        assert!(waited.is_err(), "settled while a lingering close ran");
+        drop(client);
+        // Other tests' lingering closes may run too: each ends within
+        // LINGER_TIMEOUT.
+        tokio::time::timeout(LINGER_TIMEOUT * 5, settled())
+            .await
+            .expect("settled once the peer closed");
+    }
 
     /// The peer sent bytes the server never read, then the server writes
     /// its last words and drops the connection: the peer must read every

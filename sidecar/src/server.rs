@@ -392,7 +392,8 @@ impl Running {
         if lc.current() < Phase::Draining {
             lc.set(Phase::Draining);
         }
-        let _ = tokio::time::timeout(grace, self.shared.registry.wait_empty()).await;
+        let deadline = tokio::time::Instant::now() + grace;
+        let _ = tokio::time::timeout_at(deadline, self.shared.registry.wait_empty()).await;
         let left = self.shared.registry.len();
         if left > 0 {
             tracing::warn!(
@@ -400,6 +401,9 @@ impl Running {
                 "grace period over; closing remaining connections"
             );
         }
+        // Connections that ended with a lingering close (drained HTTP/2)
+        // finish it before the process stops, within the same grace.
+        let _ = tokio::time::timeout_at(deadline, crate::linger::settled()).await;
         self.stop().await;
     }
 
