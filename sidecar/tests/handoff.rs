@@ -10,35 +10,9 @@ use crate::handoff_support;
 
 use std::time::{Duration, Instant};
 
-use handoff_support::{Load, LoadShape, Sidecar, World, admin_get, connect, get, metric_sum};
-
-fn knob(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-async fn wait_exit(s: &mut Sidecar, within: Duration) -> Option<std::process::ExitStatus> {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if let Ok(Some(st)) = s.child.try_wait() {
-            return Some(st);
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    None
-}
-
-async fn metrics(world: &World) -> String {
-    for _ in 0..50 {
-        if let Ok((200, body)) = admin_get(world.admin, "/metrics").await {
-            return body;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("no /metrics answer");
-}
+use handoff_support::{
+    Load, LoadShape, World, admin_get, connect, get, knob, metric_sum, metrics, wait_exit,
+};
 
 /// Waits until the admin port reports `phase` as the current one.
 async fn wait_phase(world: &World, phase: &str, within: Duration) {

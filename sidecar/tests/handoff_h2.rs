@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use handoff_support::{
-    ECHO_BODY_PREFIX, EXCHANGE_TIMEOUT, Pattern, Sidecar, World, admin_get, metric_sum,
-    socket_holders,
+    ECHO_BODY_PREFIX, EXCHANGE_TIMEOUT, Pattern, World, knob, metric_sum, metrics, socket_holders,
+    wait_exit,
 };
 use http::Request;
 use http_body::Frame;
@@ -39,13 +39,6 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch};
 
 type Body = BoxBody<Bytes, Infallible>;
-
-fn knob(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// A request body fed chunk by chunk from a channel; ends when the sender
 /// is dropped.
@@ -331,27 +324,6 @@ async fn streaming_call(
         bytes: body.len(),
         last_write,
     })
-}
-
-async fn wait_exit(s: &mut Sidecar, within: Duration) -> Option<std::process::ExitStatus> {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if let Ok(Some(st)) = s.child.try_wait() {
-            return Some(st);
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    None
-}
-
-async fn metrics(world: &World) -> String {
-    for _ in 0..50 {
-        if let Ok((200, body)) = admin_get(world.admin, "/metrics").await {
-            return body;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("no /metrics answer");
 }
 
 const DRAINED: &str = "baton_sidecar_handoff_connections_total{outcome=\"drained\"";

@@ -1429,3 +1429,35 @@ async fn keepalive_get(
         .to_bytes();
     Ok((status, body))
 }
+
+/// A test knob from the environment (longer soak runs), else `default`.
+pub fn knob(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Waits up to `within` for the sidecar process to exit.
+pub async fn wait_exit(s: &mut Sidecar, within: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if let Ok(Some(st)) = s.child.try_wait() {
+            return Some(st);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    None
+}
+
+/// The world's `/metrics` text, retried briefly while a handoff swaps the
+/// admin socket's owner.
+pub async fn metrics(world: &World) -> String {
+    for _ in 0..50 {
+        if let Ok((200, body)) = admin_get(world.admin, "/metrics").await {
+            return body;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no /metrics answer");
+}
