@@ -94,6 +94,11 @@ pub struct ControlArgs {
     /// CA bundle that authenticates the operator.
     #[arg(long = "control-plane-ca", env = contract::env::CONTROL_PLANE_CA)]
     pub ca_bundle: Option<PathBuf>,
+    /// The newest trust bundle the Pod's sidecars learned from the identity
+    /// service, trusted together with `--control-plane-ca` (injected slots:
+    /// on the shared volume).
+    #[arg(long = "trust-state", env = contract::env::TRUST_STATE)]
+    pub trust_state: Option<PathBuf>,
     /// Projected ServiceAccount token (audience of the mesh); default: where
     /// the webhook mounts it.
     #[arg(long = "control-plane-token")]
@@ -136,6 +141,7 @@ impl ControlArgs {
             address: format!("{host}:{}", self.port),
             server_name: self.server_name.clone(),
             ca_bundle,
+            trust_state: self.trust_state.clone(),
             token_path: self.token_path.clone().unwrap_or_else(|| {
                 std::path::Path::new(contract::volumes::TOKEN_MOUNT_PATH)
                     .join(contract::volumes::TOKEN_FILE)
