@@ -28,7 +28,8 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the proxy (standalone with --config, or quick mode with --listen/--upstream).
-    Run(RunArgs),
+    /// Boxed: its flags outweigh every other subcommand's many times.
+    Run(Box<RunArgs>),
     /// Program iptables for transparent capture (init container).
     Init(InitArgs),
     /// Validate a config file and exit.
@@ -279,7 +280,7 @@ pub fn init_tracing() -> Option<crate::admin::LogLevelHook> {
 /// Run a parsed command to completion (blocking).
 pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
-        Command::Run(args) => run_proxy(args),
+        Command::Run(args) => run_proxy(*args),
         Command::Init(args) => run_init(args),
         Command::Validate { config } => {
             let snap = load_file(&config)?;
