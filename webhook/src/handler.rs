@@ -253,11 +253,12 @@ impl Admission {
         let Some(client) = self.client.as_ref() else {
             return first;
         };
-        let result = if stale_namespace || no_release {
-            self.reread(client, &mut snapshot, namespace, no_release)
-                .await
-                .then(|| inject::mutate(pod, &snapshot.cluster_view(), &self.config))
-                .unwrap_or(first)
+        let reread = (stale_namespace || no_release)
+            && self
+                .reread(client, &mut snapshot, namespace, no_release)
+                .await;
+        let result = if reread {
+            inject::mutate(pod, &snapshot.cluster_view(), &self.config)
         } else {
             first
         };
