@@ -75,6 +75,13 @@ pub mod annotations {
     /// The last failed hot upgrade (JSON: `version`, `reason`, `at`). A pod
     /// is not tried again for that version; removing the annotation retries.
     pub const UPGRADE_FAILED: &str = "baton.dev/upgrade-failed";
+    /// The mesh trust bundle (PEM, public certificates only) the webhook
+    /// copied from [`super::identity::TRUST_CONFIG_MAP`] in the operator's
+    /// namespace when it admitted the pod; a downwardAPI volume shows it to
+    /// both sidecar slots as [`super::volumes::TRUST_BUNDLE_PATH`] (Linkerd
+    /// injects its trust anchors the same way). Later bundles reach the
+    /// sidecar with its certificates (decision 0058).
+    pub const TRUST_BUNDLE: &str = "baton.dev/trust-bundle";
     /// The last completed hot upgrade (JSON: `version`, `slot`,
     /// `fromVersion`, `startedAt`, `finishedAt` in unix seconds,
     /// `durationMs` as the new sidecar measured the takeover), written in
@@ -124,13 +131,19 @@ pub mod volumes {
     /// Audience of the projected token, checked by the identity service.
     pub const TOKEN_AUDIENCE: &str = "identity.baton.dev";
     pub const TOKEN_EXPIRATION_SECONDS: i64 = 86_400;
-    /// The mesh trust bundle: ConfigMap [`super::identity::TRUST_CONFIG_MAP`]
-    /// of the Pod's namespace (the operator publishes it), mounted
-    /// `optional` so a Pod admitted before it exists still starts.
+    /// The mesh trust bundle as of the Pod's admission: a downwardAPI
+    /// volume of the Pod's own annotation
+    /// [`super::annotations::TRUST_BUNDLE`] (the webhook copies it from
+    /// [`super::identity::TRUST_CONFIG_MAP`] in the operator's namespace).
     pub const TRUST: &str = "baton-trust";
     pub const TRUST_MOUNT_PATH: &str = "/var/run/secrets/baton.dev/trust";
     /// The bundle file in that mount (PEM, public certificates only).
     pub const TRUST_BUNDLE_PATH: &str = "/var/run/secrets/baton.dev/trust/ca.crt";
+    /// The newest trust bundle a sidecar of the Pod learned from the
+    /// identity service, kept on the shared volume so a restarted or newly
+    /// started slot (hot upgrade) trusts it too: the admission-time bundle
+    /// may predate a root rotation. Sidecars trust the union of both.
+    pub const TRUST_STATE_FILE: &str = "/var/run/baton/trust-bundle.pem";
     /// The `kubernetes.io/tls` Secret a TlsPolicy with `certificate.source:
     /// Secret` names, mounted into both slots of the Pods it selects when
     /// they are admitted. The kubelet reads it with the Pod's authority and
@@ -192,6 +205,9 @@ pub mod env {
     pub const CONFIG_PUSH: &str = "BATON_CONFIG_PUSH";
     /// CA bundle (path) that authenticates the control plane.
     pub const CONTROL_PLANE_CA: &str = "BATON_CONTROL_PLANE_CA";
+    /// Where the sidecar keeps the newest trust bundle it learned
+    /// (`volumes::TRUST_STATE_FILE` on injected pods; unset: kept nowhere).
+    pub const TRUST_STATE: &str = "BATON_TRUST_STATE";
     /// Path of a standalone YAML config (overrides the operator stream).
     pub const CONFIG: &str = "BATON_CONFIG";
     pub const LOG: &str = "BATON_LOG";
@@ -277,6 +293,9 @@ pub mod webhook {
     pub const EVENT_REASON_NO_RELEASE: &str = "NoSidecarRelease";
     /// Event reason when QAT offload is Required but no device is free.
     pub const EVENT_REASON_OFFLOAD_DENIED: &str = "OffloadUnavailable";
+    /// Event reason when an opted-in pod is refused because the operator
+    /// has not published the mesh trust bundle yet.
+    pub const EVENT_REASON_NO_TRUST_BUNDLE: &str = "NoMeshTrustBundle";
 }
 
 pub mod identity {
@@ -295,9 +314,11 @@ pub mod identity {
     pub const CA_SECRET: &str = "baton-identity-ca";
     /// Trust domain of workload identities unless configured otherwise.
     pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
-    /// ConfigMap the operator keeps in every namespace with the mesh trust
-    /// bundle (public certificates only), like Istio's
-    /// `istio-ca-root-cert`; injected sidecars mount it.
+    /// ConfigMap the operator keeps in its own namespace with the mesh
+    /// trust bundle (public certificates only) and the root rotation phase;
+    /// the webhook copies the bundle into each Pod it injects (annotation
+    /// [`super::annotations::TRUST_BUNDLE`], decision 0058). Operators
+    /// before that decision also wrote it into every namespace.
     pub const TRUST_CONFIG_MAP: &str = "baton-mesh-trust";
     /// Key of the bundle in that ConfigMap (and file name in the mount).
     pub const TRUST_KEY: &str = "ca.crt";

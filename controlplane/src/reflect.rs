@@ -28,8 +28,24 @@ pub fn spawn<K>(
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
+    spawn_with(api, watcher::Config::default(), trim, on_change, stop)
+}
+
+/// [`spawn`] with a watcher config of its own: a field selector
+/// `metadata.name=<name>` makes a list and watch of one object, which RBAC
+/// can then grant by `resourceNames`.
+pub fn spawn_with<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    trim: fn(&mut K),
+    on_change: impl Fn() + Send + 'static,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> Store<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
     let (reader, writer) = reflector::store();
-    let stream = watcher(api, watcher::Config::default())
+    let stream = watcher(api, config)
         .default_backoff()
         .map_ok(move |ev| ev.modify(trim));
     let stream = reflector::reflector(writer, stream);

@@ -347,7 +347,8 @@ fn no_role_uses_wildcards_or_reads_secrets_cluster_wide() {
         ("Role", "baton-operator-leader-election"),
         ("Role", "baton-webhook-ca"),
         ("Role", "baton-operator-identity-ca"),
-        ("Role", "baton-operator-push-tally"),
+        ("Role", "baton-operator-configmaps"),
+        ("Role", "baton-webhook-trust-bundle"),
     ] {
         for r in rules_of(kind, name) {
             let all = r
@@ -476,15 +477,62 @@ fn the_operator_reviews_tokens_and_reads_only_its_own_identity_ca_secret() {
     }
 }
 
+const CONFIGMAP_VERBS: [&str; 8] = [
+    "get",
+    "list",
+    "watch",
+    "create",
+    "patch",
+    "update",
+    "delete",
+    "deletecollection",
+];
+
+/// Decision 0058: the trust bundle is copied into each Pod by the webhook,
+/// so no account needs ConfigMaps outside baton-system.
+#[test]
+fn no_cluster_role_grants_any_configmap_verb() {
+    let cluster_roles: Vec<ClusterRole> = install_set()
+        .into_iter()
+        .filter(|d| d["kind"] == "ClusterRole")
+        .map(|d| serde_json::from_value(d).unwrap())
+        .collect();
+    assert!(cluster_roles.len() >= 2, "the operator's and the webhook's");
+    for cr in &cluster_roles {
+        let rules = cr.rules.clone().unwrap_or_default();
+        for verb in CONFIGMAP_VERBS {
+            assert!(
+                grants(&rules, "", "configmaps", verb).is_empty(),
+                "ClusterRole {:?} grants {verb} on configmaps",
+                cr.metadata.name
+            );
+        }
+    }
+}
+
+#[test]
+fn the_webhook_reads_the_trust_bundle_configmap_by_name_only() {
+    let role = rules_of("Role", "baton-webhook-trust-bundle");
+    let by_name = vec![Some(vec![contract::identity::TRUST_CONFIG_MAP.to_string()])];
+    for verb in ["get", "list", "watch"] {
+        assert_eq!(grants(&role, "", "configmaps", verb), by_name, "{verb}");
+    }
+    for verb in ["create", "patch", "update", "delete"] {
+        assert!(grants(&role, "", "configmaps", verb).is_empty(), "{verb}");
+    }
+}
+
 #[test]
 fn the_leader_lists_push_tallies_in_its_own_namespace_only() {
-    let role = rules_of("Role", "baton-operator-push-tally");
+    let role = rules_of("Role", "baton-operator-configmaps");
     assert_eq!(grants(&role, "", "configmaps", "list"), vec![None]);
+    // Push tallies and the trust bundle, by server-side apply.
+    for verb in ["create", "patch"] {
+        assert_eq!(grants(&role, "", "configmaps", verb), vec![None], "{verb}");
+    }
     for verb in ["get", "watch", "delete", "update"] {
         assert!(grants(&role, "", "configmaps", verb).is_empty(), "{verb}");
     }
-    let cr = rules_of("ClusterRole", "baton-operator");
-    assert!(grants(&cr, "", "configmaps", "list").is_empty());
     let env: Vec<String> = deployment("baton-operator")
         .spec
         .unwrap()

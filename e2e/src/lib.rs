@@ -26,6 +26,7 @@ pub mod meshed;
 pub mod netns;
 pub mod ns;
 pub mod pods;
+pub mod rbac;
 pub mod rollout;
 pub mod traffic;
 pub mod wait;

@@ -2252,6 +2252,87 @@ get() { kubectl -n $NS get secret $S -o jsonpath="{.data.$1}" | base64 -d; }
     stdout
 }
 
+/// Decision 0058: the scene's Pods were admitted before the rotation, so
+/// the bundle the webhook copied into them names the old root only, and
+/// the operator now serves a certificate of the new one. Replacing the
+/// operator's Pods makes every config stream reconnect: each must verify
+/// the new operator with the bundle its sidecar kept on the Pod's shared
+/// volume (no sidecar restarts; the caller checks that).
+async fn reconnect_with_the_kept_bundle(s: &IdScene, dir: &std::path::Path) {
+    let old_root = std::fs::read_to_string(dir.join("old-root.crt")).expect("old-root.crt");
+    let new_root = std::fs::read_to_string(dir.join("new-root.crt")).expect("new-root.crt");
+    let pods = Api::<Pod>::namespaced(s.client.clone(), &s.ns)
+        .list(&kube::api::ListParams::default().labels(baton_crds::contract::labels::INJECTED))
+        .await
+        .expect("list pods");
+    assert!(pods.items.len() >= 2, "the scene's meshed Pods");
+    for p in &pods.items {
+        let injected = p
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(baton_crds::contract::annotations::TRUST_BUNDLE))
+            .unwrap_or_else(|| panic!("{:?} carries no trust bundle", p.metadata.name));
+        assert!(
+            injected.contains(old_root.trim()),
+            "admitted with the old root"
+        );
+        assert!(
+            !injected.contains(new_root.trim()),
+            "the injected bundle predates the new root"
+        );
+    }
+    let sidecars = [s.server_pod, s.client_pod];
+    let reconnects = |ip| {
+        sidecar_metric(ip, |l| {
+            l.starts_with("baton_sidecar_control_stream_reconnects_total")
+        })
+    };
+    let mut before = Vec::new();
+    for ip in sidecars {
+        before.push(reconnects(ip).await);
+    }
+    kubectl_ok(&[
+        "-n",
+        baton_crds::contract::SYSTEM_NAMESPACE,
+        "rollout",
+        "restart",
+        "deployment/baton-operator",
+    ]);
+    kubectl_ok(&[
+        "-n",
+        baton_crds::contract::SYSTEM_NAMESPACE,
+        "rollout",
+        "status",
+        "deployment/baton-operator",
+        "--timeout=180s",
+    ]);
+    baton::wait_whole(&s.client, "operator", READY)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Bounded: 90 polls, 2 s apart.
+    let mut last = String::new();
+    for _ in 0..90 {
+        let mut all = true;
+        last.clear();
+        for (ip, b) in sidecars.iter().zip(&before) {
+            let r = reconnects(*ip).await;
+            let up = sidecar_metric(*ip, |l| {
+                l.starts_with("baton_sidecar_control_stream_connected")
+            })
+            .await;
+            last.push_str(&format!("{ip}: reconnects {b} -> {r}, connected {up}; "));
+            all &= r > *b && up == 1.0;
+        }
+        if all {
+            eprintln!("config streams back on the new operator: {last}");
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    panic!("config streams did not reconnect to the operator of the new root: {last}");
+}
+
 #[tokio::test]
 #[ignore = "needs the e2e cluster (e2e/run.sh)"]
 async fn identity_root_rotation_by_the_runbook_under_strict_mtls_traffic_fails_nothing_and_restarts_nothing()
@@ -2365,6 +2446,7 @@ kubectl -n $NS wait configmap/baton-mesh-trust --timeout=3m \
                 "get 'tls\\.crt' | openssl x509 -noout -subject",
             );
             assert!(issuer.contains("baton-identity-root-2"), "{issuer}");
+            reconnect_with_the_kept_bundle(&s, dir).await;
             let report = load.finish().await;
             eprintln!("rotation: notAfter after step 2 {e2:?}, after step 4 {e4:?}");
             no_failures("root rotation", &report);

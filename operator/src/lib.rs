@@ -462,7 +462,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             }
         }
     };
-    // Only the leader publishes the trust bundle to every namespace.
+    // Only the leader publishes the trust bundle, in its own namespace
+    // (the webhook copies it into each Pod: decision 0058).
     let trust_publisher = {
         let (client, enabled) = (ctx.client.clone(), args.mesh_identity.enabled);
         let (namespace, secret) = (args.namespace.clone(), args.mesh_identity.ca_secret.clone());

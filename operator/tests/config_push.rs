@@ -236,6 +236,7 @@ fn start_sidecar_linked(
         address: op.addr.to_string(),
         server_name: SERVER_NAME.into(),
         ca_bundle: op.dir.path().join("ca.pem"),
+        trust_state: None,
         token_path,
         pod: format!("shop/{pod}"),
         min_backoff: Duration::from_millis(50),

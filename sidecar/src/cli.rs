@@ -28,7 +28,8 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the proxy (standalone with --config, or quick mode with --listen/--upstream).
-    Run(RunArgs),
+    /// Boxed: its flags outweigh every other subcommand's many times.
+    Run(Box<RunArgs>),
     /// Program iptables for transparent capture (init container).
     Init(InitArgs),
     /// Validate a config file and exit.
@@ -94,6 +95,11 @@ pub struct ControlArgs {
     /// CA bundle that authenticates the operator.
     #[arg(long = "control-plane-ca", env = contract::env::CONTROL_PLANE_CA)]
     pub ca_bundle: Option<PathBuf>,
+    /// The newest trust bundle the Pod's sidecars learned from the identity
+    /// service, trusted together with `--control-plane-ca` (injected slots:
+    /// on the shared volume).
+    #[arg(long = "trust-state", env = contract::env::TRUST_STATE)]
+    pub trust_state: Option<PathBuf>,
     /// Projected ServiceAccount token (audience of the mesh); default: where
     /// the webhook mounts it.
     #[arg(long = "control-plane-token")]
@@ -136,6 +142,7 @@ impl ControlArgs {
             address: format!("{host}:{}", self.port),
             server_name: self.server_name.clone(),
             ca_bundle,
+            trust_state: self.trust_state.clone(),
             token_path: self.token_path.clone().unwrap_or_else(|| {
                 std::path::Path::new(contract::volumes::TOKEN_MOUNT_PATH)
                     .join(contract::volumes::TOKEN_FILE)
@@ -273,7 +280,7 @@ pub fn init_tracing() -> Option<crate::admin::LogLevelHook> {
 /// Run a parsed command to completion (blocking).
 pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
-        Command::Run(args) => run_proxy(args),
+        Command::Run(args) => run_proxy(*args),
         Command::Init(args) => run_init(args),
         Command::Validate { config } => {
             let snap = load_file(&config)?;

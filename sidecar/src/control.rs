@@ -23,7 +23,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::Frame;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls_pki_types::{CertificateDer, ServerName, pem::PemObject};
+use rustls_pki_types::ServerName;
 use tokio::sync::{mpsc, watch};
 
 use crate::config::store::ConfigStore;
@@ -37,8 +37,13 @@ pub struct ControlConfig {
     pub address: String,
     /// Name the operator's certificate must carry (the Service's DNS name).
     pub server_name: String,
-    /// PEM bundle of the CA that signs the operator's serving certificate.
+    /// PEM bundle of the CA that signs the operator's serving certificate
+    /// (on injected Pods: the mesh trust bundle as of admission).
     pub ca_bundle: PathBuf,
+    /// The newest mesh trust bundle the Pod's sidecars learned, trusted
+    /// together with `ca_bundle` and re-read on every connect
+    /// ([`crate::tls::trust_state`]).
+    pub trust_state: Option<PathBuf>,
     /// Projected ServiceAccount token, re-read on every connect (kubelet
     /// rotates it).
     pub token_path: PathBuf,
@@ -57,8 +62,8 @@ pub enum StreamError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("CA bundle {0} holds no certificate")]
-    NoCa(PathBuf),
+    #[error("trust bundle: {0}")]
+    Trust(#[from] crate::tls::trust_state::TrustError),
     #[error("invalid server name {0:?}")]
     ServerName(String),
     #[error("tls: {0}")]
@@ -153,18 +158,13 @@ fn jittered(d: Duration) -> Duration {
 }
 
 fn tls_connector(cfg: &ControlConfig) -> Result<tokio_rustls::TlsConnector, StreamError> {
-    let pem = std::fs::read(&cfg.ca_bundle).map_err(|source| StreamError::Read {
-        path: cfg.ca_bundle.clone(),
-        source,
-    })?;
+    // Both files are re-read on every connect: the kept one changes when
+    // the identity service sends a new bundle (a root rotation).
     let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(&pem).flatten() {
+    for cert in crate::tls::trust_state::roots(&cfg.ca_bundle, cfg.trust_state.as_deref())? {
         roots
             .add(cert)
             .map_err(|e| StreamError::Tls(e.to_string()))?;
-    }
-    if roots.is_empty() {
-        return Err(StreamError::NoCa(cfg.ca_bundle.clone()));
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ClientConfig::builder_with_provider(provider)

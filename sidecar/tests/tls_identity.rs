@@ -368,3 +368,78 @@ tls:
     assert_eq!(&back, b"ping");
     app_task.abort();
 }
+
+/// Decision 0058: every bundle the identity service sends is kept on the
+/// Pod's shared volume, and a process started later (a restarted slot, the
+/// next process of a hot upgrade) trusts it together with the bundle
+/// injected at admission — which, after a root rotation, no longer names
+/// the root the endpoint's certificate chains to.
+#[tokio::test]
+async fn the_kept_bundle_lets_a_new_process_reach_an_endpoint_its_injected_bundle_does_not_verify()
+{
+    use baton_sidecar::tls::identity_client::IdentityClient;
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "t0k3n").unwrap();
+    let kept = dir.path().join("trust-bundle.pem");
+
+    // 1. A process holding no certificate asks over plain HTTP and keeps
+    //    the bundle that came with its certificate.
+    let svc = IdentityService::start("t0k3n", 0, Duration::from_secs(60), None).await;
+    let client = IdentityClient::new(
+        &format!("http://{}/v1/sign", svc.addr),
+        None,
+        Some(token.clone()),
+        id("frontend"),
+        KeyType::EcdsaP256,
+    )
+    .unwrap()
+    .with_trust_state(Some(kept.clone()))
+    .unwrap();
+    client.issue().await.unwrap();
+    assert_eq!(std::fs::read_to_string(&kept).unwrap(), svc.pki.ca.pem());
+
+    // 2. The endpoint now serves a certificate of that root (issuance moved
+    //    to the new root); the injected bundle names only an older root.
+    let kp = key_pair(Key::P256);
+    let mut p = rcgen::CertificateParams::default();
+    p.subject_alt_names = vec![rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap())];
+    let serving = p.signed_by(&kp, &svc.pki.ca).unwrap();
+    let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![serving.der().clone()],
+        rustls_pki_types::PrivateKeyDer::Pkcs8(kp.serialize_der().into()),
+    )
+    .unwrap();
+    let https =
+        IdentityService::start("t0k3n", 0, Duration::from_secs(60), Some(Arc::new(cfg))).await;
+    let injected = dir.path().join("ca.crt");
+    std::fs::write(&injected, Pki::new("old-root").ca.pem()).unwrap();
+    let url = format!("https://127.0.0.1:{}/v1/sign", https.addr.port());
+    let fresh = |kept: Option<std::path::PathBuf>| {
+        IdentityClient::new(
+            &url,
+            Some(&injected),
+            Some(token.clone()),
+            id("frontend"),
+            KeyType::EcdsaP256,
+        )
+        .unwrap()
+        .with_trust_state(kept)
+        .unwrap()
+    };
+    let err = fresh(None).issue().await.unwrap_err();
+    assert!(
+        err.to_string().contains("UnknownIssuer")
+            || err.to_string().contains("invalid peer certificate"),
+        "{err}"
+    );
+    assert_eq!(https.requests.load(Ordering::SeqCst), 0);
+    fresh(Some(kept.clone())).issue().await.unwrap();
+    assert_eq!(https.requests.load(Ordering::SeqCst), 1);
+}

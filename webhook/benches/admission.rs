@@ -53,6 +53,16 @@ fn snapshot() -> Snapshot {
         namespace_labels: [(labels::INJECT.to_owned(), labels::INJECT_ENABLED.to_owned())].into(),
         releases: vec![Arc::new(release)],
         server_version: Some(ServerVersion::new(1, 20)),
+        // One root, the size of a real mesh bundle (copied into every Pod).
+        trust_bundle: Some(
+            baton_webhook::ca::generate_ca(
+                time::OffsetDateTime::now_utc(),
+                std::time::Duration::from_secs(86_400),
+            )
+            .unwrap()
+            .cert
+            .into(),
+        ),
         ..Snapshot::default()
     }
 }

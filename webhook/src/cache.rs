@@ -20,10 +20,13 @@ use std::{
 use arc_swap::ArcSwapOption;
 use baton_controlplane::reflect::{self, trim_managed_fields};
 use baton_crds::{AcceleratorPool, Route, SidecarRelease, TlsPolicy, tls_policy::OffloadMode};
-use k8s_openapi::api::core::v1::{Container, Namespace, Node, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Namespace, Node, Pod, PodSpec};
 use kube::{
     Api, Client, Resource,
-    runtime::reflector::{ObjectRef, Store},
+    runtime::{
+        reflector::{ObjectRef, Store},
+        watcher,
+    },
 };
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
@@ -52,6 +55,9 @@ pub struct Snapshot {
     /// [`ClusterState::pods`] returns (the reflector-backed snapshot leaves
     /// it empty, Pod admissions never read it).
     pub pods: Vec<PodPorts>,
+    /// The mesh trust bundle (PEM) of ConfigMap `baton-mesh-trust` in the
+    /// operator's namespace, copied into every injected Pod.
+    pub trust_bundle: Option<Arc<str>>,
 }
 
 impl Snapshot {
@@ -68,6 +74,7 @@ impl Snapshot {
             recent_grants: &self.recent_grants,
             grant_id: &self.grant_id,
             server_version: self.server_version.unwrap_or(ServerVersion::new(1, 0)),
+            trust_bundle: self.trust_bundle.as_deref(),
         }
     }
 
@@ -124,6 +131,9 @@ pub struct Caches {
     namespaces: Store<Namespace>,
     nodes: Store<Node>,
     pods: Store<Pod>,
+    /// ConfigMap `baton-mesh-trust` of the operator's namespace, alone.
+    trust: Store<ConfigMap>,
+    trust_namespace: String,
     synced: Arc<AtomicBool>,
     version: Arc<ArcSwapOption<ServerVersion>>,
 }
@@ -147,7 +157,9 @@ where
 
 impl Caches {
     /// Starts every reflector and the version poller; returns immediately.
-    pub fn start(client: Client, stop: CancellationToken) -> Self {
+    /// `trust_namespace`: the operator's, where it publishes the mesh
+    /// trust bundle.
+    pub fn start(client: Client, trust_namespace: &str, stop: CancellationToken) -> Self {
         let caches = Self {
             releases: spawn_reflector(
                 Api::all(client.clone()),
@@ -194,6 +206,18 @@ impl Caches {
                 stop.clone(),
             ),
             pods: spawn_reflector(Api::all(client.clone()), trim_pod, stop.clone()),
+            // One object by name (RBAC: get, list, watch on that name only).
+            trust: reflect::spawn_with(
+                Api::namespaced(client.clone(), trust_namespace),
+                watcher::Config::default().fields(&format!(
+                    "metadata.name={}",
+                    baton_crds::contract::identity::TRUST_CONFIG_MAP
+                )),
+                |c: &mut ConfigMap| trim_managed_fields(&mut c.metadata),
+                || {},
+                stop.clone().cancelled_owned(),
+            ),
+            trust_namespace: trust_namespace.to_owned(),
             synced: Arc::new(AtomicBool::new(false)),
             version: Arc::new(ArcSwapOption::empty()),
         };
@@ -208,6 +232,7 @@ impl Caches {
                 me.namespaces.wait_until_ready().await.ok();
                 me.nodes.wait_until_ready().await.ok();
                 me.pods.wait_until_ready().await.ok();
+                me.trust.wait_until_ready().await.ok();
             };
             tokio::select! {
                 () = stop2.cancelled() => {}
@@ -288,6 +313,14 @@ impl ClusterState for Caches {
             recent_grants: Vec::new(),
             grant_id: String::new(),
             pods: Vec::new(),
+            trust_bundle: self
+                .trust
+                .get(
+                    &ObjectRef::new(baton_crds::contract::identity::TRUST_CONFIG_MAP)
+                        .within(&self.trust_namespace),
+                )
+                .as_deref()
+                .and_then(trust_bundle),
         };
         (snapshot, known)
     }
@@ -303,6 +336,16 @@ impl ClusterState for Caches {
             .map(|p| PodPorts::of(p))
             .collect()
     }
+}
+
+/// The bundle of a `baton-mesh-trust` ConfigMap; `None` when it holds none
+/// (no certificate: nothing a sidecar could verify the operator with).
+pub fn trust_bundle(cm: &ConfigMap) -> Option<Arc<str>> {
+    cm.data
+        .as_ref()?
+        .get(baton_crds::contract::identity::TRUST_KEY)
+        .filter(|pem| pem.contains("-----BEGIN CERTIFICATE-----"))
+        .map(|pem| Arc::from(pem.as_str()))
 }
 
 /// Keeps of a cached Pod only what [`PodPorts`] reads: name, namespace,

@@ -18,9 +18,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use baton_crds::{SidecarRelease, contract::webhook as names};
+use baton_crds::{
+    SidecarRelease,
+    contract::{self, webhook as names},
+};
 use http::{Method, StatusCode};
-use k8s_openapi::api::core::v1::{Namespace, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference, Pod};
 use kube::{
     Api, Client,
     api::ListParams,
@@ -237,7 +240,9 @@ impl Admission {
     ///   suggests the cache lags a fresh label);
     /// - the SidecarReleases, if the pod opted in but none selects it (a
     ///   release applied a moment before its first pod must not refuse that
-    ///   pod; refusals are rare, so one consistent LIST costs little).
+    ///   pod; refusals are rare, so one consistent LIST costs little);
+    /// - the mesh trust bundle (ConfigMap `baton-mesh-trust` of the
+    ///   operator's namespace), if that is all the Pod is refused for.
     async fn decide(&self, pod: &Pod, namespace: &str, uid: &str) -> Result<Outcome, Denial> {
         let (mut snapshot, known) = self.state.snapshot(namespace);
         snapshot.recent_grants = self.grants.recent(Instant::now());
@@ -245,13 +250,51 @@ impl Admission {
         let first = inject::mutate(pod, &snapshot.cluster_view(), &self.config);
         let stale_namespace = !known || matches!(first, Ok(Outcome::Skipped(Skip::NotOptedIn)));
         let no_release = matches!(&first, Err(d) if d.reason == DenialReason::NoRelease);
-        let Some(client) = self
-            .client
-            .as_ref()
-            .filter(|_| stale_namespace || no_release)
-        else {
+        let Some(client) = self.client.as_ref() else {
             return first;
         };
+        let reread = (stale_namespace || no_release)
+            && self
+                .reread(client, &mut snapshot, namespace, no_release)
+                .await;
+        let result = if reread {
+            inject::mutate(pod, &snapshot.cluster_view(), &self.config)
+        } else {
+            first
+        };
+        if !matches!(&result, Err(d) if d.reason == DenialReason::NoTrustBundle) {
+            return result;
+        }
+        // Published a moment ago (a fresh install: the operator's first pass
+        // and the first Pods race), and the reflector has not delivered it.
+        match Api::<ConfigMap>::namespaced(client.clone(), &self.config.trust_namespace)
+            .get_opt(contract::identity::TRUST_CONFIG_MAP)
+            .await
+        {
+            Ok(cm) => match cm.as_ref().and_then(crate::cache::trust_bundle) {
+                Some(bundle) => {
+                    snapshot.trust_bundle = Some(bundle);
+                    inject::mutate(pod, &snapshot.cluster_view(), &self.config)
+                }
+                None => result,
+            },
+            Err(error) => {
+                tracing::warn!(%error, "live read of the mesh trust bundle failed; using the cache");
+                result
+            }
+        }
+    }
+
+    /// The live reads before deciding on what the cache may lag behind:
+    /// the namespace's labels, and with `releases` the SidecarReleases.
+    /// Whether anything differs from the cache.
+    async fn reread(
+        &self,
+        client: &Client,
+        snapshot: &mut crate::cache::Snapshot,
+        namespace: &str,
+        releases: bool,
+    ) -> bool {
         let mut changed = false;
         match Api::<Namespace>::all(client.clone())
             .get_opt(namespace)
@@ -269,7 +312,7 @@ impl Admission {
                 tracing::warn!(%error, namespace, "live namespace read failed; using the cache");
             }
         }
-        if no_release {
+        if releases {
             match Api::<SidecarRelease>::all(client.clone())
                 .list(&ListParams::default())
                 .await
@@ -288,10 +331,7 @@ impl Admission {
                 }
             }
         }
-        if !changed {
-            return first;
-        }
-        inject::mutate(pod, &snapshot.cluster_view(), &self.config)
+        changed
     }
 
     fn count_decision(&self, decision: &'static str) {
@@ -336,6 +376,7 @@ impl Admission {
             });
         let reason = match denial.reason {
             inject::DenialReason::OffloadUnavailable => names::EVENT_REASON_OFFLOAD_DENIED,
+            inject::DenialReason::NoTrustBundle => names::EVENT_REASON_NO_TRUST_BUNDLE,
             _ => names::EVENT_REASON_NO_RELEASE,
         };
         let event = Event {
@@ -462,6 +503,8 @@ mod tests {
     use super::*;
     use crate::{cache::Snapshot, inject::ServerVersion};
 
+    const BUNDLE: &str = "-----BEGIN CERTIFICATE-----\nMIIBroot\n-----END CERTIFICATE-----\n";
+
     /// A cache that does not know the namespace yet.
     struct Lagging(Snapshot);
 
@@ -541,6 +584,7 @@ mod tests {
         let snapshot = Snapshot {
             releases: vec![release(json!({}))],
             server_version: Some(ServerVersion::new(1, 20)),
+            trust_bundle: Some(BUNDLE.into()),
             ..Snapshot::default()
         };
         let (a, mut handle) = admission(Arc::new(Lagging(snapshot)));
@@ -607,6 +651,7 @@ mod tests {
             namespace_labels: [(labels::INJECT.to_owned(), labels::INJECT_ENABLED.to_owned())]
                 .into(),
             server_version: Some(ServerVersion::new(1, 20)),
+            trust_bundle: Some(BUNDLE.into()),
             ..Snapshot::default()
         };
         let (a, mut handle) = admission(Arc::new(crate::cache::StaticState(snapshot)));
@@ -628,6 +673,7 @@ mod tests {
                 .into(),
             releases: vec![release(json!({"matchLabels": {"app": "other"}}))],
             server_version: Some(ServerVersion::new(1, 20)),
+            trust_bundle: Some(BUNDLE.into()),
             ..Snapshot::default()
         };
         let (a, mut handle) = admission(Arc::new(crate::cache::StaticState(snapshot)));
@@ -666,6 +712,92 @@ mod tests {
         assert_eq!(body["type"], "Warning");
         assert_eq!(body["regarding"]["kind"], "ReplicaSet");
         assert_eq!(body["regarding"]["name"], "web-abc");
+        send.send_response(json_response(201, &body));
+    }
+
+    /// A cache that knows the namespace and the release, and no bundle.
+    fn without_bundle() -> Snapshot {
+        Snapshot {
+            namespace_labels: [(labels::INJECT.to_owned(), labels::INJECT_ENABLED.to_owned())]
+                .into(),
+            releases: vec![release(json!({}))],
+            server_version: Some(ServerVersion::new(1, 20)),
+            ..Snapshot::default()
+        }
+    }
+
+    /// Expects the live read of ConfigMap baton-system/baton-mesh-trust and
+    /// answers it with `answer` (404 when `None`).
+    async fn serve_trust_read(
+        handle: &mut tower_test::mock::Handle<Request<Body>, Response<Body>>,
+        answer: Option<&str>,
+    ) {
+        let (request, send) = handle.next_request().await.unwrap();
+        assert_eq!(request.method(), "GET");
+        assert_eq!(
+            request.uri().path(),
+            "/api/v1/namespaces/baton-system/configmaps/baton-mesh-trust"
+        );
+        match answer {
+            Some(bundle) => send.send_response(json_response(
+                200,
+                &json!({"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": "baton-mesh-trust", "namespace": "baton-system"},
+                        "data": {"ca.crt": bundle}}),
+            )),
+            None => send.send_response(json_response(
+                404,
+                &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "code": 404, "reason": "NotFound", "message": "not found"}),
+            )),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_trust_bundle_the_cache_has_not_seen_yet_is_read_live_and_injected() {
+        let (a, mut handle) = admission(Arc::new(crate::cache::StaticState(without_bundle())));
+        let server = tokio::spawn(async move { serve_trust_read(&mut handle, Some(BUNDLE)).await });
+        let out = post(
+            &a,
+            review(json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "app"}]}})),
+        )
+        .await;
+        server.await.unwrap();
+        assert_eq!(out["response"]["allowed"], true, "{out}");
+        let patch: k8s_openapi::ByteString =
+            serde_json::from_value(out["response"]["patch"].clone()).unwrap();
+        let patch = String::from_utf8(patch.0).unwrap();
+        assert!(patch.contains("baton.dev/trust-bundle"), "{patch}");
+        assert!(patch.contains("MIIBroot"), "{patch}");
+    }
+
+    #[tokio::test]
+    async fn without_a_trust_bundle_anywhere_an_opted_in_pod_is_refused_with_an_event() {
+        let (a, mut handle) = admission(Arc::new(crate::cache::StaticState(without_bundle())));
+        let server = tokio::spawn(async move {
+            serve_trust_read(&mut handle, None).await;
+            handle
+        });
+        let out = post(
+            &a,
+            review(json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "app"}]}})),
+        )
+        .await;
+        assert_eq!(out["response"]["allowed"], false, "{out}");
+        let message = out["response"]["status"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("has not published the mesh trust bundle yet (ConfigMap baton-system/baton-mesh-trust"),
+            "{message}"
+        );
+        let mut handle = server.await.unwrap();
+        let (request, send) =
+            tokio::time::timeout(std::time::Duration::from_secs(10), handle.next_request())
+                .await
+                .expect("an Event request")
+                .unwrap();
+        let body: serde_json::Value =
+            serde_json::from_slice(&request.into_body().collect_bytes().await.unwrap()).unwrap();
+        assert_eq!(body["reason"], names::EVENT_REASON_NO_TRUST_BUNDLE);
         send.send_response(json_response(201, &body));
     }
 

@@ -149,6 +149,7 @@ impl Args {
                 .unwrap_or_else(|| default_control_plane_address(&self.namespace)),
             config_push: self.config_push,
             trust_domain: self.trust_domain.clone(),
+            trust_namespace: self.namespace.clone(),
             ..InjectConfig::default()
         }
     }
@@ -272,7 +273,7 @@ pub async fn run(args: Args) -> Result<()> {
         }
     }
 
-    let caches = Caches::start(client.clone(), stop.clone());
+    let caches = Caches::start(client.clone(), &args.namespace, stop.clone());
     let state: Arc<dyn ClusterState> = Arc::new(caches);
     let admission = Arc::new(Admission::new(
         state.clone(),

@@ -41,6 +41,8 @@ impl Drop for Harness {
 }
 
 fn snapshot() -> Snapshot {
+    let mesh_root =
+        ca::generate_ca(OffsetDateTime::now_utc(), Duration::from_secs(86_400)).unwrap();
     let release = serde_json::from_value(json!({
         "apiVersion": "baton.dev/v1alpha1", "kind": "SidecarRelease",
         "metadata": {"name": "default"},
@@ -63,6 +65,8 @@ fn snapshot() -> Snapshot {
             labels: [("app".to_owned(), "web".to_owned())].into(),
             port_names: ["http".to_owned(), "metrics".to_owned()].into(),
         }],
+        // The operator's published mesh roots, copied into every injected Pod.
+        trust_bundle: Some(mesh_root.bundle.into()),
         ..Snapshot::default()
     }
 }

@@ -1,7 +1,7 @@
 //! Verdicts on certificates and what carries them (pure): `webhook`,
 //! `identity` and `data-plane`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use baton_crds::contract::{SYSTEM_NAMESPACE, identity as id, webhook as wh};
 use k8s_openapi::ByteString;
@@ -372,9 +372,10 @@ pub fn identity(got: &Got<Secret>, now: i64) -> Vec<Check> {
     out
 }
 
-/// `data-plane`: every meshed namespace (opted in, or holding injected
-/// Pods) has ConfigMap baton-mesh-trust with every current root, without
-/// which its sidecars cannot authenticate the control plane.
+/// `data-plane`: the trust bundle the webhook copies into every injected
+/// Pod (ConfigMap baton-system/baton-mesh-trust) holds every current root,
+/// and which injected Pods still depend on the per-namespace ConfigMap of
+/// operators before decision 0058.
 pub fn data_plane(dp: &DataPlane, ca: &Got<Secret>) -> Vec<Check> {
     let mut out = Vec::new();
     let mut meshed = BTreeSet::new();
@@ -392,9 +393,9 @@ pub fn data_plane(dp: &DataPlane, ca: &Got<Secret>) -> Vec<Check> {
             )),
         }
     }
-    let name = format!("trust bundle (ConfigMap {})", id::TRUST_CONFIG_MAP);
+    out.push(published_bundle(&dp.trust, ca));
     if meshed.is_empty() {
-        if out.is_empty() {
+        if out.len() == 1 {
             out.push(Check::warning(
                 "meshed namespaces",
                 "none: no namespace is labelled baton.dev/inject=enabled and no Pod is injected",
@@ -403,78 +404,95 @@ pub fn data_plane(dp: &DataPlane, ca: &Got<Secret>) -> Vec<Check> {
         }
         return out;
     }
-    let maps: BTreeMap<&str, &ConfigMap> = match &dp.trust {
-        Got::Found(maps) => maps
-            .iter()
-            .filter_map(|m| Some((m.metadata.namespace.as_deref()?, m)))
-            .collect(),
-        Got::Missing => BTreeMap::new(),
-        Got::Unreadable(why) => {
-            out.push(Check::failure(
-                name,
-                format!("cannot list: {why}"),
-                can_i("list", "configmaps --all-namespaces", None),
-            ));
-            return out;
-        }
-    };
-    // Without the CA (the identity category says why), only presence can
-    // be checked.
-    let roots: Option<Vec<Cert>> = match ca {
-        Got::Found(s) => Some(trust_roots(s)),
-        _ => None,
-    };
-    let mut bad: Vec<String> = Vec::new();
-    for ns in &meshed {
-        let bundle = maps
-            .get(ns.as_str())
-            .and_then(|m| m.data.as_ref())
-            .and_then(|d| d.get(id::TRUST_KEY));
-        let problem = match (bundle, &roots) {
-            (None, _) => Some("missing"),
-            (Some(b), Some(roots)) => {
-                let have = certificates(b.as_bytes());
-                (!roots.iter().all(|r| have.iter().any(|c| c.der == r.der))).then_some("stale")
-            }
-            (Some(_), None) => None,
-        };
-        if let Some(p) = problem {
-            bad.push(format!("{ns} ({p})"));
-        }
-    }
-    if bad.is_empty() {
-        let what = if roots.is_some() {
-            "current"
-        } else {
-            "present (not compared: the identity CA is unavailable)"
-        };
-        out.push(Check::ok(
-            name,
-            format!("{what} in all {} meshed namespaces", meshed.len()),
-        ));
-    } else {
-        let mut named = bad
-            .iter()
-            .take(NAMESPACES_NAMED)
-            .cloned()
-            .collect::<Vec<_>>()
-            .join(", ");
-        if bad.len() > NAMESPACES_NAMED {
-            named.push_str(&format!(" and {} more", bad.len() - NAMESPACES_NAMED));
-        }
-        out.push(Check::failure(
-            name,
-            format!(
-                "{} of {} meshed namespaces lack the current trust bundle: {named}",
-                bad.len(),
-                meshed.len()
-            ),
-            format!(
-                "the leading operator publishes it to every namespace within a minute; find why it did not: kubectl -n {SYSTEM_NAMESPACE} logs deployment/baton-operator"
-            ),
-        ));
+    if let Got::Found(legacy) = &dp.legacy_pods {
+        out.push(legacy_pods(legacy));
     }
     out
+}
+
+/// The bundle the webhook copies: present, and holding every root of the
+/// CA Secret (without the CA, the identity category says why, only
+/// presence is checked).
+fn published_bundle(trust: &Got<ConfigMap>, ca: &Got<Secret>) -> Check {
+    let name = format!(
+        "trust bundle (ConfigMap {SYSTEM_NAMESPACE}/{})",
+        id::TRUST_CONFIG_MAP
+    );
+    let logs = format!("kubectl -n {SYSTEM_NAMESPACE} logs deployment/baton-operator");
+    let bundle = match trust {
+        Got::Found(cm) => cm.data.as_ref().and_then(|d| d.get(id::TRUST_KEY)),
+        Got::Missing => None,
+        Got::Unreadable(why) => {
+            return Check::failure(
+                name,
+                format!("cannot read: {why}"),
+                can_i("get", "configmaps", Some(SYSTEM_NAMESPACE)),
+            );
+        }
+    };
+    let Some(bundle) = bundle.filter(|b| !certificates(b.as_bytes()).is_empty()) else {
+        return Check::failure(
+            name,
+            "missing: the webhook refuses opted-in Pods until the operator publishes it",
+            format!(
+                "the leading operator publishes it once it has a CA; find why it did not: {logs}"
+            ),
+        );
+    };
+    let Got::Found(secret) = ca else {
+        return Check::ok(
+            name,
+            "present (not compared: the identity CA is unavailable); the webhook copies it into every Pod it injects",
+        );
+    };
+    let have = certificates(bundle.as_bytes());
+    let lacking = trust_roots(secret)
+        .iter()
+        .filter(|r| !have.iter().any(|c| c.der == r.der))
+        .count();
+    if lacking == 0 {
+        Check::ok(
+            name,
+            "current: the webhook copies it into every Pod it injects",
+        )
+    } else {
+        Check::failure(
+            name,
+            format!(
+                "stale: {lacking} root(s) of Secret {SYSTEM_NAMESPACE}/{} missing, so new Pods would not trust them",
+                id::CA_SECRET
+            ),
+            format!(
+                "the leading operator republishes it within its reload interval; find why it did not: {logs}"
+            ),
+        )
+    }
+}
+
+/// Injected Pods from before decision 0058: their config stream trusts
+/// their namespace's old ConfigMap, which nothing updates any more.
+fn legacy_pods(legacy: &[String]) -> Check {
+    let name = "Pods injected with the per-namespace trust ConfigMap";
+    if legacy.is_empty() {
+        return Check::ok(name, "none: every injected Pod carries its trust bundle");
+    }
+    let mut named = legacy
+        .iter()
+        .take(NAMESPACES_NAMED)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if legacy.len() > NAMESPACES_NAMED {
+        named.push_str(&format!(" and {} more", legacy.len() - NAMESPACES_NAMED));
+    }
+    Check::warning(
+        name,
+        format!(
+            "{} injected before the trust bundle moved into the Pod: {named}; their config streams could not reconnect after a root rotation",
+            legacy.len()
+        ),
+        "re-create them (kubectl rollout restart of their workloads) before rotating the mesh root; then delete the old ConfigMaps (docs/operations.md)",
+    )
 }
 
 #[cfg(test)]
@@ -777,58 +795,57 @@ mod tests {
         assert_eq!(checks[1].status, Status::Failure);
     }
 
-    fn trust_map(ns: &str, bundle: &str) -> ConfigMap {
+    fn trust_map(bundle: &str) -> ConfigMap {
         serde_json::from_value(json!({
-            "metadata": {"name": "baton-mesh-trust", "namespace": ns},
+            "metadata": {"name": "baton-mesh-trust", "namespace": "baton-system"},
             "data": {"ca.crt": bundle},
         }))
         .unwrap()
     }
 
-    fn plane(opted_in: &[&str], injected: &[&str], maps: Vec<ConfigMap>) -> DataPlane {
+    fn plane(opted_in: &[&str], injected: &[&str], trust: Got<ConfigMap>) -> DataPlane {
         let names = |v: &[&str]| Got::Found(v.iter().map(|s| (*s).to_owned()).collect());
         DataPlane {
             opted_in: names(opted_in),
             injected_pods: names(injected),
-            trust: Got::Found(maps),
+            legacy_pods: names(&[]),
+            trust,
         }
     }
 
     #[test]
-    fn meshed_namespaces_with_the_current_bundle_pass() {
+    fn the_published_bundle_with_every_current_root_passes() {
         let root = ca_pem(0, 365);
         let ca = secret(&[("tls.crt", &root), ("ca.crt", &root)]);
-        let dp = plane(
-            &["a"],
-            &["b", "b"],
-            vec![trust_map("a", &root), trust_map("b", &root)],
-        );
+        let dp = plane(&["a"], &["b", "b"], Got::Found(trust_map(&root)));
         let checks = data_plane(&dp, &ca);
-        assert_eq!(checks.len(), 1);
+        assert_eq!(checks.len(), 2, "{checks:?}");
         assert_eq!(checks[0].status, Status::Ok);
         assert_eq!(
-            checks[0].detail.as_deref(),
-            Some("current in all 2 meshed namespaces")
+            checks[0].name,
+            "trust bundle (ConfigMap baton-system/baton-mesh-trust)"
         );
+        assert!(checks[0].detail.clone().unwrap().starts_with("current"));
+        assert_eq!(checks[1].status, Status::Ok, "no Pod from before 0058");
     }
 
     #[test]
-    fn namespaces_missing_or_with_a_stale_bundle_fail_naming_a_few() {
+    fn a_missing_or_stale_published_bundle_fails_saying_what_it_costs() {
         let root = ca_pem(0, 365);
-        let old = ca_pem(0, 365);
-        let ca = secret(&[("tls.crt", &root), ("ca.crt", &root)]);
-        let dp = plane(
-            &["a", "b", "c", "d", "e"],
-            &["f"],
-            vec![trust_map("a", &root), trust_map("b", &old)],
-        );
-        let checks = data_plane(&dp, &ca);
+        let new = ca_pem(0, 365);
+        // Rotation step 1: the Secret trusts a second root.
+        let both = format!("{root}{new}");
+        let ca = secret(&[("tls.crt", &root), ("ca.crt", &both)]);
+        let checks = data_plane(&plane(&["a"], &[], Got::Found(trust_map(&root))), &ca);
         assert_eq!(checks[0].status, Status::Failure);
-        assert_eq!(
-            checks[0].detail.as_deref(),
-            Some(
-                "5 of 6 meshed namespaces lack the current trust bundle: b (stale), c (missing), d (missing) and 2 more"
-            )
+        assert!(
+            checks[0]
+                .detail
+                .clone()
+                .unwrap()
+                .starts_with("stale: 1 root(s)"),
+            "{:?}",
+            checks[0].detail
         );
         assert!(
             checks[0]
@@ -837,18 +854,65 @@ mod tests {
                 .unwrap()
                 .contains("logs deployment/baton-operator")
         );
+        for trust in [Got::Missing, Got::Found(trust_map(""))] {
+            let checks = data_plane(&plane(&["a"], &[], trust), &ca);
+            assert_eq!(checks[0].status, Status::Failure);
+            assert!(
+                checks[0]
+                    .detail
+                    .clone()
+                    .unwrap()
+                    .contains("the webhook refuses opted-in Pods")
+            );
+        }
+        // The bundle is checked even before anything is meshed: the first
+        // Pods need it.
+        let checks = data_plane(&plane(&[], &[], Got::Missing), &ca);
+        assert_eq!(checks[0].status, Status::Failure);
+    }
+
+    #[test]
+    fn pods_injected_before_the_bundle_moved_into_the_pod_are_named() {
+        let root = ca_pem(0, 365);
+        let ca = secret(&[("tls.crt", &root), ("ca.crt", &root)]);
+        let mut dp = plane(&["a"], &["a"], Got::Found(trust_map(&root)));
+        dp.legacy_pods = Got::Found(
+            ["a/w-1", "a/w-2", "b/x-1", "c/y-1"]
+                .map(String::from)
+                .to_vec(),
+        );
+        let checks = data_plane(&dp, &ca);
+        let legacy = &checks[1];
+        assert_eq!(legacy.status, Status::Warning);
+        assert_eq!(
+            legacy.detail.as_deref(),
+            Some(
+                "4 injected before the trust bundle moved into the Pod: a/w-1, a/w-2, b/x-1 and 1 more; their config streams could not reconnect after a root rotation"
+            )
+        );
+        assert!(
+            legacy
+                .hint
+                .clone()
+                .unwrap()
+                .contains("before rotating the mesh root")
+        );
     }
 
     #[test]
     fn no_meshed_namespace_warns_and_unlistable_objects_fail() {
         let ca = Got::Missing;
-        let checks = data_plane(&plane(&[], &[], vec![]), &ca);
-        assert_eq!(checks[0].status, Status::Warning);
+        let root = ca_pem(0, 365);
+        let checks = data_plane(&plane(&[], &[], Got::Found(trust_map(&root))), &ca);
+        // Without the CA only presence is checked.
+        assert_eq!(checks[0].status, Status::Ok);
+        assert!(checks[0].detail.clone().unwrap().contains("not compared"));
+        assert_eq!(checks[1].status, Status::Warning);
         assert_eq!(
-            checks[0].hint.as_deref(),
+            checks[1].hint.as_deref(),
             Some("kubectl label namespace <ns> baton.dev/inject=enabled")
         );
-        let mut dp = plane(&["a"], &[], vec![trust_map("a", "x")]);
+        let mut dp = plane(&["a"], &[], Got::Found(trust_map(&root)));
         dp.injected_pods = Got::Unreadable("403 Forbidden: no".into());
         let checks = data_plane(&dp, &ca);
         assert_eq!(checks[0].status, Status::Failure);
@@ -859,11 +923,15 @@ mod tests {
                 .unwrap()
                 .contains("can-i list pods --all-namespaces")
         );
-        // Without the CA only presence is checked.
-        assert_eq!(checks[1].status, Status::Ok);
-        assert!(checks[1].detail.clone().unwrap().contains("not compared"));
         dp.trust = Got::Unreadable("403 Forbidden: no".into());
         let checks = data_plane(&dp, &ca);
         assert_eq!(checks[1].status, Status::Failure);
+        assert!(
+            checks[1]
+                .hint
+                .clone()
+                .unwrap()
+                .contains("can-i get configmaps")
+        );
     }
 }

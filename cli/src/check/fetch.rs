@@ -12,7 +12,7 @@ use std::future::Future;
 
 use anyhow::Context as _;
 use baton_crds::SidecarRelease;
-use baton_crds::contract::{self, identity, labels, webhook};
+use baton_crds::contract::{self, SYSTEM_NAMESPACE, annotations, identity, labels, webhook};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
@@ -96,15 +96,20 @@ pub struct WebhookObjects {
     pub ca: Got<Secret>,
 }
 
-/// Where sidecars run and the trust bundle they mount.
+/// Where sidecars run and the trust bundle the webhook copies into them.
 #[derive(Debug, Clone)]
 pub struct DataPlane {
     /// Namespaces labelled `baton.dev/inject=enabled`.
     pub opted_in: Got<Vec<String>>,
     /// The namespace of every Pod labelled `baton.dev/injected`.
     pub injected_pods: Got<Vec<String>>,
-    /// Every ConfigMap `baton-mesh-trust`, in any namespace.
-    pub trust: Got<Vec<ConfigMap>>,
+    /// `namespace/name` of the injected Pods without the trust bundle
+    /// annotation: injected before decision 0058, they mount their
+    /// namespace's old `baton-mesh-trust` ConfigMap.
+    pub legacy_pods: Got<Vec<String>>,
+    /// ConfigMap `baton-mesh-trust` of baton-system, the one the operator
+    /// publishes and the webhook copies.
+    pub trust: Got<ConfigMap>,
 }
 
 /// What the pre-install checks look at.
@@ -276,10 +281,10 @@ pub async fn identity_ca(ctx: &Ctx, client: &Client) -> anyhow::Result<Got<Secre
 pub async fn data_plane(ctx: &Ctx, client: &Client) -> anyhow::Result<DataPlane> {
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let pods: Api<Pod> = Api::all(client.clone());
-    let config_maps: Api<ConfigMap> = Api::all(client.clone());
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
     // Every namespace (metadata only): the opted-in ones, and the ones being
-    // deleted, whose trust ConfigMap may already be gone while their Pods
-    // still are listed: those are no part of the mesh any more.
+    // deleted, whose Pods may still be listed: those are no part of the
+    // mesh any more.
     let all = read(
         ctx,
         "list namespaces",
@@ -321,23 +326,46 @@ pub async fn data_plane(ctx: &Ctx, client: &Client) -> anyhow::Result<DataPlane>
         list.items
             .into_iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter_map(|p| p.metadata.namespace)
-            .filter(|ns| !terminating.contains(ns))
+            .filter(|p| {
+                p.metadata
+                    .namespace
+                    .as_ref()
+                    .is_some_and(|ns| !terminating.contains(ns))
+            })
+            .collect::<Vec<_>>()
+    });
+    let legacy_pods = injected_pods.clone().map(|pods| {
+        pods.iter()
+            .filter(|p| {
+                !p.metadata
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(annotations::TRUST_BUNDLE))
+            })
+            .map(|p| {
+                format!(
+                    "{}/{}",
+                    p.metadata.namespace.as_deref().unwrap_or_default(),
+                    p.metadata.name.as_deref().unwrap_or_default()
+                )
+            })
             .collect()
     });
-    // One call for every namespace's ConfigMap, by name.
+    let injected_pods = injected_pods.map(|pods| {
+        pods.into_iter()
+            .filter_map(|p| p.metadata.namespace)
+            .collect()
+    });
     let trust = read(
         ctx,
-        "list configmaps baton-mesh-trust",
-        config_maps.list(
-            &ListParams::default().fields(&format!("metadata.name={}", identity::TRUST_CONFIG_MAP)),
-        ),
+        "get configmap baton-mesh-trust",
+        config_maps.get(identity::TRUST_CONFIG_MAP),
     )
-    .await?
-    .map(|list| list.items);
+    .await?;
     Ok(DataPlane {
         opted_in,
         injected_pods,
+        legacy_pods,
         trust,
     })
 }

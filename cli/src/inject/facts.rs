@@ -8,12 +8,14 @@ use std::{
 
 use anyhow::{Context as _, anyhow};
 use baton_crds::{
-    AcceleratorPool, SidecarRelease, TlsPolicy, contract::labels, tls_policy::OffloadMode,
+    AcceleratorPool, SidecarRelease, TlsPolicy,
+    contract::{SYSTEM_NAMESPACE, identity, labels},
+    tls_policy::OffloadMode,
 };
 use baton_webhook::inject::ServerVersion;
 use k8s_openapi::api::{
     apps::v1::Deployment,
-    core::v1::{Namespace, Node},
+    core::v1::{ConfigMap, Namespace, Node},
 };
 use kube::{Api, api::ListParams};
 use serde_json::Value;
@@ -42,6 +44,9 @@ pub struct Facts {
     /// [`Self::assumed_labels`] (offline: opted in).
     pub namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
     pub server_version: ServerVersion,
+    /// The mesh trust bundle the webhook would copy into the Pod: ConfigMap
+    /// `baton-system/baton-mesh-trust` of the cluster, or one in the files.
+    pub trust_bundle: Option<String>,
     /// Where the facts came from, for messages (`the file x.yaml`, `the
     /// cluster`).
     pub source: String,
@@ -105,6 +110,10 @@ fn collect(doc: &Value, facts: &mut Facts, what: &str) -> anyhow::Result<()> {
         "Node" => facts.nodes.push(Arc::new(
             serde_json::from_value(doc.clone()).map_err(typed)?,
         )),
+        "ConfigMap" if name == identity::TRUST_CONFIG_MAP => {
+            let cm: ConfigMap = serde_json::from_value(doc.clone()).map_err(typed)?;
+            facts.trust_bundle = cm.data.and_then(|mut d| d.remove(identity::TRUST_KEY));
+        }
         "Namespace" => {
             let ns: Namespace = serde_json::from_value(doc.clone()).map_err(typed)?;
             let mut l = ns.metadata.labels.unwrap_or_default();
@@ -130,6 +139,7 @@ pub fn offline(
         nodes: Vec::new(),
         namespace_labels: BTreeMap::new(),
         server_version,
+        trust_bundle: None,
         source: String::new(),
     };
     for (name, docs) in files {
@@ -246,6 +256,14 @@ pub async fn from_cluster(
     } else {
         (Vec::new(), Vec::new())
     };
+    let trust = ctx
+        .bounded("reading the mesh trust bundle", async {
+            Api::<ConfigMap>::namespaced(client.clone(), SYSTEM_NAMESPACE)
+                .get_opt(identity::TRUST_CONFIG_MAP)
+                .await
+                .context("reading ConfigMap baton-system/baton-mesh-trust")
+        })
+        .await?;
     Ok(Facts {
         releases: releases.items.into_iter().map(Arc::new).collect(),
         tls_policies,
@@ -253,6 +271,7 @@ pub async fn from_cluster(
         nodes,
         namespace_labels,
         server_version,
+        trust_bundle: trust.and_then(|cm| cm.data?.remove(identity::TRUST_KEY)),
         source: "the cluster".to_owned(),
     })
 }

@@ -392,6 +392,7 @@ fn inject_template(
         recent_grants: &[],
         grant_id: &grant_id,
         server_version: facts.server_version,
+        trust_bundle: facts.trust_bundle.as_deref(),
     };
     match mutate(&pod, &view, config) {
         Ok(MutateOutcome::Skipped(skip)) => Ok(Some(skip)),
@@ -416,6 +417,13 @@ fn inject_template(
                 denial.message
             ))
         }
+        Err(denial) if denial.reason == DenialReason::NoTrustBundle => Err(anyhow!(
+            "the Pod needs the mesh trust bundle, and {} has none: give it \
+             (kubectl -n {} get configmap {} -o yaml, as another --release file)",
+            facts.source,
+            baton_crds::contract::SYSTEM_NAMESPACE,
+            baton_crds::contract::identity::TRUST_CONFIG_MAP
+        )),
         Err(denial) => Err(anyhow!("the webhook would refuse it: {}", denial.message)),
     }
 }

@@ -18,6 +18,17 @@ spec:
   version: 1.2.0
   image: baton/sidecar:1.2.0
   emptyImage: baton/empty:1
+---
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: baton-mesh-trust
+  namespace: baton-system
+data:
+  ca.crt: |
+    -----BEGIN CERTIFICATE-----
+    MIIBroot
+    -----END CERTIFICATE-----
 ";
 
 const DEPLOYMENT: &str = r"
@@ -266,6 +277,7 @@ fn a_pod_comes_out_as_the_webhooks_patch_makes_it() {
             recent_grants: &[],
             grant_id: "uid",
             server_version: version,
+            trust_bundle: facts.trust_bundle.as_deref(),
         };
         let Ok(MutateOutcome::Injected(injection)) = mutate(&pod, &view, &webhook_config) else {
             panic!("the webhook injects it")
@@ -607,6 +619,10 @@ async fn cluster_mode_reads_the_facts_and_the_webhooks_settings() {
                 "/apis/apps/v1/namespaces/baton-system/deployments/baton-webhook" => {
                     deployment.clone()
                 }
+                "/api/v1/namespaces/baton-system/configmaps/baton-mesh-trust" => json!({
+                    "apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": "baton-mesh-trust", "namespace": "baton-system"},
+                    "data": {"ca.crt": "-----BEGIN CERTIFICATE-----\nMIIBlive\n-----END CERTIFICATE-----\n"}}),
                 _ => json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
                             "reason": "NotFound", "code": 404, "message": "not found"}),
             };
@@ -637,8 +653,16 @@ async fn cluster_mode_reads_the_facts_and_the_webhooks_settings() {
             "/apis/baton.dev/v1alpha1/sidecarreleases",
             "/api/v1/namespaces/shop",
             "/apis/baton.dev/v1alpha1/namespaces/shop/tlspolicies",
+            "/api/v1/namespaces/baton-system/configmaps/baton-mesh-trust",
             "/apis/apps/v1/namespaces/baton-system/deployments/baton-webhook",
         ]
+    );
+    // The cluster's bundle, as the webhook would copy it.
+    assert!(
+        out.docs[0]["spec"]["template"]["metadata"]["annotations"][annotations::TRUST_BUNDLE]
+            .as_str()
+            .unwrap()
+            .contains("MIIBlive")
     );
     let spec = &out.docs[0]["spec"]["template"]["spec"];
     assert_eq!(
@@ -656,4 +680,33 @@ async fn cluster_mode_reads_the_facts_and_the_webhooks_settings() {
         "{slot:#}"
     );
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn the_trust_bundle_comes_from_the_files_and_without_one_injection_says_where_to_get_it() {
+    let out = inject(DEPLOYMENT).unwrap();
+    let text = serde_json::to_string(&out.docs).unwrap();
+    assert!(text.contains(annotations::TRUST_BUNDLE), "{text}");
+    assert!(text.contains("MIIBroot"));
+    let only_releases = RELEASES.split("---").next().unwrap();
+    let facts = facts::offline(
+        &[(
+            "releases.yaml".to_owned(),
+            parse_documents(only_releases).unwrap(),
+        )],
+        facts::NEWEST_KNOWN_VERSION,
+    )
+    .unwrap();
+    let err = inject_documents(
+        parse_documents(DEPLOYMENT).unwrap(),
+        &facts,
+        &config(),
+        "default",
+    )
+    .unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains("kubectl -n baton-system get configmap baton-mesh-trust -o yaml"),
+        "{msg}"
+    );
 }

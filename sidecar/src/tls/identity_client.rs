@@ -188,6 +188,9 @@ pub struct IdentityClient {
     /// The roots of `ca_bundle`, kept so [`IdentityClient::trust_also`] can
     /// rebuild `https` with the mesh bundle the sidecar holds added.
     configured_roots: Vec<CertificateDer<'static>>,
+    /// Where the newest bundle the service sent is kept for the Pod's
+    /// other and later sidecar processes ([`super::trust_state`]).
+    trust_state: Option<PathBuf>,
     token_path: PathBuf,
     identity: SpiffeId,
     key_type: KeyType,
@@ -231,6 +234,7 @@ impl IdentityClient {
             uri,
             https,
             configured_roots,
+            trust_state: None,
             token_path: token_path.unwrap_or_else(|| {
                 Path::new(baton_contract::volumes::TOKEN_MOUNT_PATH)
                     .join(baton_contract::volumes::TOKEN_FILE)
@@ -242,7 +246,23 @@ impl IdentityClient {
         })
     }
 
-    /// From the `identity_service` source of the settings.
+    /// Also trusts the bundle kept at `path` (missing: nothing kept yet) for
+    /// the identity endpoint, and keeps there the bundle of every
+    /// certificate issued from now on ([`super::trust_state`]).
+    pub fn with_trust_state(mut self, path: Option<PathBuf>) -> Result<Self, IdentityClientError> {
+        if let (Some(path), Some(_)) = (&path, &self.https) {
+            self.configured_roots = super::trust_state::union(
+                std::mem::take(&mut self.configured_roots),
+                super::trust_state::kept(path),
+            );
+            self.https = Some(https_config(&self.configured_roots, &[])?);
+        }
+        self.trust_state = path;
+        Ok(self)
+    }
+
+    /// From the `identity_service` source of the settings, keeping the
+    /// trust bundle where `BATON_TRUST_STATE` says (injected slots).
     pub fn from_settings(settings: &TlsSettings) -> Result<Self, IdentityClientError> {
         let Some(CertSource::IdentityService {
             url,
@@ -268,7 +288,8 @@ impl IdentityClient {
             token_path.clone(),
             identity,
             *key_type,
-        )
+        )?
+        .with_trust_state(super::trust_state::path_from_env())
     }
 
     /// Also trusts `bundle` — the mesh roots this sidecar holds now, which
@@ -391,6 +412,13 @@ impl IdentityClient {
         .map_err(|e| IdentityClientError::Response(e.to_string()))?;
         if material.identity().as_ref() != Some(&self.identity) {
             return Err(IdentityClientError::WrongIdentity(self.identity.clone()));
+        }
+        if let Some(path) = &self.trust_state
+            && let Err(error) = super::trust_state::keep(path, &r.trust_bundle)
+        {
+            // The certificate is good; only a later process loses the
+            // newest roots (it still has the injected ones).
+            tracing::warn!(%error, path = %path.display(), "trust bundle not kept for the next sidecar process");
         }
         Ok(Issued {
             material,

@@ -27,6 +27,8 @@
 //!   and the [`Connector`] (outbound mTLS to a peer with an expected identity).
 //! - [`identity_client`]: the CSR client for the operator's identity service
 //!   (projected ServiceAccount token, renewal at 2/3 lifetime with jitter).
+//! - [`trust_state`]: the trust bundle a Pod's sidecars learned, kept on
+//!   the shared volume and trusted with the injected one (decision 0058).
 //! - [`metrics`]: Prometheus metrics; the admin registry calls [`register`].
 //! - [`glue`]: [`MeshTls`], the data plane's view: the listener's
 //!   `TlsTerminator`, outbound connect by destination, the config hook,
@@ -47,6 +49,7 @@ pub mod material;
 pub mod metrics;
 pub mod offload;
 pub mod stream;
+pub mod trust_state;
 pub mod verify;
 
 pub use crate::tls_settings::{settings, spiffe};

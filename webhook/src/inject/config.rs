@@ -70,13 +70,17 @@ pub struct InjectConfig {
     pub control_plane_address: String,
     /// Injected sidecars take their config from the operator's push stream
     /// (`BATON_CONFIG_PUSH`), authenticating it with the mesh trust bundle
-    /// mounted from the namespace's `baton-mesh-trust` ConfigMap. Off: they
+    /// the webhook copies into the Pod at admission (so a Pod is refused
+    /// while there is none to copy). Off: they
     /// run the in-pod default (transparent passthrough) and Routes and
     /// TlsPolicies have no effect on them.
     pub config_push: bool,
     /// The mesh's SPIFFE trust domain (the operator's `--trust-domain`):
     /// admission refuses AuthorizationPolicies naming identities of another.
     pub trust_domain: String,
+    /// Namespace of ConfigMap `baton-mesh-trust`, the operator's (the
+    /// webhook's own): where the bundle copied into each Pod comes from.
+    pub trust_namespace: String,
 }
 
 /// The operator Service's DNS name in `namespace`:
@@ -108,6 +112,7 @@ impl Default for InjectConfig {
             control_plane_address: default_control_plane_address(SYSTEM_NAMESPACE),
             config_push: true,
             trust_domain: baton_crds::contract::identity::DEFAULT_TRUST_DOMAIN.to_owned(),
+            trust_namespace: SYSTEM_NAMESPACE.to_owned(),
         }
     }
 }

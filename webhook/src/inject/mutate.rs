@@ -49,6 +49,9 @@ pub struct ClusterView<'a> {
     /// created from `generateName`).
     pub grant_id: &'a str,
     pub server_version: ServerVersion,
+    /// The mesh trust bundle (PEM) of ConfigMap `baton-mesh-trust` in the
+    /// operator's namespace, `None` until the operator published it.
+    pub trust_bundle: Option<&'a str>,
 }
 
 /// What `mutate` decided.
@@ -91,6 +94,9 @@ pub enum DenialReason {
     InvalidAnnotation,
     /// The pod has no spec.
     NoSpec,
+    /// The sidecars take config from the operator, but the operator has not
+    /// published the mesh trust bundle they would authenticate it with.
+    NoTrustBundle,
 }
 
 impl DenialReason {
@@ -101,13 +107,17 @@ impl DenialReason {
             Self::ReservedName => "deny_reserved_name",
             Self::InvalidAnnotation => "deny_invalid_annotation",
             Self::NoSpec => "deny_no_spec",
+            Self::NoTrustBundle => "deny_no_trust_bundle",
         }
     }
 
     /// Whether the denial deserves an Event on the namespace (things an
     /// operator fixes in the cluster, not typos in one manifest).
     pub fn wants_event(self) -> bool {
-        matches!(self, Self::NoRelease | Self::OffloadUnavailable)
+        matches!(
+            self,
+            Self::NoRelease | Self::OffloadUnavailable | Self::NoTrustBundle
+        )
     }
 }
 
@@ -175,6 +185,27 @@ pub fn mutate(pod: &Pod, view: &ClusterView<'_>, config: &InjectConfig) -> Resul
         )
     })?;
     let release_name = release.metadata.name.clone().unwrap_or_default();
+    // Without it the sidecars could not authenticate the operator: the Pod
+    // would start but never turn ready. Refused instead, saying why (the
+    // handler re-reads the ConfigMap live before it refuses).
+    let trust_bundle = match view.trust_bundle {
+        Some(b) => Some(b),
+        None if config.config_push => {
+            return Err(deny(
+                DenialReason::NoTrustBundle,
+                format!(
+                    "pod {who} opted in to the Baton mesh, but the operator has not published the mesh \
+                     trust bundle yet (ConfigMap {}/{}, key {}), which its sidecars need to \
+                     authenticate the operator; check that baton-operator is running and has a CA \
+                     (kubectl baton check), then retry",
+                    config.trust_namespace,
+                    baton_crds::contract::identity::TRUST_CONFIG_MAP,
+                    baton_crds::contract::identity::TRUST_KEY
+                ),
+            ));
+        }
+        None => None,
+    };
 
     let capture = match pod_annotations.get(annotations::CAPTURE_MODE) {
         None => config.default_capture,
@@ -264,6 +295,10 @@ pub fn mutate(pod: &Pod, view: &ClusterView<'_>, config: &InjectConfig) -> Resul
         (annotations::CAPTURE_MODE, capture.as_str().to_owned()),
     ];
     new_annotations.extend(offload.annotations());
+    if let Some(bundle) = trust_bundle {
+        // Read by the sidecars through the downwardAPI volume (spec.rs).
+        new_annotations.push((annotations::TRUST_BUNDLE, bundle.to_owned()));
+    }
     if !native && !pod_annotations.contains_key(DEFAULT_CONTAINER_ANNOTATION) {
         // The sidecar is placed first: keep `kubectl logs/exec` on the app.
         if let Some(app) = spec.containers.first() {

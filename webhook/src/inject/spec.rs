@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use baton_crds::contract::{self, SIDECAR_UID, commands, containers, env, ports, volumes};
 use k8s_openapi::{
     api::core::v1::{
-        Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
-        EnvVar, EnvVarSource, ExecAction, HTTPGetAction, Lifecycle, LifecycleHandler,
-        ObjectFieldSelector, Probe, ProjectedVolumeSource, ResourceRequirements,
+        Capabilities, Container, ContainerPort, DownwardAPIVolumeFile, DownwardAPIVolumeSource,
+        EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction, HTTPGetAction, Lifecycle,
+        LifecycleHandler, ObjectFieldSelector, Probe, ProjectedVolumeSource, ResourceRequirements,
         SecretVolumeSource, SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount,
         VolumeProjection,
     },
@@ -152,6 +152,10 @@ fn common_env(
             if config.config_push { "true" } else { "false" },
         ),
         env_value(env::CONTROL_PLANE_CA, volumes::TRUST_BUNDLE_PATH),
+        // On the shared volume: a restarted slot, or the next process of a
+        // hot upgrade, trusts the roots an earlier one learned after the
+        // Pod was admitted (a root rotation; decision 0058).
+        env_value(env::TRUST_STATE, volumes::TRUST_STATE_FILE),
     ]
 }
 
@@ -356,8 +360,16 @@ pub fn explicit_capture_env() -> Vec<EnvVar> {
     ]
 }
 
+/// The downwardAPI field of the trust bundle annotation.
+pub fn trust_field_path() -> String {
+    format!(
+        "metadata.annotations['{}']",
+        contract::annotations::TRUST_BUNDLE
+    )
+}
+
 /// The shared emptyDir, the projected mesh-identity token, the mesh
-/// trust bundle, and the TlsPolicy's Secret when the certificate comes
+/// trust bundle (from the Pod's annotation), and the TlsPolicy's Secret when the certificate comes
 /// from one.
 pub fn injected_volumes(tls_secret: Option<&str>) -> Vec<Volume> {
     let mut out = vec![
@@ -390,14 +402,21 @@ pub fn injected_volumes(tls_secret: Option<&str>) -> Vec<Volume> {
         },
         Volume {
             name: volumes::TRUST.to_owned(),
-            config_map: Some(ConfigMapVolumeSource {
-                name: contract::identity::TRUST_CONFIG_MAP.to_owned(),
-                // A Pod admitted before the operator published the bundle
-                // in its namespace still starts; the kubelet fills the
-                // mount once the ConfigMap exists, and the sidecar's
-                // config stream retries until then.
-                optional: Some(true),
-                ..ConfigMapVolumeSource::default()
+            // The bundle the webhook put in the Pod's own annotation: a
+            // Pod can mount no ConfigMap of another namespace, and a copy
+            // per namespace would need the operator to write ConfigMaps
+            // everywhere (decision 0058). The file path is the one the
+            // per-namespace ConfigMap used to have.
+            downward_api: Some(DownwardAPIVolumeSource {
+                items: Some(vec![DownwardAPIVolumeFile {
+                    path: contract::identity::TRUST_KEY.to_owned(),
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: trust_field_path(),
+                        ..ObjectFieldSelector::default()
+                    }),
+                    ..DownwardAPIVolumeFile::default()
+                }]),
+                ..DownwardAPIVolumeSource::default()
             }),
             ..Volume::default()
         },

@@ -83,7 +83,11 @@ struct Fixture {
     recent_grants: Vec<RecentGrant>,
     version: ServerVersion,
     config: InjectConfig,
+    trust_bundle: Option<String>,
 }
+
+/// What ConfigMap baton-system/baton-mesh-trust holds in the fixtures.
+const BUNDLE: &str = "-----BEGIN CERTIFICATE-----\nMIIBroot\n-----END CERTIFICATE-----\n";
 
 impl Fixture {
     fn new() -> Self {
@@ -99,6 +103,7 @@ impl Fixture {
             recent_grants: Vec::new(),
             version: ServerVersion::new(1, 20),
             config: InjectConfig::default(),
+            trust_bundle: Some(BUNDLE.to_owned()),
         }
     }
 
@@ -123,6 +128,7 @@ impl Fixture {
             recent_grants: &self.recent_grants,
             grant_id: "req-this",
             server_version: self.version,
+            trust_bundle: self.trust_bundle.as_deref(),
         }
     }
 
@@ -1197,15 +1203,25 @@ fn a_fallback_without_any_pool_names_none() {
 }
 
 #[test]
-fn the_slots_take_config_from_the_operator_with_the_namespaces_trust_bundle() {
+fn the_slots_take_config_from_the_operator_with_the_trust_bundle_copied_into_the_pod() {
     let (_, p) = Fixture::new().inject(&app_pod());
+    // The bundle as of admission, in the Pod's own annotation...
+    assert_eq!(annotation(&p, annotations::TRUST_BUNDLE), Some(BUNDLE));
+    // ...which a downwardAPI volume shows as the file the sidecar reads:
+    // no ConfigMap of the Pod's namespace is involved.
     let vols = p.spec.as_ref().unwrap().volumes.as_ref().unwrap();
     let trust = vols.iter().find(|v| v.name == volumes::TRUST).unwrap();
-    let cm = trust.config_map.as_ref().unwrap();
-    assert_eq!(cm.name, baton_crds::contract::identity::TRUST_CONFIG_MAP);
-    // Optional: a Pod admitted before the operator published the bundle
-    // still starts.
-    assert_eq!(cm.optional, Some(true));
+    assert!(trust.config_map.is_none());
+    let items = trust.downward_api.as_ref().unwrap().items.clone().unwrap();
+    assert_eq!(items.len(), 1);
+    assert_eq!(
+        volumes::TRUST_BUNDLE_PATH,
+        format!("{}/{}", volumes::TRUST_MOUNT_PATH, items[0].path)
+    );
+    assert_eq!(
+        items[0].field_ref.as_ref().unwrap().field_path,
+        format!("metadata.annotations['{}']", annotations::TRUST_BUNDLE)
+    );
     for slot in [containers::SLOT_A, containers::SLOT_B] {
         let c = container(&p, slot);
         let mounts = c.volume_mounts.clone().unwrap();
@@ -1217,10 +1233,13 @@ fn the_slots_take_config_from_the_operator_with_the_namespaces_trust_bundle() {
             env_of(c, env::CONTROL_PLANE_CA),
             Some(volumes::TRUST_BUNDLE_PATH)
         );
-        assert!(
-            volumes::TRUST_BUNDLE_PATH.starts_with(volumes::TRUST_MOUNT_PATH),
-            "the bundle file is inside the mount"
-        );
+        // Where a slot keeps the newest bundle it learns, for the next
+        // process: on the volume both slots share.
+        assert_eq!(env_of(c, env::TRUST_STATE), Some(volumes::TRUST_STATE_FILE));
+        assert!(volumes::TRUST_STATE_FILE.starts_with(volumes::SHARED_MOUNT_PATH));
+        assert!(mounts.iter().any(|m| m.name == volumes::SHARED
+            && m.mount_path == volumes::SHARED_MOUNT_PATH
+            && m.read_only != Some(true)));
     }
     let mut fx = Fixture::new();
     fx.config.config_push = false;
@@ -1229,6 +1248,34 @@ fn the_slots_take_config_from_the_operator_with_the_namespaces_trust_bundle() {
         env_of(container(&p, containers::SLOT_A), env::CONFIG_PUSH),
         Some("false")
     );
+}
+
+#[test]
+fn without_a_published_trust_bundle_an_opted_in_pod_is_refused_saying_why() {
+    let mut f = Fixture::new();
+    f.trust_bundle = None;
+    let denial = f.run(&app_pod()).unwrap_err();
+    assert_eq!(denial.reason, DenialReason::NoTrustBundle);
+    assert!(denial.reason.wants_event());
+    for part in [
+        "apps/web-1",
+        "trust bundle",
+        "ConfigMap baton-system/baton-mesh-trust",
+        "baton-operator",
+    ] {
+        assert!(denial.message.contains(part), "{part}: {}", denial.message);
+    }
+    // A Pod that did not opt in is not the bundle's business.
+    let mut pod = app_pod();
+    pod.metadata.labels.as_mut().unwrap().insert(
+        labels::INJECT.to_owned(),
+        labels::INJECT_DISABLED.to_owned(),
+    );
+    assert!(matches!(f.run(&pod), Ok(Outcome::Skipped(_))));
+    // Sidecars that take no config from the operator need no bundle.
+    f.config.config_push = false;
+    let (_, p) = f.inject(&app_pod());
+    assert_eq!(annotation(&p, annotations::TRUST_BUNDLE), None);
 }
 
 fn secret_policy(name: &str, selector: Value, secret: &str) -> Arc<TlsPolicy> {
