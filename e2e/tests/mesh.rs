@@ -2446,13 +2446,9 @@ kubectl -n $NS wait configmap/baton-mesh-trust --timeout=3m \
                 "get 'tls\\.crt' | openssl x509 -noout -subject",
             );
             assert!(issuer.contains("baton-identity-root-2"), "{issuer}");
-            reconnect_with_the_kept_bundle(&s, dir).await;
-            let report = load.finish().await;
-            eprintln!("rotation: notAfter after step 2 {e2:?}, after step 4 {e4:?}");
-            no_failures("root rotation", &report);
-            assert_eq!(s.restarts().await, restarts, "no Pod restarted");
             // The re-issues went on the sidecars' config stream connections,
-            // not on new ones (decision 0056).
+            // not on new ones (decision 0056). Read before the operator's
+            // Pods are replaced below (their counters start again at 0).
             let mut on_streams = 0.0;
             for pod in baton::component_pods(&s.client, "operator").await {
                 let name = pod.metadata.name.unwrap_or_default();
@@ -2475,6 +2471,11 @@ kubectl -n $NS wait configmap/baton-mesh-trust --timeout=3m \
                 on_streams > 0.0,
                 "no certificate request came on a config stream's connection"
             );
+            reconnect_with_the_kept_bundle(&s, dir).await;
+            let report = load.finish().await;
+            eprintln!("rotation: notAfter after step 2 {e2:?}, after step 4 {e4:?}");
+            no_failures("root rotation", &report);
+            assert_eq!(s.restarts().await, restarts, "no Pod restarted");
         },
     )
     .await;

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Config propagation through the deployed operator on the local cluster
+# (issue #37 items 1 and 6): for each size in SIZES (default "1000 5000
+# 10000"), N Pods admitted through the webhook and never scheduled, a token
+# bound to each, N push streams (one per Pod) on the operator replicas' real
+# endpoints, then CHANGES (default 20) Routes created through the API
+# server: time to the N-th ACK per change (p50 / p99 / max), each stream's
+# p50 / p99, and the time until the Route's status counts N/N. The last size
+# (or every size with FAILOVER_ALL=1) also deletes the leader's Pod under
+# its streams. The operator's CPU seconds and peak RSS over each size (both
+# replicas, /proc of their container processes, sampled every second), and
+# whether a replica was OOM-killed against its memory limit.
+#
+#   bench/propagation-bench.sh [OUTDIR]
+#
+# Env: SIZES, CHANGES, FAILOVER (1: the failover on the last size; default 1).
+# Brings the local cluster up and always tears it down (e2e/cluster.sh).
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+E2E_DIR="$BENCH_ROOT/e2e"
+# shellcheck source=e2e/scripts/common.sh
+. "$BENCH_ROOT/e2e/scripts/common.sh"
+bench_init propagation-bench "${1:-}"
+need kubectl jq ctr
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/baton/target-$(rustc --version | awk '{print $2}')}"
+SIZES=${SIZES:-1000 5000 10000}
+CHANGES=${CHANGES:-20}
+FAILOVER=${FAILOVER:-1}
+
+cluster_up=0
+baseline="$WORK/leftovers-before"
+teardown() {
+  local rc=$?
+  bench_cleanup
+  if [ "$cluster_up" = 1 ] && ! "$BENCH_ROOT/e2e/scripts/teardown.sh" "$baseline" >&2; then
+    log "the bench's teardown left something behind (above)"
+    rc=1
+  fi
+  exit "$rc"
+}
+trap teardown EXIT
+
+log "building (release; e2e/scripts/common.sh's one release build, which the images use too)"
+release_build >/dev/null 2>&1 || release_build
+"$BENCH_ROOT/e2e/cluster.sh" provision
+log "cluster up, images, install"
+cluster_lock   # held to the end of the teardown: one cluster run at a time
+"$BENCH_ROOT/e2e/scripts/check-clean.sh" --before "$baseline" >&2
+cluster_up=1
+"$BENCH_ROOT/e2e/cluster.sh" up >/dev/null
+"$BENCH_ROOT/e2e/cluster.sh" images >/dev/null
+"$BENCH_ROOT/e2e/cluster.sh" install >/dev/null
+export BATON_E2E_KUBECONFIG="$KUBECONFIG_ADMIN"
+
+# PIDs (host view) of the operator containers' processes.
+operator_pids() {
+  local id
+  for id in $(kc -n baton-system get pods -l app.kubernetes.io/name=baton-operator \
+      -o jsonpath='{range .items[*]}{.status.containerStatuses[0].containerID}{"\n"}{end}' | sed 's|.*://||'); do
+    ctr_k8s tasks ls | awk -v id="$id" '$1 == id { print $2 }'
+  done
+}
+# sample FILE : every second, "<epoch> <pid> <utime+stime ticks> <rss kB>" for
+# each operator process (re-listed every 10 s: the failover starts a new
+# one), at most 3,600 samples (1 h).
+sample() {
+  local file=$1 i pid pids=()
+  for i in $(seq 1 3600); do
+    if [ $((i % 10)) = 1 ]; then mapfile -t pids < <(operator_pids); fi
+    for pid in "${pids[@]}"; do
+      [ -r "/proc/$pid/stat" ] || continue
+      printf '%s %s %s %s\n' "$(date +%s)" "$pid" \
+        "$(awk '{ print $14 + $15 }' "/proc/$pid/stat" 2>/dev/null)" \
+        "$(awk '/^VmRSS/ { print $2 }' "/proc/$pid/status" 2>/dev/null)" >>"$file"
+    done
+    sleep 1
+  done
+}
+export -f sample operator_pids kc ctr_k8s
+export KUBECONFIG_ADMIN CONTAINERD_SOCK
+
+bench_header >"$OUT/summary.txt"
+limit=$(kc -n baton-system get deployment baton-operator \
+  -o jsonpath='{.spec.template.spec.containers[0].resources.limits.memory}')
+echo "operator: 2 replicas, memory limit $limit; $CHANGES Route creations per size" >>"$OUT/summary.txt"
+ticks=$(getconf CLK_TCK)
+set -- $SIZES
+last=${!#}
+for n in "$@"; do
+  restarts_before=$(kc -n baton-system get pods -l app.kubernetes.io/name=baton-operator \
+    -o jsonpath='{range .items[*]}{.status.containerStatuses[0].restartCount}{"+"}{end}0' | bc)
+  log "$n streams"
+  : >"$WORK/operator-$n.samples"
+  start_bg "sampler-$n" "" bash -c 'sample "$@"' _ "$WORK/operator-$n.samples"
+  sampler=$LAST_PID
+  fo=()
+  if [ "$FAILOVER" = 1 ] && { [ "$n" = "$last" ] || [ "${FAILOVER_ALL:-0}" = 1 ]; }; then fo=(--failover); fi
+  ok=1
+  "$(tool_bin bench-propagation)" --streams "$n" --changes "$CHANGES" --namespace "bench-prop-$n" \
+    "${fo[@]}" --report-json "$OUT/propagation-$n.json" >"$WORK/run-$n.log" 2>&1 || ok=0
+  stop_pid "$sampler"
+  cpu=$(awk -v t="$ticks" '{ if (!($2 in a)) a[$2] = $3; b[$2] = $3 } END { s = 0; for (p in a) s += b[p] - a[p]; printf "%.1f", s / t }' "$WORK/operator-$n.samples")
+  rss=$(awk '$4 > m { m = $4 } END { printf "%.1f", m / 1024 }' "$WORK/operator-$n.samples")
+  restarts_after=$(kc -n baton-system get pods -l app.kubernetes.io/name=baton-operator \
+    -o jsonpath='{range .items[*]}{.status.containerStatuses[0].restartCount}{"+"}{end}0' | bc)
+  oom=$(kc -n baton-system get pods -l app.kubernetes.io/name=baton-operator \
+    -o jsonpath='{range .items[*]}{.status.containerStatuses[0].lastState.terminated.reason}{" "}{end}')
+  if [ "$ok" = 1 ] && [ -s "$OUT/propagation-$n.json" ]; then
+    jq -r --arg cpu "$cpu" --arg rss "$rss" '
+      "\(.streams) streams: Route create -> N-th ACK p50 \(.nth_ack_ms.p50) ms, p99 \(.nth_ack_ms.p99) ms, max \(.nth_ack_ms.max) ms over \(.changes) changes; per stream p50 \(.per_stream_ms.p50) ms, p99 \(.per_stream_ms.p99) ms; status N/N p50 \(.status_ms.p50) ms, max \(.status_ms.max) ms"
+      + "\n  setup \(.setup_s | . * 10 | round / 10) s (Pods + tokens), streams connected in \(.connect_s | . * 10 | round / 10) s, \(.stream_errors) stream errors"
+      + (if .failover then "\n  failover (leader Pod deleted): new leader after \(.failover.new_leader_s | . * 10 | round / 10) s (Lease \(.failover.lease_duration_s) s), all streams back after \(.failover.streams_back_s | . * 10 | round / 10) s; next change N-th ACK \(.failover.nth_ack_ms) ms, status \"\(.failover.status)\" after \(.failover.status_ms) ms" else "" end)
+      + "\n  operator (both replicas): \($cpu) CPU s over the size, peak RSS \($rss) MiB"' \
+      "$OUT/propagation-$n.json" >>"$OUT/summary.txt"
+  else
+    echo "$n streams: FAILED ($(tail -1 "$WORK/run-$n.log")); operator peak RSS $rss MiB" >>"$OUT/summary.txt"
+  fi
+  if [ "$restarts_after" != "$restarts_before" ]; then
+    echo "  operator containers restarted during this size (last termination: ${oom:-?})" >>"$OUT/summary.txt"
+  fi
+  # The namespace's Pods must be gone before the next size.
+  kc wait --for=delete "namespace/bench-prop-$n" --timeout=600s >/dev/null 2>&1 || true
+done
+show_results "$OUT/summary.txt"
