@@ -13,7 +13,9 @@
 #
 #   bench/propagation-bench.sh [OUTDIR]
 #
-# Env: SIZES, CHANGES, FAILOVER (1: the failover on the last size; default 1).
+# Env: SIZES, CHANGES, FAILOVER (1: the failover on the last size; default 1),
+# OPERATOR_ENV (e.g. "MALLOC_ARENA_MAX=2": set on the operator Deployment
+# before the first size, for a comparison run).
 # Brings the local cluster up and always tears it down (e2e/cluster.sh).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -51,6 +53,11 @@ cluster_up=1
 "$BENCH_ROOT/e2e/cluster.sh" images >/dev/null
 "$BENCH_ROOT/e2e/cluster.sh" install >/dev/null
 export BATON_E2E_KUBECONFIG="$KUBECONFIG_ADMIN"
+if [ -n "${OPERATOR_ENV:-}" ]; then
+  # shellcheck disable=SC2086
+  kc -n baton-system set env deployment/baton-operator $OPERATOR_ENV >/dev/null
+  kc -n baton-system rollout status deployment/baton-operator --timeout=180s >/dev/null
+fi
 
 # PIDs (host view) of the operator containers' processes.
 operator_pids() {
@@ -76,19 +83,23 @@ sample() {
     sleep 1
   done
 }
+# Container restarts of the operator Pods (an OOM kill is one).
+operator_restarts() {
+  kc -n baton-system get pods -l app.kubernetes.io/name=baton-operator -o json \
+    | jq '[.items[].status.containerStatuses[]?.restartCount] | add // 0'
+}
 export -f sample operator_pids kc ctr_k8s
 export KUBECONFIG_ADMIN CONTAINERD_SOCK
 
 bench_header >"$OUT/summary.txt"
 limit=$(kc -n baton-system get deployment baton-operator \
   -o jsonpath='{.spec.template.spec.containers[0].resources.limits.memory}')
-echo "operator: 2 replicas, memory limit $limit; $CHANGES Route creations per size" >>"$OUT/summary.txt"
+echo "operator: 2 replicas, memory limit $limit${OPERATOR_ENV:+, env $OPERATOR_ENV}; $CHANGES Route creations per size" >>"$OUT/summary.txt"
 ticks=$(getconf CLK_TCK)
 set -- $SIZES
 last=${!#}
 for n in "$@"; do
-  restarts_before=$(kc -n baton-system get pods -l app.kubernetes.io/name=baton-operator \
-    -o jsonpath='{range .items[*]}{.status.containerStatuses[0].restartCount}{"+"}{end}0' | bc)
+  restarts_before=$(operator_restarts)
   log "$n streams"
   : >"$WORK/operator-$n.samples"
   start_bg "sampler-$n" "" bash -c 'sample "$@"' _ "$WORK/operator-$n.samples"
@@ -101,8 +112,7 @@ for n in "$@"; do
   stop_pid "$sampler"
   cpu=$(awk -v t="$ticks" '{ if (!($2 in a)) a[$2] = $3; b[$2] = $3 } END { s = 0; for (p in a) s += b[p] - a[p]; printf "%.1f", s / t }' "$WORK/operator-$n.samples")
   rss=$(awk '$4 > m { m = $4 } END { printf "%.1f", m / 1024 }' "$WORK/operator-$n.samples")
-  restarts_after=$(kc -n baton-system get pods -l app.kubernetes.io/name=baton-operator \
-    -o jsonpath='{range .items[*]}{.status.containerStatuses[0].restartCount}{"+"}{end}0' | bc)
+  restarts_after=$(operator_restarts)
   oom=$(kc -n baton-system get pods -l app.kubernetes.io/name=baton-operator \
     -o jsonpath='{range .items[*]}{.status.containerStatuses[0].lastState.terminated.reason}{" "}{end}')
   if [ "$ok" = 1 ] && [ -s "$OUT/propagation-$n.json" ]; then

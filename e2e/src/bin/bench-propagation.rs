@@ -181,7 +181,7 @@ async fn run(client: &Client, args: &Args) -> Result<()> {
         if version[i] == 0 {
             have += 1;
         }
-        version[i] = version[i].max(v);
+        version[i] = v;
     }
     let connect = t_connect.elapsed();
     eprintln!("{n} streams connected in {:.1} s", connect.as_secs_f64());
@@ -287,7 +287,7 @@ async fn failover(
         }
         // Drain pushes (reconnected streams get a snapshot).
         while let Ok((i, v, _)) = seen.try_recv() {
-            version[i] = version[i].max(v);
+            version[i] = v;
         }
         if all_back.is_none() && shared.open.load(Ordering::Relaxed) == n {
             all_back = Some(t0.elapsed());
@@ -610,7 +610,7 @@ async fn quiet(seen: &mut mpsc::UnboundedReceiver<Seen>, version: &mut [u64], ga
     let end = Instant::now() + Duration::from_secs(60);
     while Instant::now() < end {
         match tokio::time::timeout(gap, seen.recv()).await {
-            Ok(Some((i, v, _))) => version[i] = version[i].max(v),
+            Ok(Some((i, v, _))) => version[i] = v,
             _ => return,
         }
     }
@@ -633,7 +633,7 @@ async fn propagate(
         let (i, v, at) = recv_until(seen, deadline)
             .await
             .ok_or_else(|| stuck("a change's propagation", shared, lat.len(), n))?;
-        version[i] = version[i].max(v);
+        version[i] = v;
         if v > base[i] && !done[i] {
             done[i] = true;
             lat.push(at - t0);

@@ -376,18 +376,63 @@ async fn execute(
     Ok(())
 }
 
+/// Pods listed per page by [`list_release_pods`]: a release of 10,000
+/// Pods read in one response held every Pod whole at once (issue #37: the
+/// leader's peak RSS); a page at a time, only the trimmed Pods add up.
+const LIST_PAGE: u32 = 500;
+
+/// The release's Pods, read fresh (the patches are conditional on their
+/// resourceVersion) one page at a time, each Pod trimmed to what
+/// [`pod_state`] and [`execute`] read.
+async fn list_release_pods(client: &Client, release: &str) -> Result<Vec<Pod>, Error> {
+    let api: Api<Pod> = Api::all(client.clone());
+    let mut params = ListParams::default()
+        .labels(&format!("{}={}", labels::RELEASE, release))
+        .limit(LIST_PAGE);
+    let mut pods = Vec::new();
+    loop {
+        let page = api.list(&params).await.map_err(|source| Error::ListPods {
+            release: release.to_owned(),
+            source,
+        })?;
+        pods.extend(page.items.into_iter().map(|mut pod| {
+            trim_for_rollout(&mut pod);
+            pod
+        }));
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(pods),
+        }
+    }
+}
+
+/// Drops what the rollout never reads: managed fields, the trust bundle
+/// the webhook copied in (a PEM per Pod), volumes, and every container but
+/// the two sidecar slots (patches address containers by name, so the
+/// others' absence changes nothing).
+fn trim_for_rollout(pod: &mut Pod) {
+    let m = &mut pod.metadata;
+    m.managed_fields = None;
+    if let Some(a) = m.annotations.as_mut() {
+        a.remove(annotations::TRUST_BUNDLE);
+        a.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.volumes = None;
+        let slot = |c: &k8s_openapi::api::core::v1::Container| {
+            c.name == containers::SLOT_A || c.name == containers::SLOT_B
+        };
+        spec.containers.retain(slot);
+        if let Some(init) = spec.init_containers.as_mut() {
+            init.retain(slot);
+        }
+    }
+}
+
 #[tracing::instrument(skip_all, fields(kind = KIND, name = %release.name_any()))]
 pub async fn reconcile(release: Arc<SidecarRelease>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let name = release.name_any();
-    let pods_api: Api<Pod> = Api::all(ctx.client.clone());
-    let list = pods_api
-        .list(&ListParams::default().labels(&format!("{}={}", labels::RELEASE, name)))
-        .await
-        .map_err(|source| Error::ListPods {
-            release: name.clone(),
-            source,
-        })?;
-    let pods = list.items;
+    let pods = list_release_pods(&ctx.client, &name).await?;
 
     // Kubelet versions, only for native sidecars (the planner needs them to
     // know whether an in-place image update restarts the container).
@@ -1094,6 +1139,73 @@ mod tests {
         assert_eq!(
             patch["spec"]["initContainers"],
             json!([{"name": containers::SLOT_B, "image": "sidecar:2"}])
+        );
+    }
+
+    #[tokio::test]
+    async fn pods_are_listed_a_page_at_a_time_and_every_page_counts() {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let first = pod("web-0", "2", Some("empty:1"), json!({}), None);
+        let second = pod("web-1", "2", Some("empty:1"), json!({}), None);
+        let seen = fake_api(
+            handle,
+            vec![],
+            Box::new(move |s| {
+                if s.method != Method::GET || !s.uri.starts_with("/api/v1/pods?") {
+                    return None;
+                }
+                let (items, next) = if s.uri.contains("continue=page-2") {
+                    (vec![second.clone()], json!({}))
+                } else {
+                    (vec![first.clone()], json!({"continue": "page-2"}))
+                };
+                Some((
+                    200,
+                    json!({"apiVersion": "v1", "kind": "PodList", "metadata": next, "items": items}),
+                ))
+            }),
+        );
+        let ctx = context(service, no_probe());
+        reconcile(Arc::new(release(json!({}))), ctx).await.unwrap();
+        let seen = seen.lock().unwrap().clone();
+        let lists = find(&seen, Method::GET, "/api/v1/pods?");
+        assert_eq!(lists.len(), 2, "{lists:#?}");
+        assert!(
+            lists[0].uri.contains(&format!("limit={LIST_PAGE}")),
+            "{}",
+            lists[0].uri
+        );
+        assert!(lists[1].uri.contains("continue=page-2"), "{}", lists[1].uri);
+        assert_eq!(patched_status(&seen)["total"], 2);
+    }
+
+    #[test]
+    fn the_rollout_keeps_the_slots_and_what_it_reads_and_drops_the_rest() {
+        let mut p: Pod = serde_json::from_value(pod(
+            "web-0",
+            "1",
+            Some("empty:1"),
+            json!({annotations::TRUST_BUNDLE: "-----BEGIN CERTIFICATE-----"}),
+            None,
+        ))
+        .unwrap();
+        p.spec.as_mut().unwrap().volumes = Some(vec![Default::default()]);
+        let before = pod_state(&p, None, None);
+        trim_for_rollout(&mut p);
+        let names: Vec<&str> = p
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(names, [containers::SLOT_A, containers::SLOT_B]);
+        assert!(p.spec.as_ref().unwrap().volumes.is_none());
+        assert!(!p.annotations().contains_key(annotations::TRUST_BUNDLE));
+        assert_eq!(
+            format!("{:?}", pod_state(&p, None, None)),
+            format!("{before:?}")
         );
     }
 
