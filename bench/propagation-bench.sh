@@ -5,15 +5,15 @@
 # bound to each, N push streams (one per Pod) on the operator replicas' real
 # endpoints, then CHANGES (default 20) Routes created through the API
 # server: time to the N-th ACK per change (p50 / p99 / max), each stream's
-# p50 / p99, and the time until the Route's status counts N/N. The last size
-# (or every size with FAILOVER_ALL=1) also deletes the leader's Pod under
-# its streams. The operator's CPU seconds and peak RSS over each size (both
+# p50 / p99, and the time until the Route's status counts N/N. At
+# FAILOVER_AT streams (default 1000, issue #37 item 6) the leader's Pod is
+# then deleted under its streams. The operator's CPU seconds and peak RSS over each size (both
 # replicas, /proc of their container processes, sampled every second), and
 # whether a replica was OOM-killed against its memory limit.
 #
 #   bench/propagation-bench.sh [OUTDIR]
 #
-# Env: SIZES, CHANGES, FAILOVER (1: the failover on the last size; default 1),
+# Env: SIZES, CHANGES, FAILOVER_AT (a size, or 0 for no failover),
 # OPERATOR_ENV (e.g. "MALLOC_ARENA_MAX=2": set on the operator Deployment
 # before the first size, for a comparison run).
 # Brings the local cluster up and always tears it down (e2e/cluster.sh).
@@ -27,7 +27,7 @@ need kubectl jq ctr
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/baton/target-$(rustc --version | awk '{print $2}')}"
 SIZES=${SIZES:-1000 5000 10000}
 CHANGES=${CHANGES:-20}
-FAILOVER=${FAILOVER:-1}
+FAILOVER_AT=${FAILOVER_AT:-1000}
 
 cluster_up=0
 baseline="$WORK/leftovers-before"
@@ -96,16 +96,14 @@ limit=$(kc -n baton-system get deployment baton-operator \
   -o jsonpath='{.spec.template.spec.containers[0].resources.limits.memory}')
 echo "operator: 2 replicas, memory limit $limit${OPERATOR_ENV:+, env $OPERATOR_ENV}; $CHANGES Route creations per size" >>"$OUT/summary.txt"
 ticks=$(getconf CLK_TCK)
-set -- $SIZES
-last=${!#}
-for n in "$@"; do
+for n in $SIZES; do
   restarts_before=$(operator_restarts)
   log "$n streams"
   : >"$WORK/operator-$n.samples"
   start_bg "sampler-$n" "" bash -c 'sample "$@"' _ "$WORK/operator-$n.samples"
   sampler=$LAST_PID
   fo=()
-  if [ "$FAILOVER" = 1 ] && { [ "$n" = "$last" ] || [ "${FAILOVER_ALL:-0}" = 1 ]; }; then fo=(--failover); fi
+  if [ "$n" = "$FAILOVER_AT" ]; then fo=(--failover); fi
   ok=1
   "$(tool_bin bench-propagation)" --streams "$n" --changes "$CHANGES" --namespace "bench-prop-$n" \
     "${fo[@]}" --report-json "$OUT/propagation-$n.json" >"$WORK/run-$n.log" 2>&1 || ok=0
@@ -118,7 +116,7 @@ for n in "$@"; do
   if [ "$ok" = 1 ] && [ -s "$OUT/propagation-$n.json" ]; then
     jq -r --arg cpu "$cpu" --arg rss "$rss" '
       "\(.streams) streams: Route create -> N-th ACK p50 \(.nth_ack_ms.p50) ms, p99 \(.nth_ack_ms.p99) ms, max \(.nth_ack_ms.max) ms over \(.changes) changes; per stream p50 \(.per_stream_ms.p50) ms, p99 \(.per_stream_ms.p99) ms; status N/N p50 \(.status_ms.p50) ms, max \(.status_ms.max) ms"
-      + "\n  setup \(.setup_s | . * 10 | round / 10) s (Pods + tokens), streams connected in \(.connect_s | . * 10 | round / 10) s, \(.stream_errors) stream errors"
+      + "\n  setup \(.setup_s | . * 10 | round / 10) s (Pods + tokens), streams connected in \(.connect_s | . * 10 | round / 10) s, \(.stream_errors) stream errors; a full snapshot \(.snapshot_bytes / 1024 | . * 10 | round / 10) KiB"
       + (if .failover then "\n  failover (leader Pod deleted): new leader after \(.failover.new_leader_s | . * 10 | round / 10) s (Lease \(.failover.lease_duration_s) s), all streams back after \(.failover.streams_back_s | . * 10 | round / 10) s; next change N-th ACK \(.failover.nth_ack_ms) ms, status \"\(.failover.status)\" after \(.failover.status_ms) ms" else "" end)
       + "\n  operator (both replicas): \($cpu) CPU s over the size, peak RSS \($rss) MiB"' \
       "$OUT/propagation-$n.json" >>"$OUT/summary.txt"

@@ -268,6 +268,7 @@ fn operator(streams: usize) {
         cluster: InMemory,
         audience: AUDIENCE.into(),
         trust_domain: "cluster.local".into(),
+        authenticating: baton_operator::mesh::server::authenticating(),
         sign: None,
     });
     {

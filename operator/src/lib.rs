@@ -563,6 +563,7 @@ async fn start_config_push(
         cluster: identity::cluster::KubeCluster::new(client.clone(), Some(instance.to_owned())),
         audience: contract::volumes::TOKEN_AUDIENCE.to_owned(),
         trust_domain: args.mesh_identity.trust_domain.clone(),
+        authenticating: mesh::server::authenticating(),
         sign: Some(Arc::new(move |req| {
             let published = published.clone();
             Box::pin(async move {

@@ -43,11 +43,25 @@ const SERVER_NAME: &str = "baton-operator.baton-system.svc";
 
 struct FakeCluster {
     tokens: HashMap<String, ReviewResult>,
+    /// When set, every review waits for the gate to open.
+    gate: Option<Arc<Gate>>,
+}
+
+/// Holds TokenReviews back and counts those waiting.
+struct Gate {
+    waiting: std::sync::atomic::AtomicUsize,
+    open: watch::Sender<bool>,
 }
 
 impl Cluster for FakeCluster {
     async fn review(&self, token: &str, audience: &str) -> Result<ReviewResult, Refusal> {
         assert_eq!(audience, AUDIENCE);
+        if let Some(gate) = &self.gate {
+            use std::sync::atomic::Ordering::SeqCst;
+            gate.waiting.fetch_add(1, SeqCst);
+            let _ = gate.open.subscribe().wait_for(|open| *open).await;
+            gate.waiting.fetch_sub(1, SeqCst);
+        }
         Ok(self.tokens.get(token).cloned().unwrap_or(ReviewResult {
             error: Some("invalid bearer token".into()),
             ..ReviewResult::default()
@@ -125,6 +139,10 @@ impl Drop for Operator {
 }
 
 async fn start_operator() -> Operator {
+    start_operator_gated(None).await
+}
+
+async fn start_operator_gated(gate: Option<Arc<Gate>>) -> Operator {
     let now = OffsetDateTime::now_utc();
     let ca = generate_root("cluster.local", now, Duration::from_secs(3600)).unwrap();
     let authority = Authority::from_pem(&ca, now).unwrap();
@@ -156,6 +174,7 @@ async fn start_operator() -> Operator {
     let identity = Arc::new(IdentityService::new(
         FakeCluster {
             tokens: tokens.clone(),
+            gate: None,
         },
         ServiceConfig {
             trust_domain: "cluster.local".into(),
@@ -168,9 +187,10 @@ async fn start_operator() -> Operator {
     ));
     let server = Arc::new(PushServer {
         hub: hub.clone(),
-        cluster: FakeCluster { tokens },
+        cluster: FakeCluster { tokens, gate },
         audience: AUDIENCE.into(),
         trust_domain: "cluster.local".into(),
+        authenticating: baton_operator::mesh::server::authenticating(),
         sign: Some(Arc::new(move |req| {
             let identity = identity.clone();
             Box::pin(async move {
@@ -439,6 +459,45 @@ async fn a_refused_snapshot_is_nacked_and_the_last_good_one_keeps_serving() {
         Some(1),
         "the ACKed version stays the last good one"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crowd_of_connecting_sidecars_is_authenticated_a_bounded_number_at_a_time() {
+    use baton_operator::mesh::server::AUTHENTICATING_AT_ONCE;
+    use std::sync::atomic::Ordering::SeqCst;
+    let gate = Arc::new(Gate {
+        waiting: Default::default(),
+        open: watch::channel(false).0,
+    });
+    let op = Arc::new(start_operator_gated(Some(gate.clone())).await);
+    // Twice as many streams as may be authenticated at once, all opened
+    // together (an operator restart: every sidecar reconnects).
+    let crowd: Vec<_> = (0..2 * AUTHENTICATING_AT_ONCE)
+        .map(|_| {
+            let op = op.clone();
+            tokio::spawn(async move {
+                let body = StreamBody::new(futures::stream::pending::<
+                    Result<Frame<bytes::Bytes>, std::convert::Infallible>,
+                >())
+                .boxed();
+                open_stream(&op, "token-1", "shop/client-1", &[], body)
+                    .await
+                    .status()
+            })
+        })
+        .collect();
+    assert!(
+        wait_for(|| gate.waiting.load(SeqCst) == AUTHENTICATING_AT_ONCE).await,
+        "{} reviews waiting",
+        gate.waiting.load(SeqCst)
+    );
+    // The rest stay queued behind the bound, however long the API is slow.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(gate.waiting.load(SeqCst), AUTHENTICATING_AT_ONCE);
+    gate.open.send_replace(true);
+    for stream in crowd {
+        assert_eq!(stream.await.unwrap(), 200);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

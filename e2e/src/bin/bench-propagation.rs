@@ -97,6 +97,8 @@ struct Shared {
     last_error: Mutex<String>,
     /// Route names stream 0 has seen in a push.
     seen_routes: Mutex<Vec<String>>,
+    /// Bytes of stream 0's first push (the whole snapshot).
+    first_push_bytes: AtomicUsize,
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 1)]
@@ -226,6 +228,7 @@ async fn run(client: &Client, args: &Args) -> Result<()> {
         "per_stream_ms": {"p50": ms(pct(&per_stream, 0.5)), "p99": ms(pct(&per_stream, 0.99))},
         "status_ms": {"p50": ms(pct(&status_after, 0.5)), "max": ms(*status_after.last().unwrap())},
         "stream_errors": shared.errors.load(Ordering::Relaxed),
+        "snapshot_bytes": shared.first_push_bytes.load(Ordering::Relaxed),
     });
 
     if args.failover {
@@ -537,11 +540,13 @@ async fn stream_once(
     let _open = OpenGuard(&shared.open);
     let mut body = resp.into_body();
     let mut decoder = Decoder::default();
+    let mut received = 0;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| e.to_string())?;
         let Some(data) = frame.data_ref() else {
             continue;
         };
+        received += data.len();
         decoder.extend(data);
         loop {
             // Stream 0 decodes whole pushes and notes the Routes in them;
@@ -551,6 +556,9 @@ async fn stream_once(
                     break;
                 };
                 note_routes(&p, shared);
+                if p.snapshot.is_some() {
+                    shared.first_push_bytes.store(received, Ordering::Relaxed);
+                }
                 (p.version, p.nonce)
             } else {
                 let Some(p) = decoder

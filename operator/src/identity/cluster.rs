@@ -7,6 +7,7 @@ use std::future::Future;
 use baton_crds::contract::labels;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::PostParams;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client};
@@ -26,20 +27,19 @@ pub enum PodState {
     Gone,
 }
 
-/// Decides from the Pod as read (pure). A Pod is meshed when the webhook
-/// injected it (`baton.dev/injected=true`, which it sets only in meshed
-/// namespaces or on Pods that opted in).
-pub fn pod_state(pod: Option<&Pod>, token_uid: Option<&str>) -> PodState {
-    let Some(pod) = pod else {
+/// Decides from the Pod's metadata as read (pure). A Pod is meshed when the
+/// webhook injected it (`baton.dev/injected=true`, which it sets only in
+/// meshed namespaces or on Pods that opted in).
+pub fn pod_state(pod: Option<&ObjectMeta>, token_uid: Option<&str>) -> PodState {
+    let Some(meta) = pod else {
         return PodState::Gone;
     };
-    if let (Some(want), Some(have)) = (token_uid, pod.metadata.uid.as_deref())
+    if let (Some(want), Some(have)) = (token_uid, meta.uid.as_deref())
         && want != have
     {
         return PodState::Gone;
     }
-    let injected = pod
-        .metadata
+    let injected = meta
         .labels
         .as_ref()
         .and_then(|l| l.get(labels::INJECTED))
@@ -143,12 +143,15 @@ impl Cluster for KubeCluster {
         name: &str,
         uid: Option<&str>,
     ) -> Result<PodState, Refusal> {
+        // Metadata only: labels and UID are all that decide, and a whole
+        // injected Pod is tens of KiB — thousands of sidecars connecting at
+        // once (an operator restart) read as many Pods at the same moment.
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let pod = api
-            .get_opt(name)
+            .get_metadata_opt(name)
             .await
             .map_err(|e| Refusal::ReviewUnavailable(format!("read pod: {e}")))?;
-        Ok(pod_state(pod.as_ref(), uid))
+        Ok(pod_state(pod.as_ref().map(|p| &p.metadata), uid))
     }
 
     async fn refusal_event(&self, caller: &Caller, reason: &'static str, note: String) {
@@ -196,23 +199,23 @@ mod tests {
     #[test]
     fn only_an_injected_pod_with_the_tokens_uid_is_meshed() {
         assert_eq!(
-            pod_state(Some(&pod("u1", Some("true"))), Some("u1")),
+            pod_state(Some(&pod("u1", Some("true")).metadata), Some("u1")),
             PodState::Meshed
         );
         assert_eq!(
-            pod_state(Some(&pod("u1", Some("true"))), None),
+            pod_state(Some(&pod("u1", Some("true")).metadata), None),
             PodState::Meshed
         );
         assert_eq!(
-            pod_state(Some(&pod("u1", None)), Some("u1")),
+            pod_state(Some(&pod("u1", None).metadata), Some("u1")),
             PodState::NotMeshed
         );
         assert_eq!(
-            pod_state(Some(&pod("u1", Some("false"))), Some("u1")),
+            pod_state(Some(&pod("u1", Some("false")).metadata), Some("u1")),
             PodState::NotMeshed
         );
         assert_eq!(
-            pod_state(Some(&pod("u2", Some("true"))), Some("u1")),
+            pod_state(Some(&pod("u2", Some("true")).metadata), Some("u1")),
             PodState::Gone
         );
         assert_eq!(pod_state(None, Some("u1")), PodState::Gone);

@@ -79,6 +79,20 @@ pub struct PushServer<C> {
     /// identity service), so this module never reaches into it; `None`:
     /// such requests get 404 and the sidecar uses the identity endpoint.
     pub sign: Option<Signer>,
+    /// Bounds the streams being authenticated at once (a TokenReview and a
+    /// Pod read each): when thousands of sidecars reconnect together (an
+    /// operator restart, a failover), the rest wait their turn instead of
+    /// holding as many API requests and their buffers at the same moment.
+    /// [`authenticating`] makes one of the usual size.
+    pub authenticating: tokio::sync::Semaphore,
+}
+
+/// Streams authenticated at once ([`PushServer::authenticating`]).
+pub const AUTHENTICATING_AT_ONCE: usize = 32;
+
+/// The bound on concurrent authentications, at its usual size.
+pub fn authenticating() -> tokio::sync::Semaphore {
+    tokio::sync::Semaphore::new(AUTHENTICATING_AT_ONCE)
 }
 
 impl<C: std::fmt::Debug> std::fmt::Debug for PushServer<C> {
@@ -160,7 +174,12 @@ impl<C: Cluster> PushServer<C> {
             self.hub.metrics().sign_requests.inc();
             return sign(req).await;
         }
-        let pod = match self.authenticate(&req).await {
+        let authenticated = {
+            // Never closed, so acquiring only waits.
+            let _turn = self.authenticating.acquire().await;
+            self.authenticate(&req).await
+        };
+        let pod = match authenticated {
             Ok(pod) => pod,
             Err(refusal) => {
                 self.hub
