@@ -89,8 +89,10 @@ type Seen = (usize, u64, Instant);
 struct Shared {
     /// Operator endpoints; streams pick by their index and attempt.
     addrs: Mutex<Vec<SocketAddr>>,
-    /// Streams currently open (response headers received).
+    /// Streams currently open (response headers received), in all and per
+    /// operator endpoint.
     open: AtomicUsize,
+    open_on: Mutex<std::collections::HashMap<SocketAddr, usize>>,
     /// Stream (re)connections refused or failed.
     errors: AtomicU64,
     /// The last error text (for the report on a stuck run).
@@ -276,6 +278,13 @@ async fn failover(
         .parse::<std::net::IpAddr>()
         .map(|ip| SocketAddr::new(ip, contract::identity::CONFIG_PUSH_PORT))?;
     shared.addrs.lock().unwrap().retain(|a| *a != doomed);
+    let moved = shared
+        .open_on
+        .lock()
+        .unwrap()
+        .get(&doomed)
+        .copied()
+        .unwrap_or_default();
     let t0 = Instant::now();
     system.delete(&leader_pod, &DeleteParams::default()).await?;
     let mut new_leader = None;
@@ -292,7 +301,15 @@ async fn failover(
         while let Ok((i, v, _)) = seen.try_recv() {
             version[i] = v;
         }
-        if all_back.is_none() && shared.open.load(Ordering::Relaxed) == n {
+        // Back: none left on the deleted Pod, every stream open elsewhere.
+        let on_doomed = shared
+            .open_on
+            .lock()
+            .unwrap()
+            .get(&doomed)
+            .copied()
+            .unwrap_or_default();
+        if all_back.is_none() && on_doomed == 0 && shared.open.load(Ordering::Relaxed) == n {
             all_back = Some(t0.elapsed());
         }
         // New replicas join the endpoints as the Service would add them.
@@ -318,7 +335,7 @@ async fn failover(
     let programmed = wait_programmed(&routes, name, n, Duration::from_secs(120)).await?;
     let status = t1.elapsed();
     eprintln!(
-        "failover: new leader after {:.1} s (Lease {lease_duration} s), all {n} streams back after {:.1} s; \
+        "failover: new leader after {:.1} s (Lease {lease_duration} s), the {moved} streams on it back on the others after {:.1} s; \
          a change's N-th ACK after {:.0} ms, status \"{programmed}\" after {:.0} ms",
         new_leader.as_secs_f64(),
         all_back.as_secs_f64(),
@@ -329,6 +346,7 @@ async fn failover(
         "lease_duration_s": lease_duration,
         "new_leader_s": new_leader.as_secs_f64(),
         "streams_back_s": all_back.as_secs_f64(),
+        "streams_moved": moved,
         "nth_ack_ms": ms(last),
         "status_ms": ms(status),
         "status": programmed,
@@ -536,8 +554,7 @@ async fn stream_once(
         let text = resp.into_body().collect().await.map(|b| b.to_bytes());
         return Err(format!("{status}: {:?}", text.unwrap_or_default()));
     }
-    shared.open.fetch_add(1, Ordering::Relaxed);
-    let _open = OpenGuard(&shared.open);
+    let _open = OpenGuard::new(shared, addr);
     let mut body = resp.into_body();
     let mut decoder = Decoder::default();
     let mut received = 0;
@@ -579,11 +596,23 @@ async fn stream_once(
     Err("the operator ended the stream".into())
 }
 
-struct OpenGuard<'a>(&'a AtomicUsize);
+/// Counts a stream as open (in all and on its endpoint) while it lives.
+struct OpenGuard<'a>(&'a Shared, SocketAddr);
+
+impl<'a> OpenGuard<'a> {
+    fn new(shared: &'a Shared, addr: SocketAddr) -> Self {
+        shared.open.fetch_add(1, Ordering::Relaxed);
+        *shared.open_on.lock().unwrap().entry(addr).or_default() += 1;
+        Self(shared, addr)
+    }
+}
 
 impl Drop for OpenGuard<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+        if let Some(n) = self.0.open_on.lock().unwrap().get_mut(&self.1) {
+            *n -= 1;
+        }
     }
 }
 
