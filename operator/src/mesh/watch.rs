@@ -8,7 +8,8 @@
 //! is made by asking discovery, never by parsing a version string.
 //!
 //! A (re)list replaces the kind's entries as a whole: `InitApply` events
-//! are buffered until `InitDone` and swapped in with one index update, so a
+//! are indexed on the side until `InitDone` and swapped in with one index
+//! update (only the index's compact form is held meanwhile), so a
 //! watch restart never leaves deleted objects behind nor shows a half-listed
 //! kind to the compiler. The hub pushes nothing until every kind has listed
 //! once.
@@ -51,16 +52,17 @@ pub async fn endpoints_source(client: &Client) -> EndpointsSource {
 trait Indexed: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static {
     /// The kind, as a metric label.
     const KIND: &'static str;
-    /// Remove every object of this kind (before a relist is swapped in).
-    fn clear(index: &mut Index);
+    /// Replaces every object of this kind in `index` with those of
+    /// `listed` (a relist, indexed on the side as it arrived).
+    fn adopt(index: &mut Index, listed: &mut Index);
     fn apply(&self, index: &mut Index);
     fn delete(&self, index: &mut Index);
 }
 
 impl Indexed for Service {
     const KIND: &'static str = "Service";
-    fn clear(index: &mut Index) {
-        index.services.clear();
+    fn adopt(index: &mut Index, listed: &mut Index) {
+        index.services = std::mem::take(&mut listed.services);
     }
     fn apply(&self, index: &mut Index) {
         index.apply_service(self);
@@ -72,8 +74,8 @@ impl Indexed for Service {
 
 impl Indexed for EndpointSlice {
     const KIND: &'static str = "EndpointSlice";
-    fn clear(index: &mut Index) {
-        index.endpoints.clear();
+    fn adopt(index: &mut Index, listed: &mut Index) {
+        index.endpoints = std::mem::take(&mut listed.endpoints);
     }
     fn apply(&self, index: &mut Index) {
         index.apply_endpoint_slice(self);
@@ -85,8 +87,8 @@ impl Indexed for EndpointSlice {
 
 impl Indexed for Endpoints {
     const KIND: &'static str = "Endpoints";
-    fn clear(index: &mut Index) {
-        index.endpoints.clear();
+    fn adopt(index: &mut Index, listed: &mut Index) {
+        index.endpoints = std::mem::take(&mut listed.endpoints);
     }
     fn apply(&self, index: &mut Index) {
         index.apply_endpoints(self);
@@ -98,8 +100,8 @@ impl Indexed for Endpoints {
 
 impl Indexed for Pod {
     const KIND: &'static str = "Pod";
-    fn clear(index: &mut Index) {
-        index.pods.clear();
+    fn adopt(index: &mut Index, listed: &mut Index) {
+        index.pods = std::mem::take(&mut listed.pods);
     }
     fn apply(&self, index: &mut Index) {
         index.apply_pod(self);
@@ -111,8 +113,8 @@ impl Indexed for Pod {
 
 impl Indexed for Route {
     const KIND: &'static str = "Route";
-    fn clear(index: &mut Index) {
-        index.routes.clear();
+    fn adopt(index: &mut Index, listed: &mut Index) {
+        index.routes = std::mem::take(&mut listed.routes);
     }
     fn apply(&self, index: &mut Index) {
         index.apply_route(self);
@@ -124,8 +126,8 @@ impl Indexed for Route {
 
 impl Indexed for TlsPolicy {
     const KIND: &'static str = "TlsPolicy";
-    fn clear(index: &mut Index) {
-        index.tls_policies.clear();
+    fn adopt(index: &mut Index, listed: &mut Index) {
+        index.tls_policies = std::mem::take(&mut listed.tls_policies);
     }
     fn apply(&self, index: &mut Index) {
         index.apply_tls_policy(self);
@@ -137,8 +139,8 @@ impl Indexed for TlsPolicy {
 
 impl Indexed for AuthorizationPolicy {
     const KIND: &'static str = "AuthorizationPolicy";
-    fn clear(index: &mut Index) {
-        index.authorization_policies.clear();
+    fn adopt(index: &mut Index, listed: &mut Index) {
+        index.authorization_policies = std::mem::take(&mut listed.authorization_policies);
     }
     fn apply(&self, index: &mut Index) {
         index.apply_authorization_policy(self);
@@ -150,8 +152,8 @@ impl Indexed for AuthorizationPolicy {
 
 impl Indexed for Namespace {
     const KIND: &'static str = "Namespace";
-    fn clear(index: &mut Index) {
-        index.namespace_defaults.clear();
+    fn adopt(index: &mut Index, listed: &mut Index) {
+        index.namespace_defaults = std::mem::take(&mut listed.namespace_defaults);
     }
     fn apply(&self, index: &mut Index) {
         index.apply_namespace(self);
@@ -185,21 +187,20 @@ async fn feed<K: Indexed>(
     hub: Arc<Hub>,
     resync: Arc<Resync>,
 ) {
-    let mut buffer: Vec<K> = Vec::new();
+    // A relist is indexed on the side as it arrives, in the index's compact
+    // form: buffering the listed objects whole held every injected Pod at
+    // once (tens of KiB each) at every start and relist.
+    let mut listed = Index::default();
     let mut first = true;
     let mut events = watcher::watcher(api, config).default_backoff().boxed();
     while let Some(event) = events.next().await {
         match event {
             Ok(Event::Apply(obj)) => hub.update(|ix| obj.apply(ix)),
             Ok(Event::Delete(obj)) => hub.update(|ix| obj.delete(ix)),
-            Ok(Event::Init) => buffer.clear(),
-            Ok(Event::InitApply(obj)) => buffer.push(obj),
+            Ok(Event::Init) => listed = Index::default(),
+            Ok(Event::InitApply(obj)) => obj.apply(&mut listed),
             Ok(Event::InitDone) => {
-                let listed = std::mem::take(&mut buffer);
-                hub.update(|ix| {
-                    K::clear(ix);
-                    listed.iter().for_each(|o| o.apply(ix));
-                });
+                hub.update(|ix| K::adopt(ix, &mut listed));
                 if std::mem::take(&mut first) {
                     resync.listed_once();
                 }
@@ -274,4 +275,36 @@ pub async fn run(client: Client, hub: Arc<Hub>) {
         ),
         feed(Api::<Namespace>::all(client), all, hub, resync),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "shop",
+                         "labels": {(contract::labels::INJECTED): "true"}},
+            "spec": {"containers": [{"name": "app"}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_relist_replaces_its_kind_and_leaves_the_others() {
+        let mut index = Index::default();
+        pod("gone").apply(&mut index);
+        let svc: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "shop"}, "spec": {}
+        }))
+        .unwrap();
+        svc.apply(&mut index);
+        let mut listed = Index::default();
+        pod("kept").apply(&mut listed);
+        Pod::adopt(&mut index, &mut listed);
+        let pods: Vec<_> = index.pods.keys().map(|k| k.name.as_str()).collect();
+        assert_eq!(pods, ["kept"]);
+        assert_eq!(index.services.len(), 1, "other kinds are untouched");
+        assert!(listed.pods.is_empty(), "moved, not copied");
+    }
 }

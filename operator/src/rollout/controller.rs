@@ -379,7 +379,7 @@ async fn execute(
 /// Pods listed per page by [`list_release_pods`]: a release of 10,000
 /// Pods read in one response held every Pod whole at once (issue #37: the
 /// leader's peak RSS); a page at a time, only the trimmed Pods add up.
-const LIST_PAGE: u32 = 500;
+const LIST_PAGE: u32 = 100;
 
 /// The release's Pods, read fresh (the patches are conditional on their
 /// resourceVersion) one page at a time, each Pod trimmed to what
