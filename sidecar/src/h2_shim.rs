@@ -484,12 +484,11 @@ impl<T> Core<T> {
         let (kind, flags) = (f[3], f[4]);
         let stream = u32::from_be_bytes([f[5], f[6], f[7], f[8]]) & 0x7fff_ffff;
         match kind {
-            SETTINGS if flags & ACK != 0 => {
-                if self.drop_acks > 0 {
-                    self.drop_acks -= 1;
-                    return;
-                }
+            SETTINGS if flags & ACK != 0 && self.drop_acks > 0 => {
+                self.drop_acks -= 1;
+                return;
             }
+            SETTINGS if flags & ACK != 0 => {}
             SETTINGS => {
                 if self.ack_own {
                     self.ack_own = false;

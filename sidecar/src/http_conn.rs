@@ -194,14 +194,14 @@ pub(crate) enum Migration {
 /// Drives the connection to its safe point: empties the client's HPACK
 /// table, waits for no stream open — until `until`, or the process's drain,
 /// whichever first; `None` (a peer that cannot take HTTP/2) drains at once.
-pub(crate) async fn migrate<C: ?Sized, T>(
+pub(crate) async fn migrate<C, T>(
     mut conn: Pin<&mut C>,
     handle: &ShimHandle<T>,
     drain: &mut tokio::sync::watch::Receiver<bool>,
     until: Option<std::time::Instant>,
 ) -> Migration
 where
-    C: std::future::Future<Output = Result<(), hyper::Error>>,
+    C: std::future::Future<Output = Result<(), hyper::Error>> + ?Sized,
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     let Some(until) = until else {

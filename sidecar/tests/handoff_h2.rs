@@ -614,7 +614,7 @@ async fn kept_client(dial: Dial, c: usize, kept: Arc<Kept>, stop: watch::Receive
     let mut seq = 0u64;
     while !*stop.borrow() {
         seq += 1;
-        let streaming = seq % 4 == 0;
+        let streaming = seq.is_multiple_of(4);
         let r = tokio::time::timeout(EXCHANGE_TIMEOUT, async {
             sender
                 .ready()
