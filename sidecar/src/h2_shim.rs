@@ -153,6 +153,12 @@ impl<T> Shim<T> {
             settings_frame(&[(HEADER_TABLE_SIZE, DEFAULT_TABLE_SIZE)]),
             false,
         ));
+        // A client that sent no header block since it acknowledged the
+        // reset must start its next one with the size update; one whose
+        // encoder ignored the setting (Go's net/http 1.19 does) references
+        // its old table instead, which the fresh decoder cannot resolve.
+        // Watched so that case is counted, not hidden.
+        core.expect_size_update = true;
         Some(Self::with(core))
     }
 
@@ -171,6 +177,10 @@ impl<T: AsyncRead + AsyncWrite + Unpin> ShimHandle<T> {
     /// [`Self::verdict`] looks for the safe point.
     pub fn start_migration(&self) {
         let mut c = lock(&self.core);
+        // A new reset: whatever the last one showed of the encoder, this
+        // one is judged on its own.
+        c.ignored_reset = false;
+        c.expect_size_update = false;
         c.inject = Some((settings_frame(&[(HEADER_TABLE_SIZE, 0)]), true));
     }
 
@@ -189,6 +199,13 @@ impl<T: AsyncRead + AsyncWrite + Unpin> ShimHandle<T> {
             }
         }
         Ok(())
+    }
+
+    /// Whether the client's first header block after the table reset (or,
+    /// resumed, after the move) lacked the size update: its encoder ignored
+    /// SETTINGS_HEADER_TABLE_SIZE.
+    pub fn ignored_reset(&self) -> bool {
+        lock(&self.core).ignored_reset
     }
 
     /// Where a migration stands (see [`Verdict`]).

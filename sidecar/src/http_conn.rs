@@ -127,6 +127,7 @@ pub(crate) async fn serve_http2<I: ParkableIo>(
     // Drained connections end while clients may still be sending streams:
     // close lingering, or a reset would hide the GOAWAY from them.
     let io = crate::linger::Lingering::new(io);
+    let resumed = resume.is_some();
     let (shim, handle) = match resume {
         None => Shim::new(io),
         Some(state) => match Shim::resumed(io, state) {
@@ -143,7 +144,16 @@ pub(crate) async fn serve_http2<I: ParkableIo>(
     let mut conn = Box::pin(builder.serve_connection(TokioIo::new(shim), svc));
     let mut drain = shared.lifecycle.drain_signal();
     tokio::select! {
-        r = conn.as_mut() => { log_conn_end(&meta, r.err()); return; }
+        r = conn.as_mut() => {
+            if resumed && r.is_err() && handle.ignored_reset() {
+                // `h2` refused the block (GOAWAY, last stream 0: the
+                // request is unprocessed and may be re-sent).
+                shared.metrics.h2_handoff("failed_after_move");
+                tracing::info!(conn = meta.id, peer = %meta.peer, "moved HTTP/2 connection ended: the client's HPACK encoder ignored SETTINGS_HEADER_TABLE_SIZE");
+            }
+            log_conn_end(&meta, r.err());
+            return;
+        }
         _ = crate::lifecycle::wait_until(&mut drain, |d| *d) => {}
         req = &mut park => if let Ok(req) = req {
             match migrate(conn.as_mut(), &handle, &mut drain, req.http2_until).await {

@@ -428,6 +428,8 @@ async fn streaming_call(
 const DRAINED: &str = "baton_sidecar_handoff_connections_total{outcome=\"drained\"";
 const H2_DRAINED: &str = "baton_sidecar_handoff_h2_connections_total{outcome=\"drained\"";
 const H2_MOVED: &str = "baton_sidecar_handoff_h2_connections_total{outcome=\"moved\"";
+const H2_FAILED_AFTER_MOVE: &str =
+    "baton_sidecar_handoff_h2_connections_total{outcome=\"failed_after_move\"";
 /// A park timeout the streaming calls outlive: their connections wait for
 /// a safe point that does not come, then fall back to GOAWAY and drain.
 const SHORT_PARK: &[(&str, &str)] = &[("BATON_HANDOFF_PARK_TIMEOUT_MS", "1500")];
@@ -829,4 +831,204 @@ async fn a_protocol_2_peer_gets_http2_connections_drained_not_broken() {
     let resp = again.send_request(get("/h2-v2/after")).await.unwrap();
     assert_eq!(resp.status(), 200);
     drop(new);
+}
+
+/// Another client's HPACK encoder: nghttp2's (`h2load`, as in curl and
+/// many C clients) must signal the table size update after the reset too,
+/// or its connections would fail on the new process. Two connections at 25
+/// requests per second each for 8 s through three handoffs: every request
+/// succeeds and each connection moves at each handoff (none drains). Needs
+/// `h2load` on PATH, hence not in the gate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs nghttp2's h2load on PATH"]
+async fn nghttp2_clients_keep_their_connections_across_handoffs() {
+    let world = World::new().await;
+    let mut current = world.spawn(&[]);
+    world.wait_ready(Duration::from_secs(20)).await;
+    let url = format!("http://{}/h2load/nghttp2", world.http);
+    let load = tokio::process::Command::new("h2load")
+        .args(["-c", "2", "-m", "1", "--rps", "25", "-D", "8", &url])
+        .kill_on_drop(true)
+        .output();
+    let handoffs = async {
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let next = world.spawn(&[]);
+            world
+                .wait_complete(next.pid(), Duration::from_secs(20))
+                .await;
+            let exit = wait_exit(&mut current, Duration::from_secs(20)).await;
+            assert!(exit.is_some_and(|s| s.success()), "old: {exit:?}");
+            current = next;
+        }
+    };
+    let (out, ()) = tokio::join!(load, handoffs);
+    let out = out.expect("h2load runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("requests:"))
+        .unwrap_or_else(|| panic!("no summary from h2load:\n{text}"));
+    let field = |name: &str| -> u64 {
+        line.split(',')
+            .find_map(|p| p.trim().strip_suffix(name))
+            .and_then(|n| n.trim().rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {line}"))
+    };
+    let (done, ok) = (field(" done"), field(" succeeded"));
+    assert!(
+        field(" failed") == 0 && field(" errored") == 0 && ok == done && done >= 300,
+        "{line}"
+    );
+    let m = metrics(&world).await;
+    assert_eq!(metric_sum(&m, H2_DRAINED), 0, "{m}");
+    assert!(metric_sum(&m, H2_MOVED) >= 6, "{m}");
+    eprintln!("h2load through 3 handoffs: {line}");
+}
+
+/// Go's HTTP/2 client (`net/http`'s bundled `x/net/http2`), over TLS 1.3
+/// with ALPN h2: POST after POST on one pooled connection for 8 s through
+/// three handoffs. Go 1.19's client ignores SETTINGS_HEADER_TABLE_SIZE
+/// ("Unhandled Setting"), so its encoder keeps referencing its table: a
+/// moved connection is refused at its next request (GOAWAY, last stream 0,
+/// so the request is unprocessed) and Go re-sends it on a new connection.
+/// What must hold whatever the Go version: no request fails, every answer
+/// is checked, and every connection Go had to reopen is one the new process
+/// counted as `failed_after_move` (none drained, each handoff one move).
+/// Needs `go` on PATH (standard library only, nothing downloaded), hence
+/// not in the gate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the go toolchain on PATH"]
+async fn go_clients_lose_no_request_and_every_connection_they_reopen_is_counted() {
+    const CLIENT: &str = r#"package main
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptrace"
+	"os"
+	"time"
+)
+
+func main() {
+	der, err := os.ReadFile(os.Args[2])
+	if err != nil {
+		panic(err)
+	}
+	ca, err := x509.ParseCertificate(der)
+	if err != nil {
+		panic(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	tr := &http.Transport{
+		TLSClientConfig:   &tls.Config{RootCAs: pool, ServerName: os.Args[3], MinVersion: tls.VersionTLS13},
+		ForceAttemptHTTP2: true,
+	}
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	conns := map[string]bool{}
+	ok, failed := 0, 0
+	deadline := time.Now().Add(8 * time.Second)
+	for i := 0; time.Now().Before(deadline); i++ {
+		local := ""
+		trace := &httptrace.ClientTrace{GotConn: func(c httptrace.GotConnInfo) { local = c.Conn.LocalAddr().String() }}
+		path := fmt.Sprintf("/go/%d", i)
+		req, _ := http.NewRequest("POST", "https://"+os.Args[1]+path, nil)
+		req = req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
+		resp, err := client.Do(req)
+		if err != nil {
+			failed++
+			fmt.Println("error:", err)
+			continue
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || resp.ProtoMajor != 2 || string(body) != path {
+			failed++
+			fmt.Println("bad answer:", resp.Status, resp.Proto, string(body), err)
+			continue
+		}
+		ok++
+		conns[local] = true
+		time.Sleep(20 * time.Millisecond)
+	}
+	fmt.Printf("go-client ok=%d failed=%d connections=%d\n", ok, failed, len(conns))
+}
+"#;
+    let world = World::new_with_tls().await;
+    let (tls_addr, ca) = world.tls.clone().expect("a world with TLS");
+    let src = world.dir.path().join("go-h2-client.go");
+    std::fs::write(&src, CLIENT).unwrap();
+    let ca_path = world.dir.path().join("ca.der");
+    std::fs::write(&ca_path, ca.as_ref()).unwrap();
+    // Compiled before the clock starts.
+    let bin = world.dir.path().join("go-h2-client");
+    let built = std::process::Command::new("go")
+        .arg("build")
+        .arg("-o")
+        .arg(&bin)
+        .arg(&src)
+        .env("GOFLAGS", "-mod=mod")
+        .env("GO111MODULE", "off")
+        .output()
+        .expect("go runs");
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let mut current = world.spawn(&[]);
+    world.wait_ready(Duration::from_secs(20)).await;
+    let load = tokio::process::Command::new(&bin)
+        .arg(tls_addr.to_string())
+        .arg(&ca_path)
+        .arg(baton_sidecar::client_hello::MESH_SERVER_NAME)
+        .kill_on_drop(true)
+        .output();
+    let handoffs = async {
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let next = world.spawn(&[]);
+            world
+                .wait_complete(next.pid(), Duration::from_secs(20))
+                .await;
+            let exit = wait_exit(&mut current, Duration::from_secs(20)).await;
+            assert!(exit.is_some_and(|s| s.success()), "old: {exit:?}");
+            current = next;
+        }
+    };
+    let (out, ()) = tokio::join!(load, handoffs);
+    let out = out.expect("the Go client runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("go-client"))
+        .unwrap_or_else(|| {
+            panic!(
+                "no summary:\n{text}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    let field = |name: &str| -> u64 {
+        line.split(' ')
+            .find_map(|p| p.strip_prefix(name))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {line}"))
+    };
+    assert!(field("failed=") == 0 && field("ok=") >= 100, "{text}");
+    let m = metrics(&world).await;
+    let lost = metric_sum(&m, H2_FAILED_AFTER_MOVE);
+    assert_eq!(metric_sum(&m, H2_DRAINED), 0, "{m}");
+    assert!(metric_sum(&m, H2_MOVED) >= 3, "{m}");
+    assert_eq!(
+        field("connections=") - 1,
+        lost,
+        "every reconnect is a counted failure after a move:\n{m}"
+    );
+    eprintln!(
+        "Go client through 3 handoffs: {line}; {lost} moved connections refused at their next request"
+    );
 }

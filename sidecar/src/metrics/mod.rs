@@ -221,7 +221,10 @@ pub struct Metrics {
     /// `crate::filters::Verdict::count`).
     pub authz: Family<AuthzLabels, Counter>,
     /// HTTP/2 connections asked to park at a handoff, by outcome: `moved`
-    /// (no GOAWAY) or `drained` (GOAWAY; decision 0062 says when).
+    /// (no GOAWAY) or `drained` (GOAWAY; decision 0062 says when), counted
+    /// by the old process; and, by the new one, `failed_after_move`: a
+    /// moved connection whose client's HPACK encoder had ignored the table
+    /// reset, refused at its next request (GOAWAY, request unprocessed).
     pub h2_handoff: Family<Labels, Counter>,
 }
 
@@ -341,7 +344,7 @@ impl Metrics {
         );
         r.register(
             "handoff_h2_connections",
-            "HTTP/2 connections asked to park at a handoff, by outcome: moved (kept open, no GOAWAY) or drained (GOAWAY)",
+            "HTTP/2 connections asked to park at a handoff, by outcome: moved (kept open, no GOAWAY) or drained (GOAWAY); failed_after_move: moved, then refused at its next request because the client's HPACK encoder ignored the table reset",
             m.h2_handoff.clone(),
         );
         r.register(
