@@ -131,7 +131,7 @@ for n in $SIZES; do
   if [ -s "$OUT/rollout-$n.json" ]; then
     jq -r --arg cpu "$cpu" --arg rss "$rss" '
       "\(.replicas) echo pods + 2 meshed clients: hot upgrade " + ([.rollouts[] | "to \(.to) \(.seconds * 10 | round / 10) s (handoff p50 \(.handoff_ms_p50) ms, p99 \(.handoff_ms_p99) ms, max \(.handoff_ms_max) ms, \(.handoffs) on record)"] | join("; "))
-      + "\n  traffic: host -> Pod \(.exchanges) exchanges, \(.failed) failed, \(.resets) resets; Pod -> Pod (mTLS) \([.meshed[].exchanges] | add) exchanges, \([.meshed[].failed] | add) failed; HTTP/2 reconnects \(.h2_reconnects), unprocessed re-sent \(.h2_unprocessed_resent); app restarts \(.app_restarts)"
+      + "\n  traffic: host -> Pod \(.exchanges) exchanges, \(.failed) failed, \(.resets) resets; Pod -> Pod (mTLS) \([.meshed[].exchanges] | add) exchanges, \([.meshed[].failed] | add) failed; HTTP/2 connections kept \(.h2_kept // "?"), reconnects \(.h2_reconnects), unprocessed re-sent \(.h2_unprocessed_resent); app restarts \(.app_restarts)"
       + (if .restart then "\n  kubectl rollout restart: \(.restart.pods) pods recreated in \(.restart.seconds * 10 | round / 10) s\(if .restart.finished then "" else " (NOT finished: the rest were still being replaced)" end) (creation -> Ready p50 \(.restart.replace_ms_p50) ms, p99 \(.restart.replace_ms_p99) ms); Pod -> Pod (mTLS) \(.restart.exchanges) exchanges, \(.restart.failed) failed \(.restart.errors | tojson)" else "" end)
       + "\n  operator (2 replicas): \($cpu) CPU s over the run, peak RSS \($rss) MiB"' \
       "$OUT/rollout-$n.json" >>"$OUT/summary.txt"

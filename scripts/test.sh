@@ -129,7 +129,7 @@ trap 'r=$?; bg_stop_all; stage_table "$r"' EXIT
 
 # Fuzzing (one core, pure CPU) goes beside the release build and the demo.
 if [ "${BATON_SKIP_FUZZ:-0}" != 1 ]; then
-  bg_start fuzz "fuzz the HTTP/1 request-head parser and validation and the TLS record layer (bounded: ${BATON_FUZZ_BUDGET:-60} s for all targets; beside the next stages)" \
+  bg_start fuzz "fuzz the HTTP/1 request-head parser and validation, the TLS record layer and the HTTP/2 carried state (bounded: ${BATON_FUZZ_BUDGET:-60} s for all targets; beside the next stages)" \
     scripts/fuzz.sh
 fi
 

@@ -366,4 +366,6 @@ pub const DEFAULT_QAT_RESOURCE: &str = "qat.intel.com/cy";
 /// - 1: listeners, state, raw TCP / HTTP/1.1 connections, inbound TLS state.
 /// - 2: raw TCP connections also move with an originated (upstream) mesh
 ///   mTLS session; with a version-1 peer such connections stay and drain.
-pub const HANDOFF_PROTOCOL_VERSION: u32 = 2;
+/// - 3: idle HTTP/2 connections move too (decision 0062); with a version-2
+///   peer they get GOAWAY and drain on the old process, as before.
+pub const HANDOFF_PROTOCOL_VERSION: u32 = 3;

@@ -461,6 +461,8 @@ pub struct Counters {
     pub retried: AtomicUsize,
     /// HTTP/2 connections reopened after the server drained one (GOAWAY).
     pub reconnects: AtomicUsize,
+    /// HTTP/2 connections opened in all (the reconnects included).
+    pub h2_connections: AtomicUsize,
     pub failures: Mutex<Vec<String>>,
 }
 
@@ -472,6 +474,7 @@ pub struct Totals {
     pub bytes: u64,
     pub retried: usize,
     pub reconnects: usize,
+    pub h2_connections: usize,
     pub failures: Vec<String>,
 }
 
@@ -493,6 +496,7 @@ impl Counters {
             bytes: self.bytes.load(Ordering::Relaxed),
             retried: self.retried.load(Ordering::Relaxed),
             reconnects: self.reconnects.load(Ordering::Relaxed),
+            h2_connections: self.h2_connections.load(Ordering::Relaxed),
             failures: self.failures.lock().expect("not poisoned").clone(),
         }
     }
@@ -533,6 +537,8 @@ impl Traffic {
                         c.retried
                             .fetch_add(report.retried_unprocessed, Ordering::Relaxed);
                         c.reconnects.fetch_add(report.reconnects, Ordering::Relaxed);
+                        c.h2_connections
+                            .fetch_add(report.h2_connections, Ordering::Relaxed);
                         if !report.failures.is_empty() {
                             c.failures.lock().expect("not poisoned").extend(
                                 report

@@ -205,6 +205,10 @@ pub struct Report {
     pub retried_unprocessed: usize,
     /// HTTP/2 connections opened after the first one (GOAWAY drains).
     pub reconnects: usize,
+    /// HTTP/2 connections opened in all (the first plus the reconnects);
+    /// those minus the reconnects were kept open by the server through the
+    /// run (moved at a handoff, or no handoff while they were open).
+    pub h2_connections: usize,
 }
 
 impl Report {
@@ -323,6 +327,7 @@ pub async fn run(target: SocketAddr, load: &Load) -> Report {
                     first_headers: Vec::new(),
                     retried_unprocessed: 0,
                     reconnects: 0,
+                    h2_connections: 0,
                 };
             }
         }
@@ -383,6 +388,9 @@ pub async fn run(target: SocketAddr, load: &Load) -> Report {
         reconnects: h2
             .as_ref()
             .map_or(0, |p| p.reconnects.load(Ordering::Relaxed)),
+        h2_connections: h2
+            .as_ref()
+            .map_or(0, |p| 1 + p.reconnects.load(Ordering::Relaxed)),
     };
     let mut results = results;
     results.sort_by_key(|(index, _)| *index);
@@ -711,6 +719,8 @@ mod tests {
         .await;
         report.assert_all_ok();
         assert!(report.reconnects >= 5, "{report}");
+        // Every connection the server drained was replaced: none kept.
+        assert_eq!(report.h2_connections, report.reconnects + 1, "{report}");
         assert_eq!(report.bytes_echoed, 60 * 4096);
     }
 

@@ -17,8 +17,11 @@
 //! Safe points, per kind (the data plane's; see `docs/upgrade.md`): raw TCP
 //! parks between two reads/writes (anything read but not written is
 //! returned); HTTP/1 parks when no request is in flight (pipelined bytes
-//! already read are returned); HTTP/2 cannot park mid-connection and answers
-//! by sending GOAWAY and draining ([`Parked::Draining`]).
+//! already read are returned); HTTP/2 parks when no stream is open and the
+//! client has emptied its HPACK table (docs/decisions/0060, 0062: the
+//! carried state is [`Parked::Http2`]), and otherwise — a stream outliving
+//! [`ParkRequest::http2_until`], or a peer that cannot take HTTP/2 — sends
+//! GOAWAY and drains ([`Parked::Draining`]).
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -194,7 +197,18 @@ pub enum Parked {
         downstream: ParkedIo,
         unread: Bytes,
     },
-    /// The connection cannot move (HTTP/2, or mid-upgrade): it was told to
+    /// HTTP/2 with no stream open and both directions at a frame boundary:
+    /// the socket, the client bytes read but not given to `h2` yet, and the
+    /// connection's state outside `h2` (the data plane's encoding; the
+    /// handoff carries it opaquely).
+    Http2 {
+        meta: ConnMeta,
+        downstream: ParkedIo,
+        unread: Bytes,
+        state: Bytes,
+    },
+    /// The connection cannot move (HTTP/2 past its deadline or to a peer
+    /// that cannot take it, or mid-upgrade): it was told to
     /// finish (GOAWAY / close after the current exchange) and will end on
     /// its own.
     Draining,
@@ -217,16 +231,30 @@ pub struct ParkRequest {
     /// to the upstream (handoff protocol 2). When it cannot, a raw TCP
     /// connection with such an upstream answers [`Parked::Draining`].
     pub upstream_tls: bool,
+    /// Whether the receiving process can take an HTTP/2 connection
+    /// (protocol 3), and until when an HTTP/2 connection may wait for its
+    /// safe point before it falls back to GOAWAY and drains. `None`: answer
+    /// [`Parked::Draining`] at once.
+    pub http2_until: Option<std::time::Instant>,
 }
 
 impl ParkRequest {
     /// A request, and where its answer arrives.
     pub fn new(upstream_tls: bool) -> (Self, oneshot::Receiver<ParkedAt>) {
+        Self::with_http2(upstream_tls, None)
+    }
+
+    /// A request that lets HTTP/2 connections move until `http2_until`.
+    pub fn with_http2(
+        upstream_tls: bool,
+        http2_until: Option<std::time::Instant>,
+    ) -> (Self, oneshot::Receiver<ParkedAt>) {
         let (reply, rx) = oneshot::channel();
         (
             Self {
                 reply,
                 upstream_tls,
+                http2_until,
             },
             rx,
         )
@@ -350,13 +378,24 @@ impl ConnRegistry {
     /// asked; otherwise the receiver resolves with the parked connection (or
     /// is dropped if the connection ended first).
     pub fn park(&self, id: u64, upstream_tls: bool) -> Option<oneshot::Receiver<ParkedAt>> {
+        self.park_with(id, upstream_tls, None)
+    }
+
+    /// [`Self::park`], letting an HTTP/2 connection move if it reaches its
+    /// safe point before `http2_until` ([`ParkRequest::http2_until`]).
+    pub fn park_with(
+        &self,
+        id: u64,
+        upstream_tls: bool,
+        http2_until: Option<std::time::Instant>,
+    ) -> Option<oneshot::Receiver<ParkedAt>> {
         let entry = self.lock().get(&id).cloned()?;
         let tx = entry
             .park
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()?;
-        let (req, rx) = ParkRequest::new(upstream_tls);
+        let (req, rx) = ParkRequest::with_http2(upstream_tls, http2_until);
         tx.send(req).ok()?;
         Some(rx)
     }

@@ -106,7 +106,8 @@ pub struct Resumed {
     /// Plaintext read from downstream and not consumed yet (HTTP/1.1: the
     /// pipelined bytes hyper read ahead).
     pub to_upstream: Bytes,
-    /// Plaintext read from upstream and not written downstream yet.
+    /// Plaintext read from upstream and not written downstream yet; for
+    /// HTTP/2, the connection's carried state instead.
     pub to_downstream: Bytes,
 }
 

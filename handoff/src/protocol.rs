@@ -90,6 +90,11 @@ pub enum ConnKind {
     /// HTTP/1.1 between requests: fds = [downstream]; `to_upstream` holds
     /// bytes of the next (pipelined) request already read.
     Http1,
+    /// Protocol 3: HTTP/2 with no stream open: fds = [downstream];
+    /// `to_upstream` holds client bytes read and not given to `h2` yet,
+    /// `to_downstream` the connection's carried state (the sidecar's
+    /// `h2_state::ConnState::encode`; decision 0062).
+    Http2,
 }
 
 pub use baton_tls_record::{DirectionSecrets, TlsWireState};
@@ -235,6 +240,9 @@ fn is_zero(n: &u32) -> bool {
 
 /// First protocol version whose connections may carry [`ConnectionHeader::up_tls`].
 pub const UPSTREAM_TLS_SINCE: u32 = 2;
+/// First protocol version that may send [`ConnKind::Http2`] connections
+/// (a version-2 peer cannot read the kind: its HTTP/2 connections drain).
+pub const HTTP2_SINCE: u32 = 3;
 
 /// A decoded frame: message, blob, and the descriptors that came with it.
 #[derive(Debug)]

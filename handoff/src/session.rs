@@ -54,8 +54,8 @@ use crate::plane::{
     CarriedCounters, DataPlane, IdentityImportError, IdentityPem, Inherited, Phase, Serving,
 };
 use crate::protocol::{
-    Batch, Channel, Frame, ListenerInfo, Message, ProtocolError, Receiver, Sender, StateSnapshot,
-    UPSTREAM_TLS_SINCE, negotiate,
+    Batch, Channel, Frame, HTTP2_SINCE, ListenerInfo, Message, ProtocolError, Receiver, Sender,
+    StateSnapshot, UPSTREAM_TLS_SINCE, negotiate,
 };
 use crate::sched::{on_own_thread, yield_cpu};
 use crate::transit::{Resumable, push_connection, spawn_resumed};
@@ -644,6 +644,14 @@ async fn hand_off_inner(
     // A version-1 peer cannot continue an originated TLS session: such
     // connections answer "draining" and finish here.
     let upstream_tls = version >= UPSTREAM_TLS_SINCE;
+    // A version-2 peer cannot take an HTTP/2 connection: they drain here.
+    // Otherwise one waits for its safe point until a little before the park
+    // deadline, so its fallback (GOAWAY, counted) happens inside the
+    // handoff and its counters travel with `Done`.
+    let http2_until = (version >= HTTP2_SINCE).then(|| {
+        let margin = (cfg.park_timeout / 10).min(Duration::from_secs(1));
+        std::time::Instant::now() + cfg.park_timeout.saturating_sub(margin)
+    });
 
     // Frames from the new process are read by their own task, so sending
     // (which may block on a full socket) never stops us reading acks.
@@ -704,7 +712,7 @@ async fn hand_off_inner(
                        sent_unacked: usize| {
             while parks.len() < PARK_WINDOW && parks.len() + sent_unacked < IN_FLIGHT {
                 let Some(id) = queue.pop_front() else { break };
-                if let Some(rx) = shared.registry().park(id, upstream_tls) {
+                if let Some(rx) = shared.registry().park_with(id, upstream_tls, http2_until) {
                     parks.push(id, rx);
                 }
             }

@@ -180,6 +180,22 @@ impl Resumable {
                 to_downstream: Bytes::new(),
                 paused_since,
             }),
+            // The carried state rides where HTTP/1 has nothing: the
+            // downstream-bound part of the blob (see `WireKind::Http2`).
+            Parked::Http2 {
+                meta,
+                downstream,
+                unread,
+                state,
+            } => Some(Self {
+                meta,
+                kind: WireKind::Http2,
+                down: End::from_parked(downstream),
+                up: None,
+                to_upstream: unread,
+                to_downstream: state,
+                paused_since,
+            }),
             Parked::Draining => None,
         }
     }
@@ -196,7 +212,8 @@ impl Resumable {
         let id = self.meta.id;
         let down = match self.down.extract(id, sessions).await {
             Ok(Some((end, plain))) => {
-                // rustls decrypted these after everything the data plane holds.
+                // rustls decrypted these after everything the data plane
+                // holds (for HTTP/2 too: `to_downstream` is its state).
                 append(&mut self.to_upstream, &plain);
                 end
             }
@@ -232,7 +249,7 @@ impl Resumable {
     ) -> Result<Self, String> {
         let want = match h.kind {
             WireKind::Tcp => 2,
-            WireKind::Http1 => 1,
+            WireKind::Http1 | WireKind::Http2 => 1,
         };
         if fds.len() != want {
             return Err(format!(
@@ -565,6 +582,50 @@ mod tests {
         };
         let (up, up_ct) = &**sealed;
         assert!(!up.server && up_ct == b"uuu");
+    }
+
+    #[tokio::test]
+    async fn an_http2_connection_takes_one_descriptor_and_gets_its_unread_bytes_and_state() {
+        let mut h = header(WireKind::Http2, None);
+        // `to_upstream`: client bytes for `h2`; `to_downstream`: the state.
+        h.to_upstream_len = 1;
+        h.to_downstream_len = 3;
+        let r = Resumable::from_frame(&h, b"uSTA".to_vec(), fds(1), 4)
+            .ok()
+            .unwrap();
+        assert_eq!(r.kind, WireKind::Http2);
+        assert_eq!(
+            (&r.to_upstream[..], &r.to_downstream[..]),
+            (&b"u"[..], &b"STA"[..])
+        );
+        assert!(r.up.is_none());
+        assert!(Resumable::from_frame(&h, b"uSTA".to_vec(), fds(2), 4).is_err());
+        // And it is what an answer of `Parked::Http2` becomes.
+        let tcp = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            c.set_nonblocking(true).unwrap();
+            TcpStream::from_std(c).unwrap()
+        };
+        let meta = Resumable::from_frame(&h, b"uSTA".to_vec(), fds(1), 4)
+            .ok()
+            .unwrap()
+            .meta;
+        let parked = ParkedAt {
+            parked: Parked::Http2 {
+                meta,
+                downstream: ParkedIo::Tcp(tcp),
+                unread: Bytes::from_static(b"u"),
+                state: Bytes::from_static(b"STA"),
+            },
+            at: Instant::now(),
+        };
+        let r = Resumable::from_parked(parked).expect("an HTTP/2 connection moves");
+        assert_eq!(r.kind, WireKind::Http2);
+        assert_eq!(
+            (&r.to_upstream[..], &r.to_downstream[..]),
+            (&b"u"[..], &b"STA"[..])
+        );
     }
 
     #[tokio::test]

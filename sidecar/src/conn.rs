@@ -16,8 +16,9 @@
 //! Safe points, per kind (the data plane answers a park request at them):
 //! raw TCP parks between two reads/writes (anything read but not written is
 //! returned); HTTP/1 parks when no request is in flight (pipelined bytes
-//! hyper already read are returned); HTTP/2 cannot park mid-connection and
-//! answers by sending GOAWAY and draining.
+//! hyper already read are returned); HTTP/2 parks when no stream is open
+//! and the client has emptied its HPACK table (`h2_shim`), or,
+//! when it cannot, answers by sending GOAWAY and draining.
 
 use std::io;
 use std::pin::Pin;

@@ -21,7 +21,7 @@ use crate::handoff::protocol::ConnKind as WireKind;
 use crate::handoff::{DataPlane, Resumed, Serving};
 use crate::http_proxy::Shared;
 use crate::lifecycle::Phase;
-use crate::listener::{serve_plain, until_revoked};
+use crate::listener::{serve_plain, serve_resumed_http2, until_revoked};
 use crate::metrics::ConnLabels;
 use crate::server::Running;
 use crate::tcp_proxy::{TcpEnd, proxy_resumed};
@@ -143,6 +143,38 @@ impl Serving for Shared {
                         }
                         ParkedIo::Boxed(d) => {
                             resume_http1(d, to_upstream, meta, shared, guard, park).await
+                        }
+                    }
+                });
+            }
+            (WireKind::Http2, _) => {
+                // Checked before anything is served: a state this build
+                // cannot continue closes the connection (the old process
+                // only sends what it could recreate itself).
+                let state = match crate::h2_state::ConnState::decode(&r.to_downstream) {
+                    Ok(s) if s.synthetic_preface().is_some() => s,
+                    Ok(_) => {
+                        tracing::error!(
+                            conn = meta.id,
+                            "moved HTTP/2 connection with a send window below 65,535; closed"
+                        );
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::error!(conn = meta.id, error = %e, "moved HTTP/2 connection state unreadable; closed");
+                        return;
+                    }
+                };
+                let (to_upstream, down) = (r.to_upstream, r.down);
+                tokio::spawn(async move {
+                    match down {
+                        ParkedIo::Tcp(d) => {
+                            let io = PrefixedIo::new(to_upstream, d);
+                            serve_resumed_http2(io, meta, shared, guard, park, state).await
+                        }
+                        ParkedIo::Boxed(d) => {
+                            let io = PrefixedIo::new(to_upstream, d);
+                            serve_resumed_http2(io, meta, shared, guard, park, state).await
                         }
                     }
                 });

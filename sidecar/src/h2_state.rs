@@ -5,10 +5,10 @@
 //! streams are open, and whether the client has acknowledged every SETTINGS
 //! the server sent.
 //!
-//! Pure: fed byte slices in wire order (any split), no I/O. Planned use,
-//! not wired yet: the frame shim of decision 0060, which feeds it the
-//! plaintext under hyper and, at a handoff, carries [`ConnState::encode`]
-//! and starts a fresh `h2` behind [`ConnState::synthetic_preface`].
+//! Pure: fed byte slices in wire order (any split), no I/O. The frame shim
+//! (`h2_shim`, decisions 0060 and 0062) feeds it the plaintext
+//! under hyper and, at a handoff, carries [`ConnState::encode`] and starts
+//! a fresh `h2` behind [`ConnState::synthetic_preface`].
 
 use std::collections::BTreeMap;
 

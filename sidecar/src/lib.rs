@@ -46,6 +46,7 @@ pub mod detect;
 mod filters;
 mod h1fast;
 pub mod h1valid;
+mod h2_shim;
 pub mod h2_state;
 mod http_conn;
 mod http_proxy;

@@ -42,6 +42,12 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send + 'static> Lingering<I> {
     fn io(&mut self) -> &mut I {
         self.io.as_mut().expect("present until dropped")
     }
+
+    /// The connection, to continue elsewhere (an HTTP/2 connection moving
+    /// at a handoff): no lingering close.
+    pub fn into_inner(mut self) -> I {
+        self.io.take().expect("present until dropped")
+    }
 }
 
 impl<I: AsyncRead + AsyncWrite + Unpin + Send + 'static> Drop for Lingering<I> {

@@ -392,6 +392,31 @@ pub async fn serve_plain<I: ParkableIo>(
     guard: ConnGuard,
     park: oneshot::Receiver<ParkRequest>,
 ) {
+    serve_known(io, meta, protocol, shared, guard, park, None).await
+}
+
+/// An HTTP/2 connection moved from the previous process, continued from
+/// its carried state (decision 0062).
+pub(crate) async fn serve_resumed_http2<I: ParkableIo>(
+    io: PrefixedIo<I>,
+    meta: ConnMeta,
+    shared: Arc<Shared>,
+    guard: ConnGuard,
+    park: oneshot::Receiver<ParkRequest>,
+    state: crate::h2_state::ConnState,
+) {
+    serve_known(io, meta, Protocol::Http2, shared, guard, park, Some(state)).await
+}
+
+async fn serve_known<I: ParkableIo>(
+    io: PrefixedIo<I>,
+    meta: ConnMeta,
+    protocol: Protocol,
+    shared: Arc<Shared>,
+    guard: ConnGuard,
+    park: oneshot::Receiver<ParkRequest>,
+    h2_resume: Option<crate::h2_state::ConnState>,
+) {
     let kind = match protocol {
         Protocol::Http1 => ConnKind::Http1,
         Protocol::Http2 => ConnKind::Http2,
@@ -414,7 +439,7 @@ pub async fn serve_plain<I: ParkableIo>(
             crate::h1fast::serve(io, meta, shared, park).await
         }
         Protocol::Http1 => http_conn::serve_http1(io, meta, shared, park).await,
-        Protocol::Http2 => http_conn::serve_http2(io, meta, shared, park).await,
+        Protocol::Http2 => http_conn::serve_http2(io, meta, shared, park, h2_resume).await,
         _ => serve_tcp(io, meta, shared, park).await,
     }
     active_gauge.dec();

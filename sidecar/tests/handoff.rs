@@ -49,12 +49,12 @@ fn assert_clean(world: &World, stats: &handoff_support::Stats, pids: &[u32]) {
 async fn consecutive_handoffs_lose_no_request_no_byte_and_no_counter() {
     let rounds = knob("BATON_HANDOFF_ROUNDS", 50);
     let world = World::new_with_tls().await;
-    // Alternate builds: even generations are this build (protocol 1..=2),
-    // odd ones a "next version" speaking 2..=3, so upgrade and rollback both
-    // negotiate 2. (Protocol 1 peers: see the test after this one.)
+    // Alternate builds: even generations are this build (protocol 2..=3),
+    // odd ones a "next version" speaking 3..=4, so upgrade and rollback both
+    // negotiate 3. (Older peers: see the tests after this one.)
     let env_for = |g: usize| -> Vec<(&'static str, &'static str)> {
         if g % 2 == 1 {
-            vec![("BATON_HANDOFF_PROTOCOL_RANGE", "2-3")]
+            vec![("BATON_HANDOFF_PROTOCOL_RANGE", "3-4")]
         } else {
             vec![]
         }
@@ -209,11 +209,13 @@ async fn consecutive_handoffs_lose_no_request_no_byte_and_no_counter() {
 
 /// A protocol-1 peer cannot continue an originated TLS session: a raw TCP
 /// connection with one stays on the old process and drains there (until it
-/// closes), while everything else moves; nothing is lost either way.
+/// closes), while everything else moves; nothing is lost either way. (The
+/// old process plays the protocol-2 build, 1..=2: this one no longer speaks
+/// 1.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_protocol_1_peer_leaves_originated_tls_connections_draining_on_the_old_process() {
     let world = World::new_with_tls().await;
-    let mut old = world.spawn(&[]);
+    let mut old = world.spawn(&[("BATON_HANDOFF_PROTOCOL_RANGE", "1-2")]);
     world.wait_ready(Duration::from_secs(20)).await;
     let load = Load::start(
         &world,

@@ -134,6 +134,8 @@ struct Report {
     bytes: u64,
     reconnects: usize,
     retried: usize,
+    /// HTTP/2 connections opened in all; minus `reconnects`: kept.
+    h2_connections: usize,
     app_restarts: Vec<String>,
     sidecar_restarts: i32,
     /// The `kubectl rollout restart` comparison (`--compare-restart`).
@@ -210,6 +212,8 @@ impl Report {
             "failed": self.failed,
             "resets": self.resets,
             "bytes_checked": self.bytes,
+            "h2_connections": self.h2_connections,
+            "h2_kept": self.h2_connections.saturating_sub(self.reconnects),
             "h2_reconnects": self.reconnects,
             "h2_unprocessed_resent": self.retried,
             "app_restarts": self.app_restarts.len(),
@@ -264,8 +268,10 @@ impl std::fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "  HTTP/2 drains     {} connections reopened after GOAWAY, {} unprocessed requests re-sent (RFC 9113 §8.7)",
-            self.reconnects, self.retried
+            "  HTTP/2            {} connections kept open by the server, {} reopened after GOAWAY, {} unprocessed requests re-sent (RFC 9113 §8.7)",
+            self.h2_connections.saturating_sub(self.reconnects),
+            self.reconnects,
+            self.retried
         )?;
         writeln!(
             f,
@@ -479,6 +485,7 @@ async fn run(client: &Client, ns: &str, release: &str, args: &Args) -> anyhow::R
     report.resets = totals.resets();
     report.bytes = totals.bytes;
     report.reconnects = totals.reconnects;
+    report.h2_connections = totals.h2_connections;
     report.retried = totals.retried;
     let restarts_after = restarts(&now);
     report.app_restarts = app_restarts(&restarts_before, &restarts_after);

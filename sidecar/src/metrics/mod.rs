@@ -220,6 +220,12 @@ pub struct Metrics {
     /// [`AuthzLabels`]; handles resolved per compiled policy:
     /// `crate::filters::Verdict::count`).
     pub authz: Family<AuthzLabels, Counter>,
+    /// HTTP/2 connections asked to park at a handoff, by outcome: `moved`
+    /// (no GOAWAY) or `drained` (GOAWAY; decision 0062 says when), counted
+    /// by the old process; and, by the new one, `failed_after_move`: a
+    /// moved connection whose client's HPACK encoder had ignored the table
+    /// reset, refused at its next request (GOAWAY, request unprocessed).
+    pub h2_handoff: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -263,6 +269,7 @@ impl Metrics {
             event_loop_lag: crate::loop_lag::histogram(),
             admin_refused: Family::default(),
             authz: Family::default(),
+            h2_handoff: Family::default(),
         };
         r.register(
             "requests",
@@ -334,6 +341,11 @@ impl Metrics {
             "lifecycle_phase",
             "1 for the current lifecycle phase",
             m.phase.clone(),
+        );
+        r.register(
+            "handoff_h2_connections",
+            "HTTP/2 connections asked to park at a handoff, by outcome: moved (kept open, no GOAWAY) or drained (GOAWAY); failed_after_move: moved, then refused at its next request because the client's HPACK encoder ignored the table reset",
+            m.h2_handoff.clone(),
         );
         r.register(
             "local_responses",
@@ -455,6 +467,12 @@ impl Metrics {
     pub fn request_refusal(&self, reason: &'static str) {
         self.request_refusals
             .get_or_create(&vec![("reason", reason)])
+            .inc();
+    }
+
+    pub fn h2_handoff(&self, outcome: &'static str) {
+        self.h2_handoff
+            .get_or_create(&vec![("outcome", outcome)])
             .inc();
     }
 
