@@ -157,8 +157,10 @@ impl<T> Shim<T> {
         // reset must start its next one with the size update; one whose
         // encoder ignored the setting (Go's net/http 1.19 does) references
         // its old table instead, which the fresh decoder cannot resolve.
-        // Watched so that case is counted, not hidden.
-        core.expect_size_update = true;
+        // Watched so that case is counted, not hidden. A client whose first
+        // block after the reset went to the old process (checked there)
+        // sends none: expecting it then drained healthy connections.
+        core.expect_size_update = core.state.update_pending();
         Some(Self::with(core))
     }
 
@@ -217,6 +219,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> ShimHandle<T> {
     /// the state will not encode. The `Shim` hyper holds is inert after.
     pub fn take(&self) -> Option<Taken<T>> {
         let mut c = lock(&self.core);
+        let pending = c.expect_size_update;
+        c.state.set_update_pending(pending);
         let state = c.state.encode().ok()?;
         let io = c.io.take()?;
         Some(Taken {

@@ -33,7 +33,7 @@ const MAX_PAYLOAD: usize = (1 << 24) - 1;
 /// The highest SETTINGS identifier followed (the registry's go to 0x9).
 const MAX_SETTING_ID: u16 = 0x10;
 /// Version byte of [`ConnState::encode`]'s form.
-const FORM_VERSION: u8 = 1;
+const FORM_VERSION: u8 = 2;
 
 /// Why the bytes (or a carried form) are not a connection this can follow.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -169,6 +169,11 @@ pub struct ConnState {
     /// SETTINGS frames the server sent that the client has not acknowledged.
     unacked_settings: u32,
     goaway: bool,
+    /// The client acknowledged the HPACK table reset and has sent no header
+    /// block since, so its next one must start with the size update. Set
+    /// by whoever drives the reset (the frame shim), not by the frames: a
+    /// block that already carried it went to the old process.
+    update_pending: bool,
 }
 
 impl Default for ConnState {
@@ -184,6 +189,7 @@ impl Default for ConnState {
             open: BTreeMap::new(),
             unacked_settings: 0,
             goaway: false,
+            update_pending: false,
         }
     }
 }
@@ -394,6 +400,7 @@ impl ConnState {
             out.extend_from_slice(&id.to_be_bytes());
             out.extend_from_slice(&v.to_be_bytes());
         }
+        out.push(u8::from(self.update_pending));
         Ok(out)
     }
 
@@ -436,6 +443,11 @@ impl ConnState {
             }
             client_settings.insert(id, value);
         }
+        let update_pending = match take(1)?[0] {
+            0 => false,
+            1 => true,
+            _ => return Err(StateError::Form("a flag that is neither 0 nor 1")),
+        };
         if !r.0.is_empty() {
             return Err(StateError::Form("trailing bytes"));
         }
@@ -445,8 +457,20 @@ impl ConnState {
             send_window,
             recv_window,
             highest_client_stream,
+            update_pending,
             ..Self::default()
         })
+    }
+
+    /// Whether the client's next header block must start with the HPACK
+    /// size update (see the field).
+    pub fn update_pending(&self) -> bool {
+        self.update_pending
+    }
+
+    /// Records it (the frame shim, which drives the table reset).
+    pub fn set_update_pending(&mut self, pending: bool) {
+        self.update_pending = pending;
     }
 }
 
@@ -663,12 +687,30 @@ mod tests {
         let mut bad = form[..13].to_vec();
         bad.push(1);
         bad.extend_from_slice(&[0, 2, 0, 0, 0, 2]);
+        bad.push(0);
         assert!(ConnState::decode(&bad).is_err());
         // The same identifier twice.
         let mut twice = form[..13].to_vec();
         twice.push(2);
         twice.extend_from_slice(&[0, 3, 0, 0, 0, 1, 0, 3, 0, 0, 0, 2]);
+        twice.push(0);
         assert!(ConnState::decode(&twice).is_err());
+        let mut flag = form.clone();
+        *flag.last_mut().unwrap() = 2;
+        assert!(ConnState::decode(&flag).is_err());
+    }
+
+    #[test]
+    fn whether_the_size_update_is_still_owed_travels_with_the_connection() {
+        // A client whose first block after the reset went to the old
+        // process owes the new one no size update; expecting one drained
+        // healthy connections under load.
+        for pending in [false, true] {
+            let mut st = idle_state();
+            st.set_update_pending(pending);
+            let back = ConnState::decode(&st.encode().unwrap()).unwrap();
+            assert_eq!(back.update_pending(), pending);
+        }
     }
 
     #[test]
