@@ -127,12 +127,8 @@ bg_stop_all() {
 }
 trap 'r=$?; bg_stop_all; stage_table "$r"' EXIT
 
-# Fuzzing (one core, pure CPU) goes beside the e2e suite's exclusive tests,
-# which mostly wait on timers (e2e/scripts/run-tests.sh runs it and fails
-# with it); without the e2e suite, beside the next stages here.
-if [ "${BATON_SKIP_FUZZ:-0}" != 1 ] && [ "${BATON_SKIP_E2E:-0}" != 1 ]; then
-  export BATON_E2E_BESIDE_PHASE2=scripts/fuzz.sh
-elif [ "${BATON_SKIP_FUZZ:-0}" != 1 ]; then
+# Fuzzing (one core, pure CPU) goes beside the release build and the demo.
+if [ "${BATON_SKIP_FUZZ:-0}" != 1 ]; then
   bg_start fuzz "fuzz the HTTP/1 request-head parser and validation, the TLS record layer and the HTTP/2 carried state (bounded: ${BATON_FUZZ_BUDGET:-60} s for all targets; beside the next stages)" \
     scripts/fuzz.sh
 fi
@@ -164,7 +160,6 @@ else
   cargo test --workspace --locked
 fi
 
-# (Returns at once when the fuzz run went beside the e2e suite instead.)
 bg_wait fuzz '^(fuzz:|Done [0-9]+ runs)' "fuzzing failed (the crashing input is under sidecar/fuzz/artifacts/)"
 
 if [ "${BATON_SKIP_E2E:-0}" != 1 ]; then

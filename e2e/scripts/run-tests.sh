@@ -117,18 +117,6 @@ while [ "$running" -gt 0 ]; do
 done
 
 # --- phase 2: the exclusive tests, alone, one at a time ----------------------
-# BATON_E2E_BESIDE_PHASE2: a command run beside this phase (scripts/test.sh
-# puts the bounded fuzz run here: these tests mostly wait on timers, while
-# beside the release build it took a core from the critical path). Its
-# failure fails the run.
-beside_pid=""
-if [ -n "${BATON_E2E_BESIDE_PHASE2:-}" ]; then
-  log "beside phase 2: $BATON_E2E_BESIDE_PHASE2"
-  beside_t0=$(date +%s)
-  setsid bash -c "$BATON_E2E_BESIDE_PHASE2" >"$out/beside.log" 2>&1 &
-  beside_pid=$!
-  trap '[ -n "$beside_pid" ] && kill -- "-$beside_pid" 2>/dev/null; true' EXIT
-fi
 for t in "${exclusive[@]}"; do
   for b in "${sorted[@]}"; do
     # Listed by this binary, and selected by the caller's filter? (The list
@@ -143,14 +131,6 @@ for t in "${exclusive[@]}"; do
     finish "$name" $? "$(($(date +%s) - t0))"
   done
 done
-
-if [ -n "$beside_pid" ]; then
-  wait "$beside_pid"
-  rc=$?
-  beside_pid=""
-  [ "$rc" = 0 ] || { echo "======== beside phase 2 failed: $BATON_E2E_BESIDE_PHASE2"; tail -40 "$out/beside.log"; }
-  finish "beside: ${BATON_E2E_BESIDE_PHASE2%% *}" "$rc" "$(($(date +%s) - beside_t0))"
-fi
 
 echo
 echo "======== e2e summary (seconds, result, binary, tests)"
