@@ -103,6 +103,18 @@ struct Shared {
     first_push_bytes: AtomicUsize,
 }
 
+impl Shared {
+    /// Streams open on one operator endpoint now.
+    fn open_on(&self, addr: SocketAddr) -> usize {
+        self.open_on
+            .lock()
+            .unwrap()
+            .get(&addr)
+            .copied()
+            .unwrap_or_default()
+    }
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 1)]
 async fn main() -> Result<()> {
     let args = Args::parse();
@@ -278,13 +290,7 @@ async fn failover(
         .parse::<std::net::IpAddr>()
         .map(|ip| SocketAddr::new(ip, contract::identity::CONFIG_PUSH_PORT))?;
     shared.addrs.lock().unwrap().retain(|a| *a != doomed);
-    let moved = shared
-        .open_on
-        .lock()
-        .unwrap()
-        .get(&doomed)
-        .copied()
-        .unwrap_or_default();
+    let moved = shared.open_on(doomed);
     let t0 = Instant::now();
     system.delete(&leader_pod, &DeleteParams::default()).await?;
     let mut new_leader = None;
@@ -302,13 +308,7 @@ async fn failover(
             version[i] = v;
         }
         // Back: none left on the deleted Pod, every stream open elsewhere.
-        let on_doomed = shared
-            .open_on
-            .lock()
-            .unwrap()
-            .get(&doomed)
-            .copied()
-            .unwrap_or_default();
+        let on_doomed = shared.open_on(doomed);
         if all_back.is_none() && on_doomed == 0 && shared.open.load(Ordering::Relaxed) == n {
             all_back = Some(t0.elapsed());
         }
