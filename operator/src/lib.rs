@@ -314,6 +314,22 @@ pub fn init_tracing(filter: &str) {
 }
 
 /// Runs the operator until SIGTERM/SIGINT or the loss of leadership.
+/// The whole process: a Tokio runtime running [`run`] until it returns.
+///
+/// Why `main.rs` calls this instead of `#[tokio::main] async fn main`:
+/// release builds share no generic code between crates, so a binary that
+/// awaited [`run`] itself instantiated the drop glue and polling of every
+/// future under it again: the binary compiled as long as the whole library
+/// (261 of the control-profile build's CPU seconds for the operator; 1.5 s
+/// this way; docs/decisions/0064).
+pub fn run_blocking(args: Args) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?
+        .block_on(run(args))
+}
+
 pub async fn run(args: Args) -> anyhow::Result<()> {
     // kube's TLS stack needs a process-wide rustls provider; the workspace
     // builds rustls with ring only, chosen here explicitly.

@@ -18,7 +18,9 @@
 //!   classifying connections (mesh TLS vs the application's own TLS by the
 //!   ClientHello), the live-connection registry used by the handoff;
 //! * [`http_proxy`], [`h1fast`], [`http_conn`], [`tcp_proxy`], [`upstream`], [`body`] — proxying;
-//! * [`h1valid`] — the HTTP/1.1 request-head validation both HTTP/1 paths run;
+//! * [`h1valid`] — the HTTP/1.1 request-head validation both HTTP/1 paths
+//!   run; it, [`detect`], the HTTP/1 framing shadow and [`h2_state`] are
+//!   the leaf crate `baton-wire` (pure parsers, small so they fuzz fast);
 //! * [`admin`], [`metrics`], [`loop_lag`], [`lifecycle`] — operating it;
 //!   [`access_log`], [`trace`], [`route_metrics`] — what happened to each
 //!   request: JSON access-log lines, W3C trace context, golden metrics per
@@ -42,12 +44,9 @@ pub mod config;
 pub mod conn;
 pub mod control;
 mod dataplane;
-pub mod detect;
 mod filters;
 mod h1fast;
-pub mod h1valid;
 mod h2_shim;
-pub mod h2_state;
 mod http_conn;
 mod http_proxy;
 mod init;
@@ -75,3 +74,6 @@ pub use baton_handoff as handoff;
 /// The userspace TLS record layer, a leaf crate the TLS layer and the
 /// handoff both use (named here as the module it was).
 pub use baton_tls_record as tls_record;
+/// The pure wire-format parsers (the leaf crate `baton-wire`), under the
+/// module names they had in this crate.
+pub use baton_wire::{detect, h1valid, h2_state};

@@ -38,4 +38,4 @@ pub mod tls;
 pub mod validate;
 
 pub use error::{Error, Result};
-pub use run::{Args, init_tracing, run, spawn_servers};
+pub use run::{Args, init_tracing, run, run_blocking, spawn_servers};

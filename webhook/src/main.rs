@@ -1,10 +1,9 @@
 //! `baton-webhook`: parse flags, run the library.
 use clap::Parser;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = baton_webhook::Args::parse();
     baton_webhook::init_tracing();
-    baton_webhook::run(args).await?;
+    baton_webhook::run_blocking(args)?;
     Ok(())
 }

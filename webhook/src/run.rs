@@ -235,6 +235,17 @@ pub fn spawn_servers(
     })
 }
 
+/// The whole process: a Tokio runtime running [`run`] until it returns.
+///
+/// Why `main.rs` calls this instead of `#[tokio::main] async fn main`:
+/// release builds share no generic code between crates, so a binary that
+/// awaited [`run`] itself instantiated the drop glue and polling of every
+/// future under it again: the binary compiled as long as the whole library
+/// (docs/decisions/0064).
+pub fn run_blocking(args: Args) -> Result<()> {
+    tokio::runtime::Runtime::new()?.block_on(run(args))
+}
+
 /// Runs the webhook until SIGTERM/SIGINT.
 pub async fn run(args: Args) -> Result<()> {
     // Several rustls backends may be compiled into a workspace build: pick

@@ -2,7 +2,7 @@
 //! on a prefix is never changed by more bytes.
 #![no_main]
 
-use baton_sidecar::detect::{Detection, detect};
+use baton_wire::detect::{Detection, detect};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

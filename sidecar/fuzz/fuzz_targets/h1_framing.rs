@@ -5,8 +5,8 @@
 //! size.
 #![no_main]
 
-use baton_sidecar::conn::{FramingVerdict, H1Framing};
-use baton_sidecar::h1valid::Refusal;
+use baton_wire::h1framing::{FramingVerdict, H1Framing};
+use baton_wire::h1valid::Refusal;
 use libfuzzer_sys::fuzz_target;
 
 fn run(data: &[u8], step: usize) -> Option<(u64, Refusal, usize)> {

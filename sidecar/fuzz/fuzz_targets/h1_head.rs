@@ -5,7 +5,7 @@
 //! differently from what was validated).
 #![no_main]
 
-use baton_sidecar::h1valid::validate;
+use baton_wire::h1valid::validate;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -5,7 +5,7 @@
 //! panics, and whatever it accepts it accepts whichever way it is split.
 #![no_main]
 
-use baton_sidecar::h2_state::{ConnState, PREFACE};
+use baton_wire::h2_state::{ConnState, PREFACE};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -161,11 +161,11 @@ impl Refusal {
     }
 
     /// For passing a refusal through an atomic.
-    pub(crate) fn code(self) -> u8 {
+    pub fn code(self) -> u8 {
         self as u8
     }
 
-    pub(crate) fn from_code(code: u8) -> Option<Refusal> {
+    pub fn from_code(code: u8) -> Option<Refusal> {
         Refusal::ALL.into_iter().find(|r| r.code() == code)
     }
 
@@ -547,7 +547,7 @@ impl<'a> Iterator for Lines<'a> {
 }
 
 /// A `Content-Length` value: digits only (RFC 9110 §8.6), no sign, no list.
-pub(crate) fn parse_length(value: &[u8]) -> Option<u64> {
+pub fn parse_length(value: &[u8]) -> Option<u64> {
     let v = value.trim_ascii();
     if v.is_empty() {
         return None;
