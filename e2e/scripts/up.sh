@@ -288,7 +288,16 @@ serializeImagePulls: false
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
+kubeAPIQPS: 50
+kubeAPIBurst: 100
 EOF
+# kubeAPIQPS/kubeAPIBurst: the defaults since Kubernetes 1.27 (1.20's are
+# 5/10). In one CI run, right after the tests of phase 1 had deleted their
+# namespaces, a replaced webhook Pod and two operator Pods stayed listed
+# (terminating) for about a minute although containerd had stopped their
+# containers within 5 s, and two exclusive tests that wait for them took
+# 70 s and 60 s (16 s and 10 s alone): the kubelet's final delete queues
+# behind its other API calls at 5 per second.
 # The kubelet's built-in AWS credential provider probes 169.254.169.254 at
 # start unless told not to.
 start kubelet env AWS_EC2_METADATA_DISABLED=true "$BIN/kubelet" \
