@@ -29,44 +29,15 @@ SIZES=${SIZES:-1000 5000 10000}
 CHANGES=${CHANGES:-20}
 FAILOVER_AT=${FAILOVER_AT:-1000}
 
-cluster_up=0
-baseline="$WORK/leftovers-before"
-teardown() {
-  local rc=$?
-  bench_cleanup
-  if [ "$cluster_up" = 1 ] && ! "$BENCH_ROOT/e2e/scripts/teardown.sh" "$baseline" >&2; then
-    log "the bench's teardown left something behind (above)"
-    rc=1
-  fi
-  exit "$rc"
-}
-trap teardown EXIT
-
-log "building (release; e2e/scripts/common.sh's one release build, which the images use too)"
-release_build >/dev/null 2>&1 || release_build
-"$BENCH_ROOT/e2e/cluster.sh" provision
-log "cluster up, images, install"
-cluster_lock   # held to the end of the teardown: one cluster run at a time
-"$BENCH_ROOT/e2e/scripts/check-clean.sh" --before "$baseline" >&2
-cluster_up=1
-"$BENCH_ROOT/e2e/cluster.sh" up >/dev/null
-"$BENCH_ROOT/e2e/cluster.sh" images >/dev/null
-"$BENCH_ROOT/e2e/cluster.sh" install >/dev/null
-export BATON_E2E_KUBECONFIG="$KUBECONFIG_ADMIN"
+# shellcheck source=bench/lib-cluster.sh
+. "$(dirname "$0")/lib-cluster.sh"
+cluster_bench_up
 if [ -n "${OPERATOR_ENV:-}" ]; then
   # shellcheck disable=SC2086
   kc -n baton-system set env deployment/baton-operator $OPERATOR_ENV >/dev/null
   kc -n baton-system rollout status deployment/baton-operator --timeout=180s >/dev/null
 fi
 
-# PIDs (host view) of the operator containers' processes.
-operator_pids() {
-  local id
-  for id in $(kc -n baton-system get pods -l app.kubernetes.io/name=baton-operator \
-      -o jsonpath='{range .items[*]}{.status.containerStatuses[0].containerID}{"\n"}{end}' | sed 's|.*://||'); do
-    ctr_k8s tasks ls | awk -v id="$id" '$1 == id { print $2 }'
-  done
-}
 # sample FILE : every second, "<epoch> <pid> <utime+stime ticks> <rss kB>" for
 # each operator process (re-listed every 10 s: the failover starts a new
 # one), at most 3,600 samples (1 h).

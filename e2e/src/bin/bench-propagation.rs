@@ -80,6 +80,11 @@ struct Args {
     /// Where to write the figures as JSON.
     #[arg(long)]
     report_json: Option<std::path::PathBuf>,
+    /// Only admit the Pods (no tokens, no streams, no changes), then hold
+    /// them this many seconds before cleaning up: what the operator's
+    /// memory does per Pod, e.g. under a heap profiler (bench/operator-heap.sh).
+    #[arg(long)]
+    pods_only_hold_seconds: Option<u64>,
 }
 
 /// What one stream reports: (stream, version, when read).
@@ -159,7 +164,13 @@ async fn run(client: &Client, args: &Args) -> Result<()> {
         }))?;
         services.create(&PostParams::default(), &svc).await?;
     }
+    let t_pods = Instant::now();
     let pods = create_pods(client, ns, n).await?;
+    if let Some(hold) = args.pods_only_hold_seconds {
+        eprintln!("{n} pods admitted in {:.1} s; holding them {hold} s", t_pods.elapsed().as_secs_f64());
+        tokio::time::sleep(Duration::from_secs(hold)).await;
+        return Ok(());
+    }
     let tokens = request_tokens(client, ns, &pods).await?;
     let setup = t_setup.elapsed();
     eprintln!("{n} pods and tokens in {:.1} s", setup.as_secs_f64());
