@@ -83,7 +83,8 @@ stop_pid "$operator"
   grep -E "pods admitted" "$WORK/tool.log" || true
 } >"$OUT/summary.txt"
 if [ "$HEAPTRACK" != 0 ]; then
-  data=$(ls "$WORK"/heap*.zst "$WORK"/heap*.gz 2>/dev/null | head -1)
+  data=$(compgen -G "$WORK/heap*.zst" || compgen -G "$WORK/heap*.gz" || true)
+  [ -n "$data" ] || die "heaptrack wrote no data file in $WORK"
   heaptrack_print -f "$data" --print-peaks 1 --print-allocators 0 --print-temporary 0 \
     --peak-limit 25 --sub-peak-limit 3 >"$OUT/peaks.txt" 2>&1 || true
   heaptrack_print -f "$data" --print-peaks 0 --print-allocators 0 --print-temporary 0 \

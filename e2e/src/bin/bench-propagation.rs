@@ -167,7 +167,10 @@ async fn run(client: &Client, args: &Args) -> Result<()> {
     let t_pods = Instant::now();
     let pods = create_pods(client, ns, n).await?;
     if let Some(hold) = args.pods_only_hold_seconds {
-        eprintln!("{n} pods admitted in {:.1} s; holding them {hold} s", t_pods.elapsed().as_secs_f64());
+        eprintln!(
+            "{n} pods admitted in {:.1} s; holding them {hold} s",
+            t_pods.elapsed().as_secs_f64()
+        );
         tokio::time::sleep(Duration::from_secs(hold)).await;
         return Ok(());
     }

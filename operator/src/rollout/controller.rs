@@ -20,6 +20,7 @@ use baton_crds::{SidecarRelease, Validate};
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{EvictParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action as Requeue, Controller};
@@ -30,7 +31,8 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::plan::{
-    self, Action, FailureRecord, HandoffRecord, InFlightMemory, Interrupted, Observed, Slot,
+    self, Action, FailureRecord, HandoffRecord, InFlightMemory, Interrupted, Observed, PodState,
+    Slot,
 };
 use super::pods::{parse_kubelet_version, parse_observed, pod_state};
 use super::status::overlay;
@@ -376,108 +378,122 @@ async fn execute(
     Ok(())
 }
 
-/// Pods listed per page by [`list_release_pods`]: a release of 10,000
+/// Pods listed per page by [`read_release_pods`]: a release of 10,000
 /// Pods read in one response held every Pod whole at once (issue #37: the
-/// leader's peak RSS); a page at a time, only the trimmed Pods add up.
+/// leader's peak RSS).
 const LIST_PAGE: u32 = 100;
 
+/// A release's Pods as one reconcile needs them, in list order: what the
+/// planner reads ([`PodState`]), what the status counts ([`PodView`]), and
+/// each Pod reduced to [`metadata_only`] for the patches and Events.
+#[derive(Default)]
+struct ReleasePods {
+    pods: Vec<Pod>,
+    states: Vec<PodState>,
+    views: Vec<PodView>,
+}
+
 /// The release's Pods, read fresh (the patches are conditional on their
-/// resourceVersion) one page at a time, each Pod trimmed to what
-/// [`pod_state`] and [`execute`] read.
-async fn list_release_pods(client: &Client, release: &str) -> Result<Vec<Pod>, Error> {
-    let api: Api<Pod> = Api::all(client.clone());
+/// resourceVersion) one page at a time. Each listed Pod is turned into
+/// what the reconcile reads as soon as its page arrives and then dropped:
+/// an injected Pod is 10–15 KiB in memory (k8s-openapi's `Container` alone
+/// is 2 KiB inline), and holding a whole release of them made the rollout
+/// the largest of the leader's memory per Pod (32 KiB per Pod at the peak
+/// with 2,000 Pods; decision 0065, bench/operator-heap.sh).
+async fn read_release_pods(ctx: &Context, release: &str) -> Result<ReleasePods, Error> {
+    let api: Api<Pod> = Api::all(ctx.client.clone());
     let mut params = ListParams::default()
         .labels(&format!("{}={}", labels::RELEASE, release))
         .limit(LIST_PAGE);
-    let mut pods = Vec::new();
+    // Kubelet versions, only for native sidecars (the planner needs them to
+    // know whether an in-place image update restarts the container).
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let mut kubelets: BTreeMap<String, Option<(u32, u32)>> = BTreeMap::new();
+    let mut out = ReleasePods::default();
     loop {
         let page = api.list(&params).await.map_err(|source| Error::ListPods {
             release: release.to_owned(),
             source,
         })?;
-        pods.extend(page.items.into_iter().map(|mut pod| {
-            trim_for_rollout(&mut pod);
-            pod
-        }));
+        for pod in page.items {
+            let kubelet = match (
+                native_slots(&pod),
+                pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            ) {
+                (true, Some(node)) => {
+                    if !kubelets.contains_key(&node) {
+                        let v = match nodes.get_opt(&node).await {
+                            Ok(n) => n
+                                .and_then(|n| n.status)
+                                .and_then(|s| s.node_info)
+                                .and_then(|i| parse_kubelet_version(&i.kubelet_version)),
+                            Err(error) => {
+                                tracing::warn!(%error, %node, "cannot read the node's kubelet version");
+                                None
+                            }
+                        };
+                        kubelets.insert(node.clone(), v);
+                    }
+                    kubelets[&node]
+                }
+                _ => None,
+            };
+            let mid_upgrade = pod.annotations().contains_key(annotations::UPGRADE);
+            let ip = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.pod_ip.as_deref())
+                .and_then(|ip| ip.parse().ok());
+            let observed = match (mid_upgrade, ip) {
+                (true, Some(ip)) => (ctx.probe)(SocketAddr::new(ip, ports::ADMIN)).await,
+                _ => None,
+            };
+            out.states.push(pod_state(&pod, kubelet, observed));
+            out.views.push(PodView::from_pod(&pod));
+            out.pods.push(metadata_only(pod));
+        }
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => params = params.continue_token(&token),
-            None => return Ok(pods),
+            None => return Ok(out),
         }
     }
 }
 
-/// Drops what the rollout never reads: managed fields, the trust bundle
-/// the webhook copied in (a PEM per Pod), volumes, and every container but
-/// the two sidecar slots (patches address containers by name, so the
-/// others' absence changes nothing).
-fn trim_for_rollout(pod: &mut Pod) {
-    let m = &mut pod.metadata;
-    m.managed_fields = None;
-    if let Some(a) = m.annotations.as_mut() {
-        a.remove(annotations::TRUST_BUNDLE);
-        a.remove("kubectl.kubernetes.io/last-applied-configuration");
-    }
-    if let Some(spec) = pod.spec.as_mut() {
-        spec.volumes = None;
-        let slot = |c: &k8s_openapi::api::core::v1::Container| {
-            c.name == containers::SLOT_A || c.name == containers::SLOT_B
-        };
-        spec.containers.retain(slot);
-        if let Some(init) = spec.init_containers.as_mut() {
-            init.retain(slot);
-        }
+/// Whether the sidecar slots are init containers (`restartPolicy: Always`).
+fn native_slots(pod: &Pod) -> bool {
+    pod.spec.as_ref().is_some_and(|s| {
+        s.init_containers
+            .iter()
+            .flatten()
+            .any(|c| c.name == containers::SLOT_A || c.name == containers::SLOT_B)
+    })
+}
+
+/// What [`execute`] and the Events read of a Pod once its state is
+/// computed: the name, namespace, UID and resourceVersion (patches are
+/// conditional on it; Events name the Pod by reference).
+fn metadata_only(pod: Pod) -> Pod {
+    let m = pod.metadata;
+    Pod {
+        metadata: ObjectMeta {
+            name: m.name,
+            namespace: m.namespace,
+            uid: m.uid,
+            resource_version: m.resource_version,
+            ..ObjectMeta::default()
+        },
+        ..Pod::default()
     }
 }
 
 #[tracing::instrument(skip_all, fields(kind = KIND, name = %release.name_any()))]
 pub async fn reconcile(release: Arc<SidecarRelease>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let name = release.name_any();
-    let pods = list_release_pods(&ctx.client, &name).await?;
-
-    // Kubelet versions, only for native sidecars (the planner needs them to
-    // know whether an in-place image update restarts the container).
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
-    let mut kubelets: BTreeMap<String, Option<(u32, u32)>> = BTreeMap::new();
-    let mut states = Vec::with_capacity(pods.len());
-    for pod in &pods {
-        let native = pod.spec.as_ref().is_some_and(|s| {
-            s.init_containers
-                .iter()
-                .flatten()
-                .any(|c| c.name == containers::SLOT_A || c.name == containers::SLOT_B)
-        });
-        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-        let kubelet = match (native, node) {
-            (true, Some(node)) => {
-                if !kubelets.contains_key(&node) {
-                    let v = match nodes.get_opt(&node).await {
-                        Ok(n) => n
-                            .and_then(|n| n.status)
-                            .and_then(|s| s.node_info)
-                            .and_then(|i| parse_kubelet_version(&i.kubelet_version)),
-                        Err(error) => {
-                            tracing::warn!(%error, %node, "cannot read the node's kubelet version");
-                            None
-                        }
-                    };
-                    kubelets.insert(node.clone(), v);
-                }
-                kubelets[&node]
-            }
-            _ => None,
-        };
-        let mid_upgrade = pod.annotations().contains_key(annotations::UPGRADE);
-        let ip = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.pod_ip.as_deref())
-            .and_then(|ip| ip.parse().ok());
-        let observed = match (mid_upgrade, ip) {
-            (true, Some(ip)) => (ctx.probe)(SocketAddr::new(ip, ports::ADMIN)).await,
-            _ => None,
-        };
-        states.push(pod_state(pod, kubelet, observed));
-    }
+    let ReleasePods {
+        pods,
+        states,
+        views,
+    } = read_release_pods(&ctx, &name).await?;
 
     let (interrupted, recent_interrupted) = {
         let mut memory = ctx.in_flight.lock().expect("not poisoned");
@@ -527,7 +543,6 @@ pub async fn reconcile(release: Arc<SidecarRelease>, ctx: Arc<Context>) -> Resul
     }
 
     let time = Time(Timestamp::now());
-    let views: Vec<PodView> = pods.iter().map(PodView::from_pod).collect();
     let mut status = compute(&release, &views, &time);
     // Failed = pods whose serving sidecar fails, or whose handoff failed.
     let failing: BTreeSet<&str> = views
@@ -1180,8 +1195,8 @@ mod tests {
     }
 
     #[test]
-    fn the_rollout_keeps_the_slots_and_what_it_reads_and_drops_the_rest() {
-        let mut p: Pod = serde_json::from_value(pod(
+    fn a_read_pod_keeps_only_what_patches_and_events_name_it_by() {
+        let full: Pod = serde_json::from_value(pod(
             "web-0",
             "1",
             Some("empty:1"),
@@ -1189,24 +1204,18 @@ mod tests {
             None,
         ))
         .unwrap();
-        p.spec.as_mut().unwrap().volumes = Some(vec![Default::default()]);
-        let before = pod_state(&p, None, None);
-        trim_for_rollout(&mut p);
-        let names: Vec<&str> = p
-            .spec
-            .as_ref()
-            .unwrap()
-            .containers
-            .iter()
-            .map(|c| c.name.as_str())
-            .collect();
-        assert_eq!(names, [containers::SLOT_A, containers::SLOT_B]);
-        assert!(p.spec.as_ref().unwrap().volumes.is_none());
-        assert!(!p.annotations().contains_key(annotations::TRUST_BUNDLE));
+        let kept = metadata_only(full.clone());
         assert_eq!(
-            format!("{:?}", pod_state(&p, None, None)),
-            format!("{before:?}")
+            format!("{:?}", pod_reference(&kept)),
+            format!("{:?}", pod_reference(&full)),
+            "Events name the same Pod"
         );
+        assert_eq!(
+            kept.metadata.resource_version, full.metadata.resource_version,
+            "patches stay conditional on the version read"
+        );
+        assert!(kept.spec.is_none() && kept.status.is_none());
+        assert!(kept.metadata.annotations.is_none() && kept.metadata.labels.is_none());
     }
 
     #[tokio::test]
