@@ -160,6 +160,7 @@ fn status_row<'a>(status: &'a Value, pod: &str) -> Option<&'a Value> {
 const STATUS_ROWS: &str = "pods";
 const STATUS_POD: &str = "name";
 const STATUS_CONFIG: &str = "config";
+const STATUS_CONFIG_ERROR: &str = "configError";
 
 #[tokio::test]
 #[ignore = "needs the e2e cluster with Baton installed: run e2e/run.sh"]
@@ -200,14 +201,19 @@ async fn cli_status_shows_synced_after_a_route_and_stale_for_a_sidecar_that_refu
             "spec": {"parentRef": {"name": "echo", "port": 8080}, "protocol": "http",
                      "rules": [{"name": "all", "backendRefs": [{"name": "echo", "port": 8080}]}]}
         }), &[]);
-        let status = wait_for("plain SYNCED and refuser STALE", Duration::from_secs(90), || async {
+        // The refuser reads STALE from the moment version N is sent to it
+        // until its NACK arrives (sent N, ACKed N-1) without an error yet:
+        // wait for the NACK's error too (one CI run read the status in
+        // that window).
+        let status = wait_for("plain SYNCED and refuser STALE with its NACK", Duration::from_secs(90), || async {
             let run = baton(&["status", "-n", &ns, "-o", "json"], BOUND);
             if !run.ok() {
                 return Check::NotYet(run.to_string());
             }
             let s = json_of(&run);
             let config = |p: &str| status_row(&s, p).map(|r| r[STATUS_CONFIG].clone());
-            if config("plain") == Some(json!("SYNCED")) && config("refuser") == Some(json!("STALE")) {
+            let nacked = status_row(&s, "refuser").is_some_and(|r| !r[STATUS_CONFIG_ERROR].is_null());
+            if config("plain") == Some(json!("SYNCED")) && config("refuser") == Some(json!("STALE")) && nacked {
                 Check::Done(s)
             } else {
                 Check::NotYet(s.to_string())
@@ -215,7 +221,8 @@ async fn cli_status_shows_synced_after_a_route_and_stale_for_a_sidecar_that_refu
         })
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-        assert!(status.to_string().contains("refused-by-test"), "the NACK's error is shown: {status}");
+        let error = status_row(&status, "refuser").map(|r| r[STATUS_CONFIG_ERROR].to_string()).unwrap_or_default();
+        assert!(error.contains("refused-by-test"), "the NACK's error names the refused Route: {status}");
         // The table a user reads says the same.
         let table = ok(baton(&["status", "-n", &ns], BOUND), "status").stdout;
         eprintln!("{table}");
