@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Bounded fuzz run for CI (scripts/test.sh calls it): libFuzzer over the
 # sidecar's HTTP/1 request-head parsing and validation, tls-record's state
-# and record parsing, and the carried form of an HTTP/2 connection's state
-# (`h2_state`, decision 0060) (sidecar/fuzz), on the
+# and record parsing, the carried form of an HTTP/2 connection's state
+# (`h2_state`, decision 0060) and the config stream's frames as an operator
+# reads them (`push_frames`, decision 0066) (sidecar/fuzz), on the
 # repository's pinned stable toolchain. Fails on the first crash or failed
 # assertion; the crashing input is left in sidecar/fuzz/artifacts/<target>/.
 #
@@ -10,7 +11,7 @@
 #                       by the targets (default 60; at least 10 per target)
 #   BATON_FUZZ_SECONDS  seconds per target instead (overrides the budget)
 #   BATON_FUZZ_TARGETS  targets to run (default: h1_head h1_framing tls_record
-#                       h2_state)
+#                       h2_state push_frames)
 #
 # Why `--sanitizer none` (docs/decisions/0022-h1-fuzzing-in-ci.md): with it
 # cargo-fuzz passes only stable rustc flags (SanitizerCoverage through
@@ -19,7 +20,7 @@
 # AddressSanitizer finds nothing that panics and assertions do not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-targets="${BATON_FUZZ_TARGETS:-h1_head h1_framing tls_record h2_state}"
+targets="${BATON_FUZZ_TARGETS:-h1_head h1_framing tls_record h2_state push_frames}"
 # One budget for the run, not per target: a new target must not add a
 # minute to every CI run (docs/decisions/0043-ci-time-budget.md).
 n_targets=$(wc -w <<<"$targets")

@@ -18,6 +18,7 @@
 //! TLS library and which the sidecar runs with the rest of its validation,
 //! so operator and sidecar refuse the same sections.
 
+pub mod framed;
 pub mod push;
 pub mod report;
 pub mod spiffe;

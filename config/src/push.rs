@@ -434,6 +434,26 @@ impl Decoder {
     /// The next complete message, `Ok(None)` until one has arrived. An
     /// error poisons the stream: the caller closes it.
     pub fn next_message<T: DeserializeOwned>(&mut self) -> Result<Option<T>, FrameError> {
+        let Some(len) = self.complete()? else {
+            return Ok(None);
+        };
+        let msg = serde_json::from_slice(&self.buf[4..4 + len]);
+        self.buf.drain(..4 + len);
+        Ok(Some(msg?))
+    }
+
+    /// The next complete frame's payload, undecoded.
+    pub fn next_frame(&mut self) -> Result<Option<Vec<u8>>, FrameError> {
+        let Some(len) = self.complete()? else {
+            return Ok(None);
+        };
+        let payload = self.buf[4..4 + len].to_vec();
+        self.buf.drain(..4 + len);
+        Ok(Some(payload))
+    }
+
+    /// The payload length of the first frame, if it has arrived whole.
+    fn complete(&self) -> Result<Option<usize>, FrameError> {
         let Some(head) = self.buf.first_chunk::<4>() else {
             return Ok(None);
         };
@@ -441,12 +461,7 @@ impl Decoder {
         if len > MAX_FRAME {
             return Err(FrameError::TooLarge(len));
         }
-        if self.buf.len() < 4 + len {
-            return Ok(None);
-        }
-        let msg = serde_json::from_slice(&self.buf[4..4 + len]);
-        self.buf.drain(..4 + len);
-        Ok(Some(msg?))
+        Ok((self.buf.len() >= 4 + len).then_some(len))
     }
 }
 

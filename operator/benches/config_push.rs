@@ -5,7 +5,14 @@
 //! cargo bench -p baton-operator --bench config_push              # 100 and 1,000 streams
 //! BATON_BENCH_STREAMS=100,1000,5000 cargo bench -p baton-operator --bench config_push
 //! BATON_BENCH_DELTAS=0 cargo bench -p baton-operator --bench config_push   # full snapshots only
+//! BATON_BENCH_TRANSPORTS=h2 cargo bench -p baton-operator --bench config_push # one transport
+//! BATON_BENCH_OPERATOR_WRAP="heaptrack -o /tmp/op" cargo bench ...          # the operator profiled
 //! ```
+//!
+//! Each size runs in both transports of the endpoint (decision 0066): the
+//! framed one current sidecars speak, and HTTP/2, which sidecars from
+//! before it speak; the operator's memory per stream is printed for each,
+//! measured in the same run.
 //!
 //! The simulated sidecars declare the `delta` capability, as the real client
 //! does; with `BATON_BENCH_DELTAS=0` they declare none (a sidecar from before
@@ -41,16 +48,17 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use baton_config::framed::{self, Kind};
 use baton_config::push::{self, Decoder, Push, Reply};
 use baton_operator::identity::authority::{Authority, generate_root};
 use baton_operator::identity::cluster::{Cluster, PodState};
 use baton_operator::identity::issue::{Caller, Refusal, ReviewResult};
-use baton_operator::identity::server::{ServingCert, acceptor};
+use baton_operator::identity::server::ServingCert;
 use baton_operator::mesh::compile::MeshParams;
 use baton_operator::mesh::hub::Hub;
 use baton_operator::mesh::index::Index;
 use baton_operator::mesh::metrics::PushMetrics;
-use baton_operator::mesh::server::{PushServer, serve};
+use baton_operator::mesh::server::{PushServer, acceptor, serve};
 use baton_sidecar::config::store::ConfigStore;
 use baton_sidecar::metrics::Metrics;
 use bytes::Bytes;
@@ -153,24 +161,106 @@ struct PushHead {
     nonce: String,
 }
 
-/// One simulated sidecar: opens its stream, ACKs every push, reports
-/// (stream, version, when read). Stream 0 decodes its pushes whole and
-/// keeps them for the `apply` measurement.
+/// The endpoint's transports (decision 0066).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Framed,
+    H2,
+}
+
+impl Transport {
+    fn alpn(self) -> &'static [u8] {
+        match self {
+            Transport::Framed => framed::ALPN,
+            Transport::H2 => b"h2",
+        }
+    }
+}
+
+/// Where a simulated sidecar reports each push it read: (stream, version,
+/// when read).
+type Seen = mpsc::UnboundedSender<(usize, u64, Instant)>;
+
+/// What the load generator reads of a push, and the ACK it answers with.
+/// Stream 0 decodes its pushes whole and keeps them for the `apply`
+/// measurement.
+fn read_push(
+    n: usize,
+    payload: &[u8],
+    sample: &Mutex<Vec<Push>>,
+    seen: &Seen,
+) -> Result<Reply, String> {
+    let head = if n == 0 {
+        let p: Push = serde_json::from_slice(payload).map_err(|e| e.to_string())?;
+        let head = PushHead {
+            version: p.version,
+            nonce: p.nonce.clone(),
+        };
+        sample.lock().unwrap().push(p);
+        head
+    } else {
+        serde_json::from_slice::<PushHead>(payload).map_err(|e| e.to_string())?
+    };
+    let _ = seen.send((n, head.version, Instant::now()));
+    Ok(Reply::Ack {
+        nonce: head.nonce,
+        version: head.version,
+    })
+}
+
+/// One simulated sidecar: opens its stream in `transport`, ACKs every push.
 async fn sidecar(
     n: usize,
     addr: SocketAddr,
     tls: tokio_rustls::TlsConnector,
-    seen: mpsc::UnboundedSender<(usize, u64, Instant)>,
+    seen: Seen,
     sample: Arc<Mutex<Vec<Push>>>,
     caps: push::Capabilities,
+    transport: Transport,
 ) -> Result<(), String> {
     let tcp = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;
-    let tls = tls
+    let mut tls = tls
         .connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp)
         .await
         .map_err(|e| e.to_string())?;
+    if transport == Transport::Framed {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let hello = framed::Hello {
+            token: format!("pod-{n}"),
+            pod: format!("bench/pod-{n}"),
+            version: 0,
+            capabilities: caps.header_value(),
+        };
+        let io = |e: std::io::Error| e.to_string();
+        tls.write_all(&framed::encode_json(Kind::Hello, &hello))
+            .await
+            .map_err(io)?;
+        tls.flush().await.map_err(io)?;
+        let mut decoder = framed::FrameDecoder::new(push::MAX_FRAME);
+        let mut buf = vec![0u8; 16 << 10];
+        loop {
+            let read = tls.read(&mut buf).await.map_err(io)?;
+            if read == 0 {
+                return Ok(());
+            }
+            decoder.extend(&buf[..read]);
+            while let Some(frame) = decoder.next_frame().map_err(|e| e.to_string())? {
+                let answer = match frame {
+                    framed::Frame::Known(Kind::Push, payload) => {
+                        let ack = read_push(n, &payload, &sample, &seen)?;
+                        framed::encode_json(Kind::Reply, &ack)
+                    }
+                    framed::Frame::Known(Kind::Ping, _) => framed::encode(Kind::Pong, &[]),
+                    framed::Frame::Known(Kind::Open, _) => continue,
+                    other => return Err(format!("unexpected {other:?}")),
+                };
+                tls.write_all(&answer).await.map_err(io)?;
+                tls.flush().await.map_err(io)?;
+            }
+        }
+    }
     let (mut sender, conn) =
         hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
             .await
@@ -196,31 +286,8 @@ async fn sidecar(
             continue;
         };
         decoder.extend(data);
-        loop {
-            let p = if n == 0 {
-                let Some(p) = decoder.next_message::<Push>().map_err(|e| e.to_string())? else {
-                    break;
-                };
-                let head = PushHead {
-                    version: p.version,
-                    nonce: p.nonce.clone(),
-                };
-                sample.lock().unwrap().push(p);
-                head
-            } else {
-                let Some(p) = decoder
-                    .next_message::<PushHead>()
-                    .map_err(|e| e.to_string())?
-                else {
-                    break;
-                };
-                p
-            };
-            let _ = seen.send((n, p.version, Instant::now()));
-            let ack = Reply::Ack {
-                nonce: p.nonce,
-                version: p.version,
-            };
+        while let Some(frame) = decoder.next_frame().map_err(|e| e.to_string())? {
+            let ack = read_push(n, &frame, &sample, &seen)?;
             if replies.send(Bytes::from(push::encode(&ack))).await.is_err() {
                 return Ok(());
             }
@@ -269,6 +336,7 @@ fn operator(streams: usize) {
         audience: AUDIENCE.into(),
         trust_domain: "cluster.local".into(),
         authenticating: baton_operator::mesh::server::authenticating(),
+        ping_interval: baton_config::framed::PING_INTERVAL,
         sign: None,
     });
     {
@@ -359,8 +427,19 @@ fn apply_cost(pushes: &[Push]) -> [(usize, Duration); 2] {
     ]
 }
 
-fn run_size(streams: usize, caps: push::Capabilities) {
-    let mut child = Command::new(std::env::current_exe().unwrap())
+fn run_size(streams: usize, caps: push::Capabilities, transport: Transport) {
+    // A profiler to run the operator under, e.g. `heaptrack -o /tmp/op`
+    // (its RSS figures are then the wrapper's).
+    let mut command = match std::env::var("BATON_BENCH_OPERATOR_WRAP") {
+        Ok(wrap) if !wrap.trim().is_empty() => {
+            let mut words = wrap.split_whitespace();
+            let mut c = Command::new(words.next().expect("not empty"));
+            c.args(words).arg(std::env::current_exe().unwrap());
+            c
+        }
+        _ => Command::new(std::env::current_exe().unwrap()),
+    };
+    let mut child = command
         .env("BATON_BENCH_OPERATOR", streams.to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -370,8 +449,17 @@ fn run_size(streams: usize, caps: push::Capabilities) {
     let mut stdin = child.stdin.take().unwrap();
     let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
-    let addr: SocketAddr = line.trim().parse().unwrap();
+    // The first line that is an address (a wrapper may print before it).
+    let addr: SocketAddr = loop {
+        line.clear();
+        assert!(
+            stdout.read_line(&mut line).unwrap() > 0,
+            "the operator exited"
+        );
+        if let Ok(addr) = line.trim().parse() {
+            break addr;
+        }
+    };
     let mut bundle = String::new();
     loop {
         line.clear();
@@ -399,7 +487,7 @@ fn run_size(streams: usize, caps: push::Capabilities) {
     .unwrap()
     .with_root_certificates(roots)
     .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    config.alpn_protocols = vec![transport.alpn().to_vec()];
     let tls = tokio_rustls::TlsConnector::from(Arc::new(config));
 
     let sample = Arc::new(Mutex::new(Vec::new()));
@@ -417,6 +505,7 @@ fn run_size(streams: usize, caps: push::Capabilities) {
                 seen_tx.clone(),
                 sample.clone(),
                 caps,
+                transport,
             ));
             if n % 200 == 199 {
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -464,7 +553,7 @@ fn run_size(streams: usize, caps: push::Capabilities) {
         let [(full_bytes, full_apply), (change_bytes, change_apply)] =
             apply_cost(&sample.lock().unwrap());
         println!(
-            "streams {streams:>5}: propagation p50 {:>7.1} ms  p99 {:>7.1} ms  max {:>7.1} ms  \
+            "{transport:?} streams {streams:>5}: propagation p50 {:>7.1} ms  p99 {:>7.1} ms  max {:>7.1} ms  \
              ({} pushes; connect+first snapshot {:.1} s)",
             percentile(&samples, 0.50).as_secs_f64() * 1e3,
             percentile(&samples, 0.99).as_secs_f64() * 1e3,
@@ -473,9 +562,11 @@ fn run_size(streams: usize, caps: push::Capabilities) {
             connect.as_secs_f64(),
         );
         println!(
-            "               operator: RSS idle {:.1} MiB, peak {:.1} MiB; CPU {:.2} s connecting, \
+            "               operator: RSS idle {:.1} MiB ({:.1} KiB per stream over its RSS \
+             before they connected), peak {:.1} MiB; CPU {:.2} s connecting, \
              {:.2} s for {ROUNDS} rounds; load generator CPU {:.2} s",
             op_idle.rss_kib as f64 / 1024.0,
+            (op_idle.rss_kib as f64 - op_start.rss_kib as f64) / streams as f64,
             op_end.hwm_kib as f64 / 1024.0,
             op_idle.cpu - op_start.cpu,
             op_end.cpu - op_idle.cpu,
@@ -508,6 +599,15 @@ fn main() {
         .filter_map(|s| s.trim().parse().ok())
         .map(|n: usize| n.clamp(1, 10_000))
         .collect();
+    let transports: Vec<Transport> = std::env::var("BATON_BENCH_TRANSPORTS")
+        .unwrap_or_else(|_| "framed,h2".into())
+        .split(',')
+        .map(|t| match t.trim() {
+            "framed" => Transport::Framed,
+            "h2" => Transport::H2,
+            other => panic!("BATON_BENCH_TRANSPORTS: {other:?} is neither framed nor h2"),
+        })
+        .collect();
     let caps = match std::env::var("BATON_BENCH_DELTAS").as_deref() {
         Ok("0") => push::Capabilities::default(),
         _ => push::Capabilities::ALL,
@@ -522,6 +622,8 @@ fn main() {
         }
     );
     for n in sizes {
-        run_size(n, caps);
+        for &transport in &transports {
+            run_size(n, caps, transport);
+        }
     }
 }

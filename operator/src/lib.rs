@@ -580,23 +580,20 @@ async fn start_config_push(
         audience: contract::volumes::TOKEN_AUDIENCE.to_owned(),
         trust_domain: args.mesh_identity.trust_domain.clone(),
         authenticating: mesh::server::authenticating(),
+        ping_interval: baton_config::framed::PING_INTERVAL,
         sign: Some(Arc::new(move |req| {
             let published = published.clone();
             Box::pin(async move {
                 match published.get() {
-                    Some(service) => {
-                        identity::server::respond(service, mesh::server::SIGN_PATH, req)
-                            .await
-                            .map(http_body_util::BodyExt::boxed)
-                    }
-                    None => identity::server::starting().map(http_body_util::BodyExt::boxed),
+                    Some(service) => identity::server::sign(service, &req).await,
+                    None => identity::server::starting(),
                 }
             })
         })),
     });
     tokio::spawn(async move {
         if let Err(error) =
-            mesh::server::serve(listener, identity::server::acceptor(serving), server).await
+            mesh::server::serve(listener, mesh::server::acceptor(serving), server).await
         {
             tracing::error!(%error, "config push endpoint stopped");
         }

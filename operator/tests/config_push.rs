@@ -1,5 +1,5 @@
 //! The config push end to end in one process, on loopback: the operator's
-//! hub and HTTP/2 + TLS endpoint (served with a certificate from the mesh
+//! hub and its TLS endpoint (the framed transport and HTTP/2) (served with a certificate from the mesh
 //! CA), and the sidecar's real stream client applying into a real
 //! `ConfigStore`. The API server's TokenReview and Pod reads are replaced
 //! by a [`Cluster`] fake, as in `identity_server.rs`.
@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use baton_config::Snapshot;
+use baton_config::framed::{self, Kind};
 use baton_config::push::{self, Decoder, Push, Reply, Section};
 use baton_operator::identity::authority::{Authority, generate_root};
 use baton_operator::identity::cluster::{Cluster, PodState};
@@ -17,13 +18,13 @@ use baton_operator::identity::issue::IssuePolicy;
 use baton_operator::identity::issue::{Caller, Refusal, ReviewResult};
 use baton_operator::identity::metrics::IdentityMetrics;
 use baton_operator::identity::rate_limit::RateLimit;
-use baton_operator::identity::server::{ServingCert, acceptor};
+use baton_operator::identity::server::ServingCert;
 use baton_operator::identity::service::{IdentityService, ServiceConfig};
 use baton_operator::mesh::compile::MeshParams;
 use baton_operator::mesh::hub::{Hub, Source};
 use baton_operator::mesh::index::{Index, ObjKey};
 use baton_operator::mesh::metrics::{PushMetrics, RefusalLabels, ReplyLabels};
-use baton_operator::mesh::server::{PushServer, SIGN_PATH, serve};
+use baton_operator::mesh::server::{PushServer, SIGN_PATH, acceptor, serve};
 use baton_sidecar::config::store::ConfigStore;
 use baton_sidecar::control::{self, ControlConfig};
 use baton_sidecar::metrics::Metrics;
@@ -191,13 +192,10 @@ async fn start_operator_gated(gate: Option<Arc<Gate>>) -> Operator {
         audience: AUDIENCE.into(),
         trust_domain: "cluster.local".into(),
         authenticating: baton_operator::mesh::server::authenticating(),
+        ping_interval: Duration::from_millis(300),
         sign: Some(Arc::new(move |req| {
             let identity = identity.clone();
-            Box::pin(async move {
-                baton_operator::identity::server::respond(&identity, SIGN_PATH, req)
-                    .await
-                    .map(BodyExt::boxed)
-            })
+            Box::pin(async move { baton_operator::identity::server::sign(&identity, &req).await })
         })),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -331,7 +329,7 @@ async fn certificate_requests_ride_on_the_config_streams_connection_while_it_is_
         link.clone(),
     );
     eventually("the config stream publishes its connection", || {
-        link.sender().is_some()
+        link.held().is_some()
     })
     .await;
     // The identity endpoint the client is configured with: a port nothing
@@ -366,7 +364,7 @@ async fn certificate_requests_ride_on_the_config_streams_connection_while_it_is_
     // The stream gone, the slot is empty and the client falls back to its
     // own connection (here: refused).
     drop(sc);
-    eventually("the connection is withdrawn", || link.sender().is_none()).await;
+    eventually("the connection is withdrawn", || link.held().is_none()).await;
     match client.issue().await {
         Err(IdentityClientError::Connect(_)) => {}
         other => panic!("want a connect error from the fallback, got {other:?}"),
@@ -690,6 +688,9 @@ async fn pushes_after_an_ack_are_deltas_and_a_nacked_delta_is_followed_by_the_fu
     let op = start_operator().await;
     let (mut pushes, replies) = driven_stream(&op, &[WITH_DELTAS]).await;
     let reply = async |r: Reply| replies.send(push::encode(&r).into()).await.unwrap();
+    // A sidecar from before the framed transport, still served.
+    let labels = baton_operator::mesh::metrics::TransportLabels { transport: "h2" };
+    assert_eq!(op.hub.metrics().opened.get_or_create(&labels).get(), 1);
 
     // The first push of a stream is the whole snapshot.
     let first = pushes.next().await;
@@ -837,4 +838,239 @@ async fn a_malformed_reply_closes_only_that_stream() {
     // The well-behaved sidecar keeps getting its config.
     op.hub.update(|ix| ix.apply_route(&split_route()));
     eventually("the route", || has_route(&good.store, "route:shop/split/0")).await;
+}
+
+/// A hand-driven stream in the framed transport (what the sidecar's client
+/// speaks to this operator), for what the real client never sends.
+struct Framed {
+    tls: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    decoder: framed::FrameDecoder,
+}
+
+impl Framed {
+    async fn connect(op: &Operator) -> Framed {
+        use rustls_pki_types::pem::PemObject;
+        use rustls_pki_types::{CertificateDer, ServerName};
+
+        let mut roots = rustls::RootCertStore::empty();
+        for c in
+            CertificateDer::pem_slice_iter(&std::fs::read(op.dir.path().join("ca.pem")).unwrap())
+        {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        // HTTP/2 first: the operator's order decides.
+        config.alpn_protocols = vec![b"h2".to_vec(), framed::ALPN.to_vec()];
+        let tcp = tokio::net::TcpStream::connect(op.addr).await.unwrap();
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp)
+            .await
+            .unwrap();
+        assert_eq!(tls.get_ref().1.alpn_protocol(), Some(framed::ALPN));
+        Framed {
+            tls,
+            decoder: framed::FrameDecoder::new(push::MAX_FRAME),
+        }
+    }
+
+    async fn send(&mut self, bytes: &[u8]) {
+        self.try_send(bytes).await.unwrap();
+    }
+
+    /// For bytes the operator may stop reading before their end.
+    async fn try_send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        self.tls.write_all(bytes).await?;
+        self.tls.flush().await
+    }
+
+    async fn hello(&mut self, token: &str, pod: &str) {
+        let hello = framed::Hello {
+            token: token.into(),
+            pod: pod.into(),
+            version: 0,
+            capabilities: push::Capabilities::ALL.header_value(),
+        };
+        self.send(&framed::encode_json(Kind::Hello, &hello)).await;
+    }
+
+    /// The next frame, `None` once the operator closed the connection.
+    async fn next(&mut self) -> Option<(Kind, bytes::Bytes)> {
+        use tokio::io::AsyncReadExt;
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match self.decoder.next_frame().unwrap() {
+                    Some(framed::Frame::Known(kind, payload)) => return Some((kind, payload)),
+                    Some(framed::Frame::Unknown(k)) => panic!("unknown kind {k}"),
+                    None => {}
+                }
+                let mut buf = [0u8; 4096];
+                match self.tls.read(&mut buf).await {
+                    Ok(0) | Err(_) => return None,
+                    Ok(n) => self.decoder.extend(&buf[..n]),
+                }
+            }
+        })
+        .await
+        .expect("a frame or the end within 10 s")
+    }
+
+    /// The next frame but PINGs, which are answered.
+    async fn next_answering_pings(&mut self) -> Option<(Kind, bytes::Bytes)> {
+        loop {
+            match self.next().await {
+                Some((Kind::Ping, _)) => self.send(&framed::encode(Kind::Pong, &[])).await,
+                other => return other,
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_framed_stream_opens_gets_pushes_acks_them_and_signs_on_the_same_connection() {
+    let op = start_operator().await;
+    let mut stream = Framed::connect(&op).await;
+    stream.hello("token-1", "shop/client-1").await;
+    assert_eq!(stream.next().await.map(|f| f.0), Some(Kind::Open));
+    let (kind, payload) = stream.next_answering_pings().await.unwrap();
+    assert_eq!(kind, Kind::Push);
+    let first: Push = framed::json("PUSH", &payload).unwrap();
+    assert_eq!((first.version, first.snapshot.is_some()), (1, true));
+    let ack = Reply::Ack {
+        nonce: first.nonce,
+        version: first.version,
+    };
+    stream.send(&framed::encode_json(Kind::Reply, &ack)).await;
+    eventually("the ACK to be counted", || {
+        op.hub.sidecars().iter().any(|s| s.acked == Some(1))
+    })
+    .await;
+
+    // A change: a delta onto the ACKed version (the stream declared it).
+    op.hub.update(|ix| ix.apply_route(&split_route()));
+    let (kind, payload) = stream.next_answering_pings().await.unwrap();
+    assert_eq!(kind, Kind::Push);
+    let change: Push = framed::json("PUSH", &payload).unwrap();
+    assert_eq!((change.version, change.base), (2, Some(1)));
+
+    // A certificate request on the same connection reaches the identity
+    // service, which refuses this body: its answer comes back by id.
+    let sign = framed::Sign {
+        id: 41,
+        token: "token-1".into(),
+        request: bytes::Bytes::from_static(b"{\"csr\":\"not a csr\"}"),
+    };
+    stream.send(&sign.encode()).await;
+    let (kind, payload) = stream.next_answering_pings().await.unwrap();
+    assert_eq!(kind, Kind::Signed);
+    let signed = framed::Signed::decode(payload).unwrap();
+    assert_eq!((signed.id, signed.status), (41, 400), "{signed:?}");
+    assert_eq!(op.hub.metrics().sign_requests.get(), 1);
+    let opened = |transport| {
+        let labels = baton_operator::mesh::metrics::TransportLabels { transport };
+        op.hub.metrics().opened.get_or_create(&labels).get()
+    };
+    assert_eq!((opened("framed"), opened("h2")), (1, 0));
+    // The stream lives on through pings it answers (300 ms apart here).
+    let answering = tokio::time::timeout(Duration::from_millis(1000), async {
+        stream.next_answering_pings().await
+    });
+    assert!(answering.await.is_err(), "nothing but pings was sent");
+    assert_eq!(op.hub.sidecars().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_framed_stream_is_refused_with_a_reason_for_a_bad_token_or_a_bad_hello() {
+    let op = start_operator().await;
+    let refusals = |reason: &'static str| {
+        op.hub
+            .metrics()
+            .refusals
+            .get_or_create(&RefusalLabels { reason })
+            .get()
+    };
+    let refused = async |stream: &mut Framed| {
+        let (kind, payload) = stream.next().await.expect("a REFUSED frame");
+        assert_eq!(kind, Kind::Refused);
+        let refused: framed::Refused = framed::json("REFUSED", &payload).unwrap();
+        assert_eq!(stream.next().await, None, "closed after the refusal");
+        refused
+    };
+
+    let mut forged = Framed::connect(&op).await;
+    forged.hello("forged", "shop/client-1").await;
+    let r = refused(&mut forged).await;
+    assert_eq!(
+        (r.status, r.reason.as_str()),
+        (401, "token_rejected"),
+        "{r:?}"
+    );
+
+    let mut thief = Framed::connect(&op).await;
+    thief.hello("token-2", "shop/client-1").await;
+    let r = refused(&mut thief).await;
+    assert_eq!(
+        (r.status, r.reason.as_str()),
+        (403, "pod_mismatch"),
+        "{r:?}"
+    );
+
+    // Anything but a HELLO first, or a HELLO larger than a HELLO can be.
+    let mut rude = Framed::connect(&op).await;
+    rude.send(&framed::encode(Kind::Pong, &[])).await;
+    assert_eq!(refused(&mut rude).await.reason, "bad_hello");
+    let mut huge = Framed::connect(&op).await;
+    // Refused from its length alone: the rest may meet a closed connection.
+    let _ = huge
+        .try_send(&framed::encode(Kind::Hello, &vec![b' '; framed::MAX_HELLO]))
+        .await;
+    assert_eq!(refused(&mut huge).await.reason, "bad_hello");
+
+    assert_eq!(refusals("token_rejected"), 1);
+    assert_eq!(refusals("pod_mismatch"), 1);
+    assert_eq!(refusals("bad_hello"), 2);
+    assert!(op.hub.sidecars().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_framed_stream_ends_on_a_malformed_reply_or_when_it_stops_answering_pings() {
+    let op = start_operator().await;
+    let good = start_sidecar(&op, "client-1", "token-1");
+    eventually("the first snapshot", || good.store.version() == 1).await;
+
+    let mut bad = Framed::connect(&op).await;
+    bad.hello("token-2", "shop/client-2").await;
+    assert_eq!(bad.next().await.map(|f| f.0), Some(Kind::Open));
+    bad.send(&framed::encode(Kind::Reply, b"{x}")).await;
+    eventually("the bad frame to close that stream", || {
+        op.hub.metrics().bad_frames.get() == 1 && op.hub.sidecars().len() == 1
+    })
+    .await;
+
+    // A sidecar that reads but never answers: gone after one ping interval
+    // of silence (300 ms here).
+    let mut mute = Framed::connect(&op).await;
+    mute.hello("token-2", "shop/client-2").await;
+    assert_eq!(mute.next().await.map(|f| f.0), Some(Kind::Open));
+    eventually("the mute stream to open", || op.hub.sidecars().len() == 2).await;
+    let mut pings = 0;
+    while let Some((kind, _)) = mute.next().await {
+        pings += usize::from(kind == Kind::Ping);
+    }
+    assert!(pings >= 1, "pinged before being dropped");
+    eventually("the mute stream to be dropped", || {
+        op.hub.sidecars().len() == 1
+    })
+    .await;
+
+    // The real sidecar answers its pings and keeps getting its config.
+    op.hub.update(|ix| ix.apply_route(&split_route()));
+    eventually("the route", || has_route(&good.store, "route:shop/split/0")).await;
+    assert_eq!(good.metrics.control_reconnects.get(), 0);
 }

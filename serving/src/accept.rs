@@ -104,7 +104,13 @@ pub async fn serve_tls<F, Fut>(
         let acceptor = acceptor.clone();
         let serve_conn = serve_conn.clone();
         async move {
-            if let Some(tls) = handshake(&acceptor, tcp, peer, what).await {
+            // Boxed: a connection's task is sized for its largest state, and
+            // the handshake's (a whole rustls connection inline, and the
+            // timer) would otherwise stay allocated for as long as the
+            // connection lives, which for a config stream is its sidecar's
+            // life (decision 0066).
+            let tls = Box::pin(handshake(&acceptor, tcp, peer, what)).await;
+            if let Some(tls) = tls {
                 serve_conn(tls, peer).await;
             }
         }

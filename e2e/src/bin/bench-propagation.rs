@@ -9,8 +9,9 @@
 //! so the operator's index holds N injected Pods, as in a real mesh of that
 //! size) that are never scheduled (their scheduler does not exist), asks
 //! the API server for a token bound to each (TokenRequest, the mesh
-//! audience: what the kubelet projects into a sidecar), and opens one TLS +
-//! HTTP/2 push stream per Pod, verified against the operator's published
+//! audience: what the kubelet projects into a sidecar), and opens one push
+//! stream per Pod in the framed transport over TLS (what a sidecar speaks
+//! to this operator, decision 0066), verified against the operator's published
 //! trust bundle, spread over the Ready operator replicas as the Service
 //! spreads sidecars. Every push is ACKed at once, as a sidecar does once its
 //! config is applied (the apply itself runs on the sidecar's CPU: measured
@@ -38,15 +39,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use baton_config::push::{self, Decoder, Push, Reply};
+use baton_config::framed::{self, Kind};
+use baton_config::push::{self, Push, Reply};
 use baton_crds::contract;
 use baton_e2e::install as baton;
-use bytes::Bytes;
 use clap::Parser;
 use futures::{StreamExt, TryStreamExt};
-use http_body_util::{BodyExt, StreamBody};
-use hyper::body::Frame;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Service, ServiceAccount};
@@ -55,6 +53,7 @@ use kube::{Client, ResourceExt};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 
 const SERVER_NAME: &str = "baton-identity.baton-system.svc";
@@ -468,7 +467,8 @@ fn tls_connector(roots: &rustls::RootCertStore) -> Result<tokio_rustls::TlsConne
     .with_safe_default_protocol_versions()?
     .with_root_certificates(roots.clone())
     .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    // What a sidecar speaks to this operator (decision 0066).
+    config.alpn_protocols = vec![framed::ALPN.to_vec()];
     Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
 }
 
@@ -543,71 +543,69 @@ async fn stream_once(
         .connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp)
         .await
         .map_err(|e| e.to_string())?;
-    let (mut sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
-            .await
-            .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
-    let (replies, rx) = mpsc::channel::<Bytes>(4);
-    let body = StreamBody::new(Box::pin(futures::stream::unfold(rx, |mut rx| async move {
-        let b = rx.recv().await?;
-        Some((Ok::<_, std::convert::Infallible>(Frame::data(b)), rx))
-    })));
-    let req = http::Request::post(format!("https://{SERVER_NAME}{}", push::WATCH_PATH))
-        .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
-        .header(push::POD_HEADER, pod)
-        .header(
-            push::CAPABILITIES_HEADER,
-            push::Capabilities::ALL.header_value(),
-        )
-        .body(body)
-        .unwrap();
-    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
-    if !resp.status().is_success() {
-        let status = resp.status();
-        let text = resp.into_body().collect().await.map(|b| b.to_bytes());
-        return Err(format!("{status}: {:?}", text.unwrap_or_default()));
-    }
-    let _open = OpenGuard::new(shared, addr);
-    let mut body = resp.into_body();
-    let mut decoder = Decoder::default();
+    let mut tls = tls;
+    let io = |e: std::io::Error| e.to_string();
+    let hello = framed::Hello {
+        token: token.to_owned(),
+        pod: pod.to_owned(),
+        version: 0,
+        capabilities: push::Capabilities::ALL.header_value(),
+    };
+    tls.write_all(&framed::encode_json(Kind::Hello, &hello))
+        .await
+        .map_err(io)?;
+    tls.flush().await.map_err(io)?;
+    let mut decoder = framed::FrameDecoder::new(push::MAX_FRAME);
+    let mut buf = vec![0u8; 16 << 10];
+    let mut open = None;
     let mut received = 0;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| e.to_string())?;
-        let Some(data) = frame.data_ref() else {
-            continue;
-        };
-        received += data.len();
-        decoder.extend(data);
-        loop {
+    loop {
+        let n = tls.read(&mut buf).await.map_err(io)?;
+        if n == 0 {
+            return Err("the operator ended the stream".into());
+        }
+        received += n;
+        decoder.extend(&buf[..n]);
+        while let Some(frame) = decoder.next_frame().map_err(|e| e.to_string())? {
+            let payload = match frame {
+                framed::Frame::Known(Kind::Push, payload) if open.is_some() => payload,
+                framed::Frame::Known(Kind::Open, _) => {
+                    open = Some(OpenGuard::new(shared, addr));
+                    continue;
+                }
+                framed::Frame::Known(Kind::Ping, _) => {
+                    tls.write_all(&framed::encode(Kind::Pong, &[]))
+                        .await
+                        .map_err(io)?;
+                    tls.flush().await.map_err(io)?;
+                    continue;
+                }
+                framed::Frame::Known(Kind::Refused, payload) => {
+                    return Err(String::from_utf8_lossy(&payload).into_owned());
+                }
+                other => return Err(format!("unexpected {other:?}")),
+            };
             // Stream 0 decodes whole pushes and notes the Routes in them;
             // the rest read the head only (see the module docs).
             let (version, nonce) = if i == 0 {
-                let Some(p) = decoder.next_message::<Push>().map_err(|e| e.to_string())? else {
-                    break;
-                };
+                let p: Push = framed::json("PUSH", &payload).map_err(|e| e.to_string())?;
                 note_routes(&p, shared);
                 if p.snapshot.is_some() {
                     shared.first_push_bytes.store(received, Ordering::Relaxed);
                 }
                 (p.version, p.nonce)
             } else {
-                let Some(p) = decoder
-                    .next_message::<PushHead>()
-                    .map_err(|e| e.to_string())?
-                else {
-                    break;
-                };
+                let p: PushHead = framed::json("PUSH", &payload).map_err(|e| e.to_string())?;
                 (p.version, p.nonce)
             };
             let ack = Reply::Ack { nonce, version };
-            if replies.send(Bytes::from(push::encode(&ack))).await.is_err() {
-                return Err("the reply stream closed".into());
-            }
+            tls.write_all(&framed::encode_json(Kind::Reply, &ack))
+                .await
+                .map_err(io)?;
+            tls.flush().await.map_err(io)?;
             let _ = seen.send((i, version, Instant::now()));
         }
     }
-    Err("the operator ended the stream".into())
 }
 
 /// Counts a stream as open (in all and on its endpoint) while it lives.

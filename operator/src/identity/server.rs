@@ -45,44 +45,81 @@ pub fn acceptor(cert: Arc<ServingCert>) -> TlsAcceptor {
     TlsAcceptor::from(Arc::new(config))
 }
 
+/// One certificate request, whichever transport carried it: the
+/// `Authorization` header's value and the body.
+#[derive(Debug, Clone)]
+pub struct SignRequest {
+    pub authorization: Option<String>,
+    pub body: Bytes,
+}
+
+/// Largest certificate request body accepted (a CSR and a few fields).
+pub const MAX_SIGN_BODY: usize = MAX_BODY;
+
 /// Routes and answers one HTTP request.
 pub async fn respond<C: Cluster>(
     service: &IdentityService<C>,
     path: &str,
     req: Request<Incoming>,
 ) -> Response<Full<Bytes>> {
+    match read_request(path, req).await {
+        Ok(req) => sign(service, &req).await,
+        Err(refused) => refused,
+    }
+}
+
+/// The certificate request an HTTP request carries, or the answer that
+/// refuses it (wrong path or method, a body too large).
+pub async fn read_request(
+    path: &str,
+    req: Request<Incoming>,
+) -> Result<SignRequest, Response<Full<Bytes>>> {
     if req.uri().path() != path {
-        return json(
+        return Err(json(
             StatusCode::NOT_FOUND,
             &RefusalBody {
                 reason: "not_found".into(),
                 message: format!("the identity service answers POST {path}"),
             },
-        );
+        ));
     }
     if req.method() != http::Method::POST {
-        return json(
+        return Err(json(
             StatusCode::METHOD_NOT_ALLOWED,
             &RefusalBody {
                 reason: "method_not_allowed".into(),
                 message: format!("use POST {path}"),
             },
-        );
+        ));
     }
     let authorization = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            return refusal(&Refusal::BadRequest(format!(
-                "body unreadable or over {MAX_BODY} bytes: {e}"
-            )));
-        }
-    };
-    match service.handle(authorization.as_deref(), &body).await {
+    match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => Ok(SignRequest {
+            authorization,
+            body: b.to_bytes(),
+        }),
+        Err(e) => Err(refusal(&Refusal::BadRequest(format!(
+            "body unreadable or over {MAX_BODY} bytes: {e}"
+        )))),
+    }
+}
+
+/// Answers one certificate request.
+pub async fn sign<C: Cluster>(
+    service: &IdentityService<C>,
+    req: &SignRequest,
+) -> Response<Full<Bytes>> {
+    if req.body.len() > MAX_BODY {
+        return refusal(&Refusal::BadRequest(format!("body over {MAX_BODY} bytes")));
+    }
+    match service
+        .handle(req.authorization.as_deref(), &req.body)
+        .await
+    {
         Ok(issued) => json(
             StatusCode::OK,
             &SignResponse {

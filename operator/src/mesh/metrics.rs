@@ -21,6 +21,13 @@ pub struct RefusalLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransportLabels {
+    /// `framed` (current sidecars) or `h2` (sidecars from before the
+    /// framed transport, decision 0066).
+    pub transport: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WatchLabels {
     /// The watched kind (`Service`, `EndpointSlice`, `Pod`, ...).
     pub kind: &'static str,
@@ -29,6 +36,8 @@ pub struct WatchLabels {
 #[derive(Clone, Debug)]
 pub struct PushMetrics {
     pub connected: Gauge,
+    /// Streams opened, by the transport their sidecar speaks.
+    pub opened: Family<TransportLabels, Counter>,
     pub pushes: Counter,
     pub replies: Family<ReplyLabels, Counter>,
     pub push_to_ack: Histogram,
@@ -46,6 +55,7 @@ impl Default for PushMetrics {
     fn default() -> Self {
         Self {
             connected: Gauge::default(),
+            opened: Family::default(),
             pushes: Counter::default(),
             replies: Family::default(),
             // 1 ms .. ~16 s
@@ -68,6 +78,11 @@ impl PushMetrics {
             "connected_sidecars",
             "Sidecar config streams open on this replica",
             self.connected.clone(),
+        );
+        registry.register(
+            "streams_opened",
+            "Config streams opened, by transport (framed: current sidecars; h2: sidecars from before it)",
+            self.opened.clone(),
         );
         registry.register("pushes", "Snapshots sent to sidecars", self.pushes.clone());
         registry.register(

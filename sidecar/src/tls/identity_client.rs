@@ -36,7 +36,7 @@ use super::material::{Material, pem_encode};
 use super::metrics::TlsMetrics;
 use super::settings::{CertSource, KeyType, TlsSettings};
 use super::spiffe::SpiffeId;
-use crate::operator_link::OperatorLink;
+use crate::operator_link::{Held, OperatorLink, SignJob};
 
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityClientError {
@@ -557,16 +557,22 @@ impl IdentityClient {
     }
 
     /// POSTs a request: on the config stream's connection when one is
-    /// open, else (or when that fails, or the operator there does not
-    /// answer this path: one from before decision 0056 says 404) on a new
+    /// open (an HTTP/2 stream, or a SIGN frame on the framed transport),
+    /// else (or when that fails, or the operator there does not answer
+    /// this path: one from before decision 0056 says 404) on a new
     /// connection.
     async fn post(&self, body: Vec<u8>, token: &str) -> Result<(u16, Bytes), IdentityClientError> {
-        if let Some((sender, origin)) = self.link.as_ref().and_then(OperatorLink::sender) {
+        if let Some(held) = self.link.as_ref().and_then(OperatorLink::held) {
             let path = self.uri.path_and_query().map_or("/", |p| p.as_str());
-            let held = tokio::time::timeout(
-                self.timeout / 2,
-                post_held(sender, &origin, path, body.clone(), token),
-            )
+            // Half the budget: the rest is for the new connection.
+            let held = tokio::time::timeout(self.timeout / 2, async {
+                match held {
+                    Held::Http2 { sender, origin } => {
+                        post_held(sender, &origin, path, body.clone(), token).await
+                    }
+                    Held::Framed(jobs) => sign_framed(&jobs, body.clone(), token).await,
+                }
+            })
             .await;
             match held {
                 Ok(Ok((404, _))) => {
@@ -691,6 +697,23 @@ async fn post_held(
     sender.ready().await.map_err(http)?;
     let resp = sender.send_request(req).await.map_err(http)?;
     read_answer(resp).await
+}
+
+/// One request as a SIGN frame on the framed config stream the sidecar
+/// holds, answered by the stream's task when SIGNED arrives. A stream that
+/// ends first drops the job: an error, and the caller falls back.
+async fn sign_framed(
+    jobs: &tokio::sync::mpsc::Sender<SignJob>,
+    body: Vec<u8>,
+    token: &str,
+) -> Result<(u16, Bytes), IdentityClientError> {
+    let ended = || IdentityClientError::Http("the config stream ended".into());
+    let (job, answer) = SignJob::new(token, Bytes::from(body));
+    jobs.send(job).await.map_err(|_| ended())?;
+    answer
+        .await
+        .map_err(|_| ended())?
+        .map_err(IdentityClientError::Http)
 }
 
 /// The status and body (at most 1 MiB: answers are a few KiB).
@@ -907,5 +930,87 @@ mod tests {
             IdentityClient::new("ftp://x/y", None, None, id.clone(), KeyType::EcdsaP256).is_err()
         );
         assert!(IdentityClient::new("https://x/y", None, None, id, KeyType::EcdsaP256).is_err());
+    }
+
+    /// A client whose link holds a framed stream's queue (`rx`), published
+    /// while the returned guard lives.
+    fn client_with_framed_link() -> (
+        IdentityClient,
+        tokio::sync::mpsc::Receiver<SignJob>,
+        crate::operator_link::Published,
+    ) {
+        let link = OperatorLink::default();
+        let (jobs, rx) = tokio::sync::mpsc::channel(1);
+        let published = link.publish_framed(jobs);
+        // Nothing listens on port 1: a fallback fails to connect.
+        let client = IdentityClient::new(
+            "http://127.0.0.1:1/sign",
+            None,
+            Some("/nonexistent".into()),
+            "spiffe://td/ns/n/sa/s".parse().unwrap(),
+            KeyType::EcdsaP256,
+        )
+        .unwrap()
+        .with_timeout(Duration::from_secs(2))
+        .with_link(link);
+        (client, rx, published)
+    }
+
+    #[tokio::test]
+    async fn a_request_goes_as_a_sign_job_on_a_framed_stream_and_returns_its_answer() {
+        let (client, mut jobs, _published) = client_with_framed_link();
+        let stream = async {
+            let job = jobs.recv().await.unwrap();
+            assert_eq!(job.token, "tok");
+            assert_eq!(&job.request[..], b"{\"csr\":\"x\"}");
+            job.answer
+                .send(Ok((200, Bytes::from_static(b"signed"))))
+                .unwrap();
+        };
+        let (answer, ()) = tokio::join!(client.post(b"{\"csr\":\"x\"}".to_vec(), "tok"), stream);
+        assert_eq!(answer.unwrap(), (200, Bytes::from_static(b"signed")));
+    }
+
+    #[tokio::test]
+    async fn a_framed_stream_that_ends_before_answering_falls_back_to_a_new_connection() {
+        let (client, mut jobs, _published) = client_with_framed_link();
+        let stream = async {
+            // The stream ended: its pending requests are dropped.
+            drop(jobs.recv().await.unwrap());
+        };
+        let (answer, ()) = tokio::time::timeout(Duration::from_secs(5), async {
+            tokio::join!(client.post(b"{}".to_vec(), "tok"), stream)
+        })
+        .await
+        .unwrap();
+        assert!(
+            matches!(answer, Err(IdentityClientError::Connect(_))),
+            "{answer:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_framed_stream_that_does_not_answer_in_half_the_timeout_is_given_up() {
+        let (client, mut jobs, _published) = client_with_framed_link();
+        let started = tokio::time::Instant::now();
+        let stream = async {
+            let job = jobs.recv().await.unwrap();
+            // Held, unanswered, until the client has fallen back.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            drop(job);
+        };
+        let answer = tokio::select! {
+            a = client.post(b"{}".to_vec(), "tok") => a,
+            () = stream => panic!("the client waited for the stream"),
+        };
+        assert!(
+            matches!(answer, Err(IdentityClientError::Connect(_))),
+            "{answer:?}"
+        );
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(900) && waited < Duration::from_secs(2),
+            "{waited:?}"
+        );
     }
 }
