@@ -7,7 +7,7 @@
 use std::fmt::Debug;
 use std::future::Future;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource};
@@ -49,23 +49,36 @@ where
         .default_backoff()
         .map_ok(move |ev| ev.modify(trim));
     let stream = reflector::reflector(writer, stream);
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        let mut stop = std::pin::pin!(stop);
-        loop {
-            tokio::select! {
-                () = &mut stop => return,
-                item = stream.next() => match item {
-                    None => return,
-                    Some(Ok(_)) => on_change(),
-                    Some(Err(error)) => tracing::warn!(
-                        kind = %K::kind(&()), %error, "watch failed; retrying with backoff"
-                    ),
-                },
-            }
-        }
-    });
+    tokio::spawn(drive(K::kind(&()).into_owned(), stream, stop, move |_| {
+        on_change()
+    }));
     reader
+}
+
+/// Polls a watch stream until it ends or `stop` resolves: `on_event` for
+/// each event, a warning for each error (the stream's backoff retries, so
+/// an error is news, not an end). Shared by [`spawn_with`] and
+/// [`crate::compact::spawn`], so both caches stop and log alike.
+pub(crate) async fn drive<T>(
+    kind: String,
+    stream: impl Stream<Item = Result<T, watcher::Error>>,
+    stop: impl Future<Output = ()>,
+    mut on_event: impl FnMut(T),
+) {
+    let mut stream = std::pin::pin!(stream);
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        tokio::select! {
+            () = &mut stop => return,
+            item = stream.next() => match item {
+                None => return,
+                Some(Ok(event)) => on_event(event),
+                Some(Err(error)) => tracing::warn!(
+                    %kind, %error, "watch failed; retrying with backoff"
+                ),
+            },
+        }
+    }
 }
 
 /// The trim every cache applies: managed fields are never read and are

@@ -18,9 +18,10 @@
 //!   `baton.dev/offload=software-fallback` with this pool in
 //!   `baton.dev/accelerator-pool`, and it has not ended; or when it was
 //!   granted a device but its sidecar reports (`GET /offload`, read by the
-//!   controller: [`super::probe`]) that software signs instead: the device
-//!   failed its self-test at start, or signatures fail now. Such a pod still
-//!   holds its device in the books (the kubelet gave it one).
+//!   controller: [`super::probe`], passed in as [`RuntimeVerdicts`]) that
+//!   software signs instead: the device failed its self-test at start, or
+//!   signatures fail now. Such a pod still holds its device in the books
+//!   (the kubelet gave it one).
 //!
 //! Ended pods hold nothing: the books release their devices on the first
 //! reconcile after the pod's phase or deletion timestamp changes.
@@ -30,7 +31,9 @@
 //! sidecar with this status' numbers, so `Exhausted=True` means exactly
 //! "the webhook would now refuse a Required sidecar for lack of devices".
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 
 use baton_crds::accelerator::{self, NoGrant, NodeInventory, OffloadDecision, OffloadInput};
 use baton_crds::accelerator_pool::{FallbackRecord, NodeAllocation};
@@ -61,42 +64,58 @@ pub const OFFLOAD_FALLBACK: &str = "software-fallback";
 /// Value of `baton.dev/offload` for a granted device.
 pub const OFFLOAD_QAT: &str = "qat";
 
-/// What the books need to know about one pod (any pod, meshed or not).
+/// What the books and the probe need to know about one pod (any pod,
+/// meshed or not), computed once when its watch event arrives: the
+/// controller's Pod cache holds this, not the Pod ([`Self::worth_caching`]
+/// says which pods it holds at all).
+///
+/// Every pod of the cluster may be here, so its size is the operator's
+/// memory per Pod (issue #37): strings are `Box<str>` (no spare capacity,
+/// 16 bytes inline), the requests a boxed slice (a `BTreeMap<String, i64>`
+/// allocates a 368-byte node for one entry), and nothing is kept that
+/// neither the books nor the probe read.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodDevices {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
+    pub namespace: Box<str>,
+    pub name: Box<str>,
+    pub uid: Box<str>,
     /// `spec.nodeName`.
-    pub node: Option<String>,
+    pub node: Option<Box<str>>,
     /// Succeeded, Failed, or being deleted: holds nothing.
     pub ended: bool,
     /// Injected by Baton (label `baton.dev/injected=true`).
     pub meshed: bool,
-    /// `baton.dev/offload`.
-    pub offload: Option<String>,
-    /// `baton.dev/accelerator-pool`.
-    pub pool: Option<String>,
-    /// `baton.dev/offload-fallback-reason`.
-    pub fallback_reason: Option<String>,
-    /// `baton.dev/offload-grant`.
-    pub grant: Option<String>,
-    /// Granted a device, but its sidecar signs in software (why), as the
-    /// controller last read it from the sidecar; not from the Pod object.
-    pub runtime_fallback: Option<String>,
-    /// Effective request per extended resource (only names with a `/`).
-    pub requests: BTreeMap<String, i64>,
-    /// `metadata.creationTimestamp` in seconds (newest fallbacks first).
-    pub created: i64,
     /// The scheduler said it cannot place the pod (PodScheduled=False,
     /// reason Unschedulable).
     pub unschedulable: bool,
+    /// `status.podIP` while the phase is Running: where the probe reads the
+    /// sidecar's `/offload`.
+    pub running_ip: Option<IpAddr>,
+    /// `baton.dev/offload`.
+    pub offload: Option<Box<str>>,
+    /// `baton.dev/accelerator-pool`.
+    pub pool: Option<Box<str>>,
+    /// `baton.dev/offload-fallback-reason`.
+    pub fallback_reason: Option<Box<str>>,
+    /// `baton.dev/offload-grant`.
+    pub grant: Option<Box<str>>,
+    /// Effective request per extended resource (only names with a `/`,
+    /// only those above zero), sorted by name.
+    pub requests: Box<[(Box<str>, i64)]>,
+    /// `metadata.creationTimestamp` in seconds (newest fallbacks first).
+    pub created: i64,
 }
+
+/// Why a granted pod's sidecar signs in software, by pod UID, as the
+/// controller last read it from the sidecars ([`super::probe`]); not from
+/// the Pod object, so not in [`PodDevices`].
+pub type RuntimeVerdicts = BTreeMap<String, String>;
 
 impl PodDevices {
     pub fn from_pod(pod: &Pod) -> Self {
         let meta = &pod.metadata;
-        let annotation = |k: &str| meta.annotations.as_ref().and_then(|a| a.get(k)).cloned();
+        let text = |s: Option<&String>| s.map(|s| Box::from(s.as_str()));
+        let annotation = |k: &str| text(meta.annotations.as_ref().and_then(|a| a.get(k)));
         let status = pod.status.as_ref();
         let phase = status.and_then(|s| s.phase.as_deref());
         let unschedulable = status
@@ -109,13 +128,10 @@ impl PodDevices {
                     && c.reason.as_deref() == Some("Unschedulable")
             });
         Self {
-            namespace: meta.namespace.clone().unwrap_or_default(),
-            name: meta.name.clone().unwrap_or_default(),
-            uid: meta.uid.clone().unwrap_or_default(),
-            node: pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_name.clone())
+            namespace: text(meta.namespace.as_ref()).unwrap_or_default(),
+            name: text(meta.name.as_ref()).unwrap_or_default(),
+            uid: text(meta.uid.as_ref()).unwrap_or_default(),
+            node: text(pod.spec.as_ref().and_then(|s| s.node_name.as_ref()))
                 .filter(|n| !n.is_empty()),
             ended: meta.deletion_timestamp.is_some()
                 || matches!(phase, Some("Succeeded" | "Failed")),
@@ -124,24 +140,41 @@ impl PodDevices {
                 .as_ref()
                 .and_then(|l| l.get(labels::INJECTED))
                 .is_some_and(|v| v == "true"),
+            unschedulable,
+            running_ip: status
+                .filter(|_| phase == Some("Running"))
+                .and_then(|s| s.pod_ip.as_deref()?.parse().ok()),
             offload: annotation(annotations::OFFLOAD),
             pool: annotation(annotations::ACCELERATOR_POOL),
             fallback_reason: annotation(annotations::OFFLOAD_FALLBACK_REASON),
             grant: annotation(annotations::OFFLOAD_GRANT),
-            runtime_fallback: None,
             requests: pod
                 .spec
                 .as_ref()
                 .map(|s| {
                     effective_requests(&s.containers, s.init_containers.as_deref().unwrap_or(&[]))
                 })
-                .unwrap_or_default(),
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(name, n)| (name.into_boxed_str(), n))
+                .collect(),
             created: meta
                 .creation_timestamp
                 .as_ref()
                 .map_or(0, |t| t.0.as_second()),
-            unschedulable,
         }
+    }
+
+    /// Whether [`compute`] or the probe can ever read this pod: it requests
+    /// an extended resource (it may hold one), names a pool (a grant or a
+    /// fallback of that pool), or is a meshed pod granted a device (whose
+    /// sidecar the controller reads). Any other pod changes no pool's
+    /// status, so the cache does not keep it: a cluster's plain pods, and
+    /// meshed ones without offload, cost the operator nothing.
+    pub fn worth_caching(&self) -> bool {
+        !self.requests.is_empty()
+            || self.pool.is_some()
+            || (self.meshed && self.offload.as_deref() == Some(OFFLOAD_QAT))
     }
 
     /// `namespace/name`.
@@ -150,7 +183,10 @@ impl PodDevices {
     }
 
     fn request(&self, resource: &str) -> i64 {
-        self.requests.get(resource).copied().unwrap_or(0)
+        self.requests
+            .iter()
+            .find(|(name, _)| &**name == resource)
+            .map_or(0, |(_, n)| *n)
     }
 }
 
@@ -221,15 +257,23 @@ pub struct Books {
     pub fallbacks: Vec<Fallback>,
 }
 
-/// The status `pool` should have given `nodes` and `pods`, keeping the
-/// transition times of conditions whose status did not change.
-pub fn compute(pool: &AcceleratorPool, nodes: &[Node], pods: &[PodDevices], now: &Time) -> Books {
+/// The status `pool` should have given `nodes`, `pods` and what their
+/// sidecars said (`runtime`), keeping the transition times of conditions
+/// whose status did not change.
+pub fn compute(
+    pool: &AcceleratorPool,
+    nodes: &[Node],
+    pods: &[impl Borrow<PodDevices>],
+    runtime: &RuntimeVerdicts,
+    now: &Time,
+) -> Books {
+    let all = || pods.iter().map(Borrow::<PodDevices>::borrow);
     let name = pool.metadata.name.clone().unwrap_or_default();
     let resource = pool.spec.resource_name.as_str();
     let generation = pool.metadata.generation;
 
     // Holders per node, and pending grants.
-    let live = || pods.iter().filter(|p| !p.ended && p.request(resource) > 0);
+    let live = || all().filter(|p| !p.ended && p.request(resource) > 0);
     let mut held: BTreeMap<&str, (i64, i64, Vec<String>)> = BTreeMap::new();
     for p in live() {
         if let Some(node) = p.node.as_deref() {
@@ -250,8 +294,7 @@ pub fn compute(pool: &AcceleratorPool, nodes: &[Node], pods: &[PodDevices], now:
     // Grants these books have seen, whether the pod still holds its device
     // or has already ended: either way the webhook must stop counting it.
     let since = now.0.as_second() - RECENT_GRANT_WINDOW_SECONDS;
-    let mut recent: Vec<(i64, &str)> = pods
-        .iter()
+    let mut recent: Vec<(i64, &str)> = all()
         .filter(|p| p.pool.as_deref() == Some(name.as_str()) && p.created >= since)
         .filter_map(|p| p.grant.as_deref().map(|g| (p.created, g)))
         .collect();
@@ -297,12 +340,12 @@ pub fn compute(pool: &AcceleratorPool, nodes: &[Node], pods: &[PodDevices], now:
 
     // Fallbacks: meshed pods the webhook sent to software for this pool,
     // and granted pods whose sidecar signs in software anyway.
-    let mut fallback_pods: Vec<&PodDevices> = pods
-        .iter()
+    let runtime_reason = |p: &PodDevices| runtime.get(&*p.uid);
+    let mut fallback_pods: Vec<&PodDevices> = all()
         .filter(|p| !p.ended && p.meshed)
         .filter(|p| match p.offload.as_deref() {
             Some(OFFLOAD_FALLBACK) => true,
-            Some(OFFLOAD_QAT) => p.runtime_fallback.is_some(),
+            Some(OFFLOAD_QAT) => runtime_reason(p).is_some(),
             _ => false,
         })
         .filter(|p| p.pool.as_deref() == Some(name.as_str()))
@@ -315,14 +358,14 @@ pub fn compute(pool: &AcceleratorPool, nodes: &[Node], pods: &[PodDevices], now:
     let fallbacks: Vec<Fallback> = fallback_pods
         .iter()
         .map(|p| Fallback {
-            namespace: p.namespace.clone(),
-            pod: p.name.clone(),
-            uid: p.uid.clone(),
-            reason: p
-                .runtime_fallback
-                .clone()
-                .or_else(|| p.fallback_reason.clone())
-                .unwrap_or_else(|| "no reason recorded".to_owned()),
+            namespace: p.namespace.to_string(),
+            pod: p.name.to_string(),
+            uid: p.uid.to_string(),
+            reason: runtime_reason(p)
+                .map(String::as_str)
+                .or(p.fallback_reason.as_deref())
+                .unwrap_or("no reason recorded")
+                .to_owned(),
         })
         .collect();
 

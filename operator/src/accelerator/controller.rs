@@ -14,26 +14,28 @@
 //! every running meshed Pod that holds a device ([`super::probe`]), so a
 //! sidecar whose device fails after admission counts as a fallback.
 //!
-//! Pods and Nodes are trimmed in the caches to the fields the books read
-//! (a pod keeps its containers' resources, not its env or volumes).
+//! The Pod cache holds no Pods: every Pod of the cluster is watched, so
+//! each is reduced on arrival to its [`PodDevices`] (a few hundred bytes:
+//! what the books and the probe read), and Pods that no pool's books can
+//! ever read are not kept at all ([`PodDevices::worth_caching`];
+//! [`baton_controlplane::compact`]). Nodes are trimmed to their labels and
+//! allocatable.
 //!
 //! Events: one Warning `OffloadFallback` on each pod that fell back to
 //! software (once per pod UID for this leader's lifetime; a new leader may
 //! repeat it once, which the Events API aggregates).
 
+use std::borrow::Borrow;
 use std::collections::BTreeSet;
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_controlplane::reflect;
+use baton_controlplane::{compact, reflect};
 use baton_crds::AcceleratorPool;
 use baton_crds::conditions::Time;
-use baton_crds::contract::{self, annotations};
-use k8s_openapi::api::core::v1::{
-    Container, Node, ObjectReference, Pod, PodSpec, ResourceRequirements,
-};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use baton_crds::contract;
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
@@ -44,7 +46,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio::sync::Notify;
 
-use super::accounting::{self, Fallback, PodDevices};
+use super::accounting::{self, Fallback, PodDevices, RuntimeVerdicts};
 use super::probe::{OffloadProbe, RuntimeFallbacks, Target};
 use crate::metrics::Metrics;
 
@@ -106,7 +108,8 @@ pub async fn reconcile_all(
     ctx: &Context,
     pools: &[Arc<AcceleratorPool>],
     nodes: &[Node],
-    pods: &[PodDevices],
+    pods: &[impl Borrow<PodDevices>],
+    runtime: &RuntimeVerdicts,
     announced: &mut Announced,
 ) -> Result<(), Error> {
     let now = Time(Timestamp::now());
@@ -114,7 +117,7 @@ pub async fn reconcile_all(
     let mut current = BTreeSet::new();
     for pool in pools {
         let name = pool.name_any();
-        let mut books = accounting::compute(pool, nodes, pods, &now);
+        let mut books = accounting::compute(pool, nodes, pods, runtime, &now);
         ctx.metrics.pool_observed(&name, &books.status);
         for f in accounting::unannounced(&books.fallbacks, &announced.0) {
             publish_fallback(ctx, &name, f).await;
@@ -200,86 +203,26 @@ async fn publish_fallback(ctx: &Context, pool: &str, f: &Fallback) {
 
 /// The running meshed Pods granted a device, with their IPs: whose
 /// `/offload` to read.
-fn probe_targets(pods: &[Arc<Pod>], books: &[PodDevices]) -> Vec<Target> {
+fn probe_targets(pods: &[impl Borrow<PodDevices>]) -> Vec<Target> {
     pods.iter()
-        .zip(books)
-        .filter(|(_, b)| {
-            !b.ended && b.meshed && b.offload.as_deref() == Some(accounting::OFFLOAD_QAT)
-        })
-        .filter_map(|(p, b)| {
-            let status = p.status.as_ref()?;
-            if status.phase.as_deref() != Some("Running") {
-                return None;
-            }
-            let ip = status.pod_ip.as_deref()?.parse().ok()?;
-            Some(Target::new(b.uid.clone(), ip))
-        })
+        .map(Borrow::<PodDevices>::borrow)
+        .filter(|p| !p.ended && p.meshed && p.offload.as_deref() == Some(accounting::OFFLOAD_QAT))
+        .filter_map(|p| Some(Target::new(p.uid.to_string(), p.running_ip?)))
         .collect()
 }
 
-/// The one container a cached Pod keeps (see [`trim_pod`]).
-const FOLDED_CONTAINER: &str = "requests";
-
-/// Keeps only what [`PodDevices::from_pod`] and [`probe_targets`] read.
+/// What the Pod cache keeps of a Pod: its [`PodDevices`], computed once
+/// per watch event, or nothing for a Pod no pool's books read.
 ///
-/// Every Pod of the cluster is in this cache, so its size per Pod is the
-/// operator's memory per Pod: a `Container` is 2 KiB before any of its
-/// strings (k8s-openapi 0.29), and an injected Pod has three or four. The
-/// containers are folded into at most one that carries the Pod's effective
-/// extended-resource request ([`accounting::effective_requests`], the only
-/// thing read from them), and none when it requests nothing. With 2,000
-/// injected Pods the leader held 31 MB in this cache before (issue #37,
-/// bench/operator-heap.sh).
-fn trim_pod(pod: &mut Pod) {
-    let m = &mut pod.metadata;
-    m.managed_fields = None;
-    m.owner_references = None;
-    if let Some(a) = m.annotations.as_mut() {
-        a.retain(|k, _| {
-            [
-                annotations::OFFLOAD,
-                annotations::ACCELERATOR_POOL,
-                annotations::OFFLOAD_FALLBACK_REASON,
-                annotations::OFFLOAD_GRANT,
-            ]
-            .contains(&k.as_str())
-        });
-    }
-    if let Some(spec) = pod.spec.as_mut() {
-        let requests = accounting::effective_requests(
-            &spec.containers,
-            spec.init_containers.as_deref().unwrap_or(&[]),
-        );
-        let containers = if requests.is_empty() {
-            Vec::new()
-        } else {
-            let limits = requests
-                .into_iter()
-                .map(|(name, n)| (name, Quantity(n.to_string())))
-                .collect();
-            vec![Container {
-                name: FOLDED_CONTAINER.into(),
-                resources: Some(ResourceRequirements {
-                    limits: Some(limits),
-                    ..ResourceRequirements::default()
-                }),
-                ..Container::default()
-            }]
-        };
-        *spec = PodSpec {
-            node_name: spec.node_name.take(),
-            containers,
-            ..PodSpec::default()
-        };
-    }
-    if let Some(s) = pod.status.as_mut() {
-        s.container_statuses = None;
-        s.init_container_statuses = None;
-        s.ephemeral_container_statuses = None;
-        if let Some(cs) = s.conditions.as_mut() {
-            cs.retain(|c| c.type_ == "PodScheduled");
-        }
-    }
+/// Every Pod of the cluster passes here, so the cache's size per Pod is
+/// the operator's memory per Pod (issue #37): the leader that kept a
+/// kube `Store<Pod>` of trimmed Pods held about 8.6 KiB per Pod at 10,000
+/// Pods (bench/operator-heap.sh; a k8s-openapi `Pod` is 2,176 bytes
+/// inline, each `Container` 2,120 more, plus strings and the Store's
+/// keys), where a `PodDevices` is 176 bytes inline plus its few short
+/// strings (a test pins it).
+fn cached_pod(pod: &Pod) -> Option<PodDevices> {
+    Some(PodDevices::from_pod(pod)).filter(PodDevices::worth_caching)
 }
 
 /// Keeps labels and allocatable (what the books read).
@@ -314,16 +257,24 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         |p| p.metadata.managed_fields = None,
         wake.clone(),
     );
-    let pods = reflect(Api::<Pod>::all(ctx.client.clone()), trim_pod, wake.clone());
+    let pods = {
+        let wake = wake.clone();
+        compact::spawn(
+            Api::<Pod>::all(ctx.client.clone()),
+            cached_pod,
+            move || wake.notify_one(),
+            std::future::pending(),
+        )
+    };
     let nodes = reflect(
         Api::<Node>::all(ctx.client.clone()),
         trim_node,
         wake.clone(),
     );
     for ready in [
-        pools.wait_until_ready().await,
-        pods.wait_until_ready().await,
-        nodes.wait_until_ready().await,
+        pools.wait_until_ready().await.map_err(|e| e.to_string()),
+        pods.wait_until_ready().await.map_err(|e| e.to_string()),
+        nodes.wait_until_ready().await.map_err(|e| e.to_string()),
     ] {
         ready.map_err(|e| anyhow::anyhow!("accelerator caches: {e}"))?;
     }
@@ -335,19 +286,21 @@ pub async fn run(ctx: Arc<Context>) -> anyhow::Result<()> {
         let pools_now = pools.state();
         if !pools_now.is_empty() {
             let nodes_now: Vec<Node> = nodes.state().iter().map(|n| (**n).clone()).collect();
-            let pods_state = pods.state();
-            let mut pods_now: Vec<PodDevices> =
-                pods_state.iter().map(|p| PodDevices::from_pod(p)).collect();
+            let pods_now = pods.state();
             if tokio::time::Instant::now() >= next_probe {
-                let targets = probe_targets(&pods_state, &pods_now);
-                runtime.refresh(&ctx.probe, &targets).await;
+                runtime.refresh(&ctx.probe, &probe_targets(&pods_now)).await;
                 next_probe = tokio::time::Instant::now() + RESYNC;
             }
-            for p in &mut pods_now {
-                p.runtime_fallback = runtime.reason(&p.uid);
-            }
-            if let Err(error) =
-                reconcile_all(&ctx, &pools_now, &nodes_now, &pods_now, &mut announced).await
+            let verdicts = runtime.verdicts();
+            if let Err(error) = reconcile_all(
+                &ctx,
+                &pools_now,
+                &nodes_now,
+                &pods_now,
+                &verdicts,
+                &mut announced,
+            )
+            .await
             {
                 tracing::warn!(%error, "accelerator reconcile failed; retrying");
                 tokio::time::sleep(Duration::from_secs(2)).await;
@@ -445,6 +398,7 @@ mod tests {
             &[Arc::new(pool())],
             &[node("1")],
             &pods,
+            &RuntimeVerdicts::new(),
             &mut announced,
         )
         .await
@@ -516,6 +470,7 @@ mod tests {
             &[Arc::new(current.clone())],
             &[node("1")],
             &pods,
+            &RuntimeVerdicts::new(),
             &mut announced,
         )
         .await
@@ -532,6 +487,7 @@ mod tests {
             &[Arc::new(current)],
             &[node("1")],
             &pods[1..],
+            &RuntimeVerdicts::new(),
             &mut announced,
         )
         .await
@@ -560,7 +516,8 @@ mod tests {
             &ctx,
             &[Arc::new(pool()), Arc::new(second)],
             &[node("2")],
-            &[],
+            &[] as &[PodDevices],
+            &RuntimeVerdicts::new(),
             &mut Announced::default(),
         )
         .await
@@ -579,13 +536,17 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn trimmed_pods_and_nodes_keep_what_the_books_read() {
-        let raw = json!({
+    /// The Pod of an injected workload as the API server sends it, with
+    /// what neither the books nor the probe read (images, env, labels and
+    /// annotations of others, a Ready condition).
+    fn full_pod() -> Pod {
+        serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "web-0", "namespace": "shop", "uid": "u",
+                "creationTimestamp": "2026-01-02T03:04:05Z",
                 "labels": {"baton.dev/injected": "true", "app": "web"},
-                "annotations": {"baton.dev/offload": "qat", "baton.dev/accelerator-pool": "qat", "big": "x"}},
+                "annotations": {"baton.dev/offload": "qat", "baton.dev/accelerator-pool": "qat",
+                                "baton.dev/offload-grant": "req-1", "big": "x"}},
             "spec": {"nodeName": "n1",
                 "containers": [
                     {"name": "app", "image": "app:1", "resources": {"limits": {"cpu": "1", "example.com/gpu": "2"}}},
@@ -597,44 +558,168 @@ mod tests {
                     "resources": {"limits": {"example.com/gpu": "3"}}}]},
             "status": {"phase": "Running", "podIP": "10.0.0.9",
                 "conditions": [{"type": "Ready", "status": "True"}]}
-        });
-        let full: Pod = serde_json::from_value(raw).unwrap();
-        let mut trimmed = full.clone();
-        trim_pod(&mut trimmed);
-        let books = PodDevices::from_pod(&full);
-        assert_eq!(PodDevices::from_pod(&trimmed), books);
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_cached_pod_keeps_what_the_books_and_the_probe_read() {
+        let full = full_pod();
+        let cached = cached_pod(&full).expect("a granted meshed pod is kept");
+        assert_eq!(cached, PodDevices::from_pod(&full));
         assert_eq!(
-            books.requests,
+            (&*cached.namespace, &*cached.name, &*cached.uid),
+            ("shop", "web-0", "u")
+        );
+        assert_eq!(cached.node.as_deref(), Some("n1"));
+        assert!(cached.meshed && !cached.ended && !cached.unschedulable);
+        assert_eq!(
+            (
+                cached.offload.as_deref(),
+                cached.pool.as_deref(),
+                cached.grant.as_deref()
+            ),
+            (Some("qat"), Some("qat"), Some("req-1"))
+        );
+        assert_eq!(cached.created, 1_767_323_045);
+        assert_eq!(
+            cached.requests.iter().cloned().collect::<BTreeMap<_, _>>(),
             BTreeMap::from([
-                (DEFAULT_QAT_RESOURCE.to_owned(), 2),
-                ("example.com/gpu".to_owned(), 3)
+                (DEFAULT_QAT_RESOURCE.into(), 2),
+                ("example.com/gpu".into(), 3)
             ]),
             "both slots add up; the plain init container's larger request wins"
         );
-        let spec = trimmed.spec.as_ref().unwrap();
-        assert_eq!(spec.containers.len(), 1, "folded into one: {spec:?}");
-        assert!(spec.containers[0].env.is_none() && spec.init_containers.is_none());
-        assert!(!trimmed.annotations().contains_key("big"));
         assert_eq!(
-            probe_targets(&[Arc::new(trimmed)], std::slice::from_ref(&books)).len(),
-            1,
-            "the probe still finds the running granted Pod's IP"
+            probe_targets(std::slice::from_ref(&cached)),
+            [Target::new("u".into(), [10, 0, 0, 9].into())],
+            "the probe finds the running granted Pod's IP"
+        );
+        // The books read it as they read the Pod: it holds two devices on
+        // n1 as a sidecar pod, and a fallback Event would name it.
+        let books = accounting::compute(
+            &pool(),
+            &[node("4")],
+            &[Arc::new(cached.clone())],
+            &RuntimeVerdicts::from([("u".to_owned(), "SignErrors: 1".to_owned())]),
+            &Time(Timestamp::from_second(1_767_323_045).unwrap()),
+        );
+        assert_eq!(
+            (books.status.allocated, books.status.nodes[0].sidecars),
+            (2, 1)
+        );
+        assert_eq!(books.status.nodes[0].pods, ["shop/web-0"]);
+        assert_eq!(books.status.recent_grants, Some(vec!["req-1".to_owned()]));
+        assert_eq!(
+            books.fallbacks,
+            [Fallback {
+                namespace: "shop".into(),
+                pod: "web-0".into(),
+                uid: "u".into(),
+                reason: "SignErrors: 1".into(),
+            }]
         );
 
-        // A Pod that asks for no extended resource keeps no container.
+        // A granted pod that asks for no extended resource (devices taken
+        // by another mechanism) is still probed; one that asks for nothing
+        // and names no pool is not kept.
         let mut plain = full.clone();
         for c in plain.spec.as_mut().unwrap().containers.iter_mut() {
             c.resources = None;
         }
         plain.spec.as_mut().unwrap().init_containers = None;
-        let mut trimmed_plain = plain.clone();
-        trim_pod(&mut trimmed_plain);
-        assert_eq!(
-            PodDevices::from_pod(&trimmed_plain),
-            PodDevices::from_pod(&plain)
-        );
-        assert!(trimmed_plain.spec.unwrap().containers.is_empty());
+        let v = cached_pod(&plain).expect("meshed and granted: probed");
+        assert!(v.requests.is_empty());
+        assert_eq!(probe_targets(&[v]).len(), 1);
+        plain.metadata.annotations = None;
+        assert_eq!(cached_pod(&plain), None);
+        plain.metadata.labels = None;
+        assert_eq!(cached_pod(&plain), None);
+    }
 
+    #[test]
+    fn only_running_pods_with_an_ip_that_have_not_ended_are_probed() {
+        let probed = |edit: &dyn Fn(&mut Pod)| {
+            let mut p = full_pod();
+            edit(&mut p);
+            probe_targets(&[cached_pod(&p).unwrap()]).len()
+        };
+        assert_eq!(probed(&|_| ()), 1);
+        assert_eq!(
+            probed(&|p| p.status.as_mut().unwrap().phase = Some("Pending".into())),
+            0
+        );
+        assert_eq!(probed(&|p| p.status.as_mut().unwrap().pod_ip = None), 0);
+        assert_eq!(
+            probed(&|p| p.status.as_mut().unwrap().pod_ip = Some("not-an-ip".into())),
+            0
+        );
+        assert_eq!(
+            probed(&|p| p.status.as_mut().unwrap().pod_ip = Some("fd00::9".into())),
+            1,
+            "IPv6"
+        );
+        assert_eq!(
+            probed(&|p| {
+                p.metadata.deletion_timestamp = p.metadata.creation_timestamp.clone();
+            }),
+            0,
+            "being deleted: ended"
+        );
+        assert_eq!(
+            probed(&|p| p.status.as_mut().unwrap().phase = Some("Succeeded".into())),
+            0
+        );
+        assert_eq!(
+            probed(&|p| {
+                p.metadata
+                    .annotations
+                    .as_mut()
+                    .unwrap()
+                    .insert("baton.dev/offload".into(), "software-fallback".into());
+            }),
+            0,
+            "not granted a device"
+        );
+    }
+
+    #[test]
+    fn an_unschedulable_fallback_pod_keeps_its_reason_and_scheduling() {
+        let mut p = full_pod();
+        p.spec.as_mut().unwrap().node_name = None;
+        let a = p.metadata.annotations.as_mut().unwrap();
+        a.insert("baton.dev/offload".into(), "software-fallback".into());
+        a.insert(
+            "baton.dev/offload-fallback-reason".into(),
+            "no free device".into(),
+        );
+        let s = p.status.as_mut().unwrap();
+        s.phase = Some("Pending".into());
+        s.pod_ip = None;
+        s.conditions = Some(vec![k8s_openapi::api::core::v1::PodCondition {
+            type_: "PodScheduled".into(),
+            status: "False".into(),
+            reason: Some("Unschedulable".into()),
+            ..Default::default()
+        }]);
+        let v = cached_pod(&p).unwrap();
+        assert!(v.unschedulable && v.node.is_none() && v.running_ip.is_none());
+        assert_eq!(v.fallback_reason.as_deref(), Some("no free device"));
+        assert_eq!(v.offload.as_deref(), Some("software-fallback"));
+    }
+
+    #[test]
+    fn a_cached_pod_is_a_small_fraction_of_a_pod() {
+        // Every Pod of the cluster is cached (issue #37): a regression to
+        // caching Pods, or a field that drags one in, fails here.
+        let compact = std::mem::size_of::<PodDevices>();
+        let pod = std::mem::size_of::<Pod>();
+        assert!(compact <= 192, "PodDevices is {compact} bytes");
+        assert!(pod > 10 * compact, "Pod {pod} bytes, PodDevices {compact}");
+    }
+
+    #[test]
+    fn trimmed_nodes_keep_what_the_books_read() {
         let mut n = node("3");
         n.metadata.annotations = Some(BTreeMap::from([("a".to_owned(), "b".to_owned())]));
         let before = baton_crds::accelerator::NodeInventory::from_node(&n, DEFAULT_QAT_RESOURCE, 0);

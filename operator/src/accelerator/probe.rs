@@ -85,7 +85,9 @@ impl RuntimeFallbacks {
         before != self.verdicts()
     }
 
-    fn verdicts(&self) -> BTreeMap<String, String> {
+    /// Every Pod whose sidecar signs in software, by UID, with why (what
+    /// the books take as [`super::accounting::RuntimeVerdicts`]).
+    pub fn verdicts(&self) -> BTreeMap<String, String> {
         self.last
             .iter()
             .filter_map(|(uid, (_, v))| Some((uid.clone(), v.clone()?)))

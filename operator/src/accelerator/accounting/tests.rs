@@ -56,12 +56,12 @@ pub(crate) fn granted(name: &str, node: Option<&str>, devices: i64) -> PodDevice
     PodDevices {
         namespace: "shop".into(),
         name: name.into(),
-        uid: format!("uid-{name}"),
+        uid: format!("uid-{name}").into(),
         node: node.map(Into::into),
         meshed: true,
         offload: Some(OFFLOAD_QAT.into()),
         pool: Some("qat".into()),
-        requests: BTreeMap::from([(R.to_owned(), devices)]),
+        requests: [(R.into(), devices)].into(),
         ..Default::default()
     }
 }
@@ -71,12 +71,12 @@ pub(crate) fn fallback(name: &str, created: i64) -> PodDevices {
     PodDevices {
         namespace: "shop".into(),
         name: name.into(),
-        uid: format!("uid-{name}"),
+        uid: format!("uid-{name}").into(),
         node: Some("n1".into()),
         meshed: true,
         offload: Some(OFFLOAD_FALLBACK.into()),
         pool: Some("qat".into()),
-        fallback_reason: Some(format!("exhausted for {name}")),
+        fallback_reason: Some(format!("exhausted for {name}").into()),
         created,
         ..Default::default()
     }
@@ -91,7 +91,7 @@ fn condition<'a>(s: &'a AcceleratorPoolStatus, t: &str) -> &'a Condition {
 }
 
 fn status(p: &AcceleratorPool, nodes: &[Node], pods: &[PodDevices]) -> AcceleratorPoolStatus {
-    compute(p, nodes, pods, &now()).status
+    compute(p, nodes, pods, &RuntimeVerdicts::new(), &now()).status
 }
 
 #[test]
@@ -256,7 +256,7 @@ fn recent_grants_list_every_grant_seen_in_the_window_held_pending_or_ended() {
     let listed = s.recent_grants.unwrap();
     assert_eq!(listed.len(), MAX_RECENT_GRANTS);
     let newest = burst.iter().max_by_key(|p| p.created).unwrap();
-    assert!(listed.contains(newest.grant.as_ref().unwrap()));
+    assert!(listed.contains(&newest.grant.as_deref().unwrap().to_owned()));
 }
 
 #[test]
@@ -384,6 +384,7 @@ fn fallbacks_are_counted_newest_first_and_listed_up_to_ten() {
         &pool(1, false),
         &[node("n1", false, Some("1"))],
         &pods,
+        &RuntimeVerdicts::new(),
         &now(),
     );
     let s = &books.status;
@@ -414,17 +415,26 @@ fn fallbacks_of_other_pools_ended_pods_or_unmeshed_pods_do_not_count() {
 
 #[test]
 fn a_granted_pod_whose_sidecar_signs_in_software_is_a_fallback_that_still_holds_its_device() {
-    let mut failing = granted("failing", Some("n1"), 1);
-    failing.runtime_fallback = Some("SignErrors: 3 signature(s) redone in software".into());
+    let failing = granted("failing", Some("n1"), 1);
     let working = granted("working", Some("n1"), 1);
     // A sidecar report on a pod the webhook sent to software already: the
     // annotation's reason is the older news, the sidecar's wins.
-    let mut both = fallback("both", 1);
-    both.runtime_fallback = Some("EngineUnavailable: no provider".into());
+    let both = fallback("both", 1);
+    let runtime = RuntimeVerdicts::from([
+        (
+            "uid-failing".to_owned(),
+            "SignErrors: 3 signature(s) redone in software".to_owned(),
+        ),
+        (
+            "uid-both".to_owned(),
+            "EngineUnavailable: no provider".to_owned(),
+        ),
+    ]);
     let books = compute(
         &pool(1, false),
         &[node("n1", false, Some("4"))],
         &[failing, working, both],
+        &runtime,
         &now(),
     );
     let s = &books.status;
@@ -452,7 +462,14 @@ fn unchanged_books_keep_their_condition_times_so_the_write_is_skipped() {
     let mut p1 = p0.clone();
     p1.status = Some(first.clone());
     let later = Time(Timestamp::from_second(1_800_000_999).unwrap());
-    let second = compute(&p1, &nodes, &[], &later).status;
+    let second = compute(
+        &p1,
+        &nodes,
+        &[] as &[PodDevices],
+        &RuntimeVerdicts::new(),
+        &later,
+    )
+    .status;
     assert_eq!(first, second);
 }
 
@@ -472,6 +489,7 @@ fn unannounced_fallbacks_are_those_without_an_event_yet() {
         &pool(1, false),
         &[],
         &[fallback("a", 1), fallback("b", 2)],
+        &RuntimeVerdicts::new(),
         &now(),
     );
     let announced = BTreeSet::from(["uid-a".to_owned()]);
@@ -565,14 +583,14 @@ fn pod_devices_reads_node_phase_deletion_annotations_and_scheduling() {
             node: Some("n1".into()),
             ended: false,
             meshed: true,
+            unschedulable: false,
+            running_ip: None,
             offload: Some("qat".into()),
             pool: Some("qat".into()),
             fallback_reason: None,
             grant: Some("req-1".into()),
-            runtime_fallback: None,
-            requests: BTreeMap::from([(R.to_owned(), 1)]),
+            requests: [(R.into(), 1)].into(),
             created: 77,
-            unschedulable: false,
         }
     );
     for phase in ["Succeeded", "Failed"] {
@@ -593,4 +611,74 @@ fn pod_devices_reads_node_phase_deletion_annotations_and_scheduling() {
     }]);
     let v = PodDevices::from_pod(&pod);
     assert!(v.unschedulable && v.node.is_none() && !v.ended);
+}
+
+#[test]
+fn pods_not_worth_caching_change_no_books() {
+    // Read by the books or the probe: kept.
+    let mut ended_grant = granted("ended", None, 0);
+    ended_grant.requests = Box::default();
+    ended_grant.ended = true;
+    ended_grant.grant = Some("req-ended".into());
+    ended_grant.created = 1_800_000_000 - 5;
+    let mut probed_only = granted("probed", Some("n1"), 0);
+    probed_only.requests = Box::default();
+    probed_only.pool = None;
+    let mut unmeshed_holder = granted("batch", Some("n1"), 1);
+    unmeshed_holder.meshed = false;
+    unmeshed_holder.offload = None;
+    unmeshed_holder.pool = None;
+    let kept = vec![
+        granted("web-0", Some("n1"), 1),
+        granted("web-9", None, 2),
+        fallback("web-1", 1_800_000_000),
+        ended_grant,
+        probed_only,
+        unmeshed_holder,
+    ];
+    for p in &kept {
+        assert!(p.worth_caching(), "{p:?}");
+    }
+    // Read by neither: a plain pod, a meshed pod without offload, a
+    // software fallback with no pool, a grant id with no pool.
+    let plain = PodDevices {
+        namespace: "shop".into(),
+        name: "plain".into(),
+        uid: "uid-plain".into(),
+        node: Some("n1".into()),
+        created: 1_800_000_000,
+        ..Default::default()
+    };
+    let disabled = PodDevices {
+        meshed: true,
+        offload: Some("disabled".into()),
+        name: "disabled".into(),
+        ..plain.clone()
+    };
+    let mut poolless_fallback = fallback("poolless", 1_800_000_000);
+    poolless_fallback.pool = None;
+    let grant_only = PodDevices {
+        grant: Some("req-x".into()),
+        name: "grant-only".into(),
+        ..plain.clone()
+    };
+    let dropped = [plain, disabled, poolless_fallback, grant_only];
+    for p in &dropped {
+        assert!(!p.worth_caching(), "{p:?}");
+    }
+    // Whatever the sidecars say about them.
+    let runtime: RuntimeVerdicts = kept
+        .iter()
+        .chain(&dropped)
+        .map(|p| (p.uid.to_string(), "EngineUnavailable".to_owned()))
+        .collect();
+    let all: Vec<PodDevices> = kept.iter().chain(&dropped).cloned().collect();
+    for selected in [false, true] {
+        let p = pool(1, selected);
+        let nodes = [node("n1", true, Some("4"))];
+        assert_eq!(
+            compute(&p, &nodes, &all, &runtime, &now()),
+            compute(&p, &nodes, &kept, &runtime, &now())
+        );
+    }
 }
