@@ -81,15 +81,18 @@ for n in $SIZES; do
   stop_pid "$sampler"
   cpu=$(awk -v t="$ticks" '{ if (!($2 in a)) a[$2] = $3; b[$2] = $3 } END { s = 0; for (p in a) s += b[p] - a[p]; printf "%.1f", s / t }' "$WORK/operator-$n.samples")
   rss=$(awk '$4 > m { m = $4 } END { printf "%.1f", m / 1024 }' "$WORK/operator-$n.samples")
+  # Each operator process's own peak (the leader holds more than the
+  # standby: the rollout's and the accelerator's caches).
+  rss_each=$(awk '$4 > m[$2] { m[$2] = $4 } END { s = ""; for (p in m) s = s sprintf("%s%.1f", (s == "" ? "" : ", "), m[p] / 1024); print s }' "$WORK/operator-$n.samples")
   restarts_after=$(operator_restarts)
   oom=$(kc -n baton-system get pods -l app.kubernetes.io/name=baton-operator \
     -o jsonpath='{range .items[*]}{.status.containerStatuses[0].lastState.terminated.reason}{" "}{end}')
   if [ "$ok" = 1 ] && [ -s "$OUT/propagation-$n.json" ]; then
-    jq -r --arg cpu "$cpu" --arg rss "$rss" '
+    jq -r --arg cpu "$cpu" --arg rss "$rss" --arg each "$rss_each" '
       "\(.streams) streams: Route create -> N-th ACK p50 \(.nth_ack_ms.p50) ms, p99 \(.nth_ack_ms.p99) ms, max \(.nth_ack_ms.max) ms over \(.changes) changes; per stream p50 \(.per_stream_ms.p50) ms, p99 \(.per_stream_ms.p99) ms; status N/N p50 \(.status_ms.p50) ms, max \(.status_ms.max) ms"
       + "\n  setup \(.setup_s | . * 10 | round / 10) s (Pods + tokens), streams connected in \(.connect_s | . * 10 | round / 10) s, \(.stream_errors) stream errors; a full snapshot \(.snapshot_bytes / 1024 | . * 10 | round / 10) KiB"
       + (if .failover then "\n  failover (leader Pod deleted): new leader after \(.failover.new_leader_s | . * 10 | round / 10) s (Lease \(.failover.lease_duration_s) s), its \(.failover.streams_moved) streams back on the other replicas after \(.failover.streams_back_s | . * 10 | round / 10) s; next change N-th ACK \(.failover.nth_ack_ms) ms, status \"\(.failover.status)\" after \(.failover.status_ms) ms" else "" end)
-      + "\n  operator (both replicas): \($cpu) CPU s over the size, peak RSS \($rss) MiB"' \
+      + "\n  operator (both replicas): \($cpu) CPU s over the size, peak RSS \($rss) MiB (each process: \($each) MiB)"' \
       "$OUT/propagation-$n.json" >>"$OUT/summary.txt"
   else
     echo "$n streams: FAILED ($(tail -1 "$WORK/run-$n.log")); operator peak RSS $rss MiB" >>"$OUT/summary.txt"
