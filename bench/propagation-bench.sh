@@ -90,7 +90,7 @@ for n in $SIZES; do
   if [ "$ok" = 1 ] && [ -s "$OUT/propagation-$n.json" ]; then
     jq -r --arg cpu "$cpu" --arg rss "$rss" --arg each "$rss_each" '
       "\(.streams) streams: Route create -> N-th ACK p50 \(.nth_ack_ms.p50) ms, p99 \(.nth_ack_ms.p99) ms, max \(.nth_ack_ms.max) ms over \(.changes) changes; per stream p50 \(.per_stream_ms.p50) ms, p99 \(.per_stream_ms.p99) ms; status N/N p50 \(.status_ms.p50) ms, max \(.status_ms.max) ms"
-      + "\n  setup \(.setup_s | . * 10 | round / 10) s (Pods + tokens), streams connected in \(.connect_s | . * 10 | round / 10) s, \(.stream_errors) stream errors; a full snapshot \(.snapshot_bytes / 1024 | . * 10 | round / 10) KiB"
+      + "\n  setup \(.setup_s | . * 10 | round / 10) s (Pods + tokens), streams connected in \(.connect_s | . * 10 | round / 10) s, \(.stream_errors) stream errors\(if (.stream_error_kinds // {}) == {} then "" else " (" + ([.stream_error_kinds | to_entries[] | "\(.value) \(.key)"] | join(", ")) + ")" end); a full snapshot \(.snapshot_bytes / 1024 | . * 10 | round / 10) KiB"
       + (if .failover then "\n  failover (leader Pod deleted): new leader after \(.failover.new_leader_s | . * 10 | round / 10) s (Lease \(.failover.lease_duration_s) s), its \(.failover.streams_moved) streams back on the other replicas after \(.failover.streams_back_s | . * 10 | round / 10) s; next change N-th ACK \(.failover.nth_ack_ms) ms, status \"\(.failover.status)\" after \(.failover.status_ms) ms" else "" end)
       + "\n  operator (both replicas): \($cpu) CPU s over the size, peak RSS \($rss) MiB (each process: \($each) MiB)"' \
       "$OUT/propagation-$n.json" >>"$OUT/summary.txt"

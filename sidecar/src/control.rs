@@ -859,6 +859,49 @@ mod tests {
             (store, metrics)
         }
 
+        /// The sidecar's side of one test: a fresh store, metrics and link.
+        struct Client {
+            store: Arc<ConfigStore>,
+            metrics: Arc<Metrics>,
+            link: OperatorLink,
+            applied_any: bool,
+        }
+
+        impl Client {
+            fn new() -> Client {
+                let (store, metrics) = store();
+                Client {
+                    store,
+                    metrics,
+                    link: OperatorLink::default(),
+                    applied_any: false,
+                }
+            }
+
+            /// One `stream_once` against `operator` while `script` plays
+            /// the operator's side; both bounded by [`PATIENCE`].
+            async fn run<T>(
+                &mut self,
+                operator: &Operator,
+                certificate: Option<watch::Receiver<Option<String>>>,
+                silence: Duration,
+                script: impl std::future::Future<Output = T>,
+            ) -> (Result<(), StreamError>, T) {
+                let client = stream_once(
+                    &operator.cfg,
+                    &self.store,
+                    &self.metrics,
+                    &mut self.applied_any,
+                    certificate,
+                    &self.link,
+                    silence,
+                );
+                tokio::time::timeout(PATIENCE, async { tokio::join!(client, script) })
+                    .await
+                    .expect("the scripted stream ends in time")
+            }
+        }
+
         /// Waits until the link holds a framed stream's handle.
         async fn framed_handle(link: &OperatorLink) -> tokio::sync::mpsc::Sender<SignJob> {
             loop {
@@ -873,9 +916,8 @@ mod tests {
         async fn the_framed_stream_says_hello_applies_pushes_answers_pings_and_carries_certificate_requests()
          {
             let operator = Operator::start(&[framed::ALPN, b"h2"]).await;
-            let (store, metrics) = store();
-            let link = OperatorLink::default();
-            let mut applied_any = false;
+            let mut client = Client::new();
+            let (link, metrics) = (client.link.clone(), client.metrics.clone());
             let (sign_now, signing) = oneshot::channel::<()>();
 
             let script = async {
@@ -931,23 +973,19 @@ mod tests {
                 jobs.send(job).await.unwrap();
                 answer.await.unwrap().unwrap()
             };
-            let client = stream_once(
-                &operator.cfg,
-                &store,
-                &metrics,
-                &mut applied_any,
-                None,
-                &link,
-                framed::SILENCE_LIMIT,
-            );
-            let (result, (), signed) =
-                tokio::time::timeout(PATIENCE, async { tokio::join!(client, script, signer) })
-                    .await
-                    .expect("the scripted stream ends in time");
+            let (result, ((), signed)) = client
+                .run(&operator, None, framed::SILENCE_LIMIT, async {
+                    tokio::join!(script, signer)
+                })
+                .await;
 
             assert!(matches!(result, Err(StreamError::Closed)), "{result:?}");
-            assert!(applied_any);
-            assert_eq!(store.version(), 2, "the NACKed version 3 did not replace 2");
+            assert!(client.applied_any);
+            assert_eq!(
+                client.store.version(),
+                2,
+                "the NACKed version 3 did not replace 2"
+            );
             assert_eq!(
                 signed,
                 (200, Bytes::from_static(b"{\"certificateChain\":\"...\"}"))
@@ -958,9 +996,7 @@ mod tests {
         #[tokio::test]
         async fn a_refusal_on_the_framed_stream_is_the_refused_error_with_its_status() {
             let operator = Operator::start(&[framed::ALPN]).await;
-            let (store, metrics) = store();
-            let link = OperatorLink::default();
-            let mut applied_any = false;
+            let mut client = Client::new();
             let script = async {
                 let mut peer = Peer::accept(&operator).await;
                 peer.hello(1).await;
@@ -973,19 +1009,9 @@ mod tests {
                     .await;
                 peer
             };
-            let client = stream_once(
-                &operator.cfg,
-                &store,
-                &metrics,
-                &mut applied_any,
-                None,
-                &link,
-                framed::SILENCE_LIMIT,
-            );
-            let (result, _peer) =
-                tokio::time::timeout(PATIENCE, async { tokio::join!(client, script) })
-                    .await
-                    .unwrap();
+            let (result, _peer) = client
+                .run(&operator, None, framed::SILENCE_LIMIT, script)
+                .await;
             match result {
                 Err(StreamError::Refused { status, body }) => {
                     assert_eq!(status, 403);
@@ -993,16 +1019,14 @@ mod tests {
                 }
                 other => panic!("{other:?}"),
             }
-            assert_eq!(metrics.control_connected.get(), 0);
-            assert!(link.held().is_none());
+            assert_eq!(client.metrics.control_connected.get(), 0);
+            assert!(client.link.held().is_none());
         }
 
         #[tokio::test]
         async fn a_silent_operator_ends_the_framed_stream() {
             let operator = Operator::start(&[framed::ALPN]).await;
-            let (store, metrics) = store();
-            let link = OperatorLink::default();
-            let mut applied_any = false;
+            let mut client = Client::new();
             let script = async {
                 let mut peer = Peer::accept(&operator).await;
                 peer.hello(1).await;
@@ -1011,19 +1035,7 @@ mod tests {
                 peer
             };
             let silence = Duration::from_millis(300);
-            let client = stream_once(
-                &operator.cfg,
-                &store,
-                &metrics,
-                &mut applied_any,
-                None,
-                &link,
-                silence,
-            );
-            let (result, _peer) =
-                tokio::time::timeout(PATIENCE, async { tokio::join!(client, script) })
-                    .await
-                    .unwrap();
+            let (result, _peer) = client.run(&operator, None, silence, script).await;
             assert!(
                 matches!(result, Err(StreamError::Silent(d)) if d == silence),
                 "{result:?}"
@@ -1039,9 +1051,6 @@ mod tests {
                 (true, vec![0, 0, 0, 1, 99]),
             ] {
                 let operator = Operator::start(&[framed::ALPN]).await;
-                let (store, metrics) = store();
-                let link = OperatorLink::default();
-                let mut applied_any = false;
                 let script = async {
                     let mut peer = Peer::accept(&operator).await;
                     peer.hello(1).await;
@@ -1051,19 +1060,9 @@ mod tests {
                     peer.send(&frame).await;
                     peer
                 };
-                let client = stream_once(
-                    &operator.cfg,
-                    &store,
-                    &metrics,
-                    &mut applied_any,
-                    None,
-                    &link,
-                    framed::SILENCE_LIMIT,
-                );
-                let (result, _peer) =
-                    tokio::time::timeout(PATIENCE, async { tokio::join!(client, script) })
-                        .await
-                        .unwrap();
+                let (result, _peer) = Client::new()
+                    .run(&operator, None, framed::SILENCE_LIMIT, script)
+                    .await;
                 assert!(
                     matches!(result, Err(StreamError::Protocol(_))),
                     "{frame:?}: {result:?}"
@@ -1074,9 +1073,7 @@ mod tests {
         #[tokio::test]
         async fn the_framed_stream_reports_the_held_certificate_once_a_trigger_arrives() {
             let operator = Operator::start(&[framed::ALPN]).await;
-            let (store, metrics) = store();
-            let link = OperatorLink::default();
-            let mut applied_any = false;
+            let mut client = Client::new();
             let (held, certificate) = watch::channel(Some("g1".to_string()));
             let script = async {
                 let mut peer = Peer::accept(&operator).await;
@@ -1105,19 +1102,9 @@ mod tests {
                 );
                 peer.tls.shutdown().await.unwrap();
             };
-            let client = stream_once(
-                &operator.cfg,
-                &store,
-                &metrics,
-                &mut applied_any,
-                Some(certificate),
-                &link,
-                framed::SILENCE_LIMIT,
-            );
-            let (result, ()) =
-                tokio::time::timeout(PATIENCE, async { tokio::join!(client, script) })
-                    .await
-                    .unwrap();
+            let (result, ()) = client
+                .run(&operator, Some(certificate), framed::SILENCE_LIMIT, script)
+                .await;
             assert!(matches!(result, Err(StreamError::Closed)), "{result:?}");
         }
 
@@ -1127,9 +1114,7 @@ mod tests {
             use hyper_util::rt::{TokioExecutor, TokioIo};
 
             let operator = Operator::start(&[b"h2"]).await;
-            let (store, metrics) = store();
-            let link = OperatorLink::default();
-            let mut applied_any = false;
+            let mut client = Client::new();
             let server = async {
                 let (tls, offered) = operator.accept().await;
                 // Offered both, in preference order; h2 was selected.
@@ -1157,20 +1142,20 @@ mod tests {
                     .serve_connection(TokioIo::new(tls), service)
                     .await;
             };
-            let client = stream_once(
+            let stream = stream_once(
                 &operator.cfg,
-                &store,
-                &metrics,
-                &mut applied_any,
+                &client.store,
+                &client.metrics,
+                &mut client.applied_any,
                 None,
-                &link,
+                &client.link,
                 framed::SILENCE_LIMIT,
             );
             // The server task ends only when the client drops the
             // connection: race them, the client's answer decides.
             let result = tokio::time::timeout(PATIENCE, async {
                 tokio::select! {
-                    r = client => r,
+                    r = stream => r,
                     () = server => panic!("the server ended first"),
                 }
             })

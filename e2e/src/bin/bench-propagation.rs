@@ -101,6 +101,8 @@ struct Shared {
     errors: AtomicU64,
     /// The last error text (for the report on a stuck run).
     last_error: Mutex<String>,
+    /// Stream errors by what they said (a refusal by its reason).
+    error_kinds: Mutex<BTreeMap<String, u64>>,
     /// Route names stream 0 has seen in a push.
     seen_routes: Mutex<Vec<String>>,
     /// Bytes of stream 0's first push (the whole snapshot).
@@ -255,6 +257,7 @@ async fn run(client: &Client, args: &Args) -> Result<()> {
         "per_stream_ms": {"p50": ms(pct(&per_stream, 0.5)), "p99": ms(pct(&per_stream, 0.99))},
         "status_ms": {"p50": ms(pct(&status_after, 0.5)), "max": ms(*status_after.last().unwrap())},
         "stream_errors": shared.errors.load(Ordering::Relaxed),
+        "stream_error_kinds": shared.error_kinds.lock().unwrap().clone(),
         "snapshot_bytes": shared.first_push_bytes.load(Ordering::Relaxed),
     });
 
@@ -512,6 +515,12 @@ async fn sidecar(
         };
         if let Err(e) = result {
             shared.errors.fetch_add(1, Ordering::Relaxed);
+            *shared
+                .error_kinds
+                .lock()
+                .unwrap()
+                .entry(e.clone())
+                .or_default() += 1;
             *shared.last_error.lock().unwrap() = format!("{pod}: {e}");
         }
         if *stop.borrow() || attempt > 1000 {
@@ -581,7 +590,11 @@ async fn stream_once(
                     continue;
                 }
                 framed::Frame::Known(Kind::Refused, payload) => {
-                    return Err(String::from_utf8_lossy(&payload).into_owned());
+                    // By reason: the message names the Pod.
+                    return Err(match framed::json::<framed::Refused>("REFUSED", &payload) {
+                        Ok(r) => format!("refused {}: {}", r.status, r.reason),
+                        Err(_) => String::from_utf8_lossy(&payload).into_owned(),
+                    });
                 }
                 other => return Err(format!("unexpected {other:?}")),
             };
