@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
@@ -99,17 +100,80 @@ pub async fn serve_tls<F, Fut>(
     F: Fn(TlsStream<TcpStream>, SocketAddr) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    serve_tls_inner(
+        listener,
+        acceptor,
+        what,
+        stop,
+        connections,
+        None,
+        serve_conn,
+    )
+    .await;
+}
+
+/// [`serve_tls`] with at most `at_once` handshakes in progress; the other
+/// accepted connections wait their turn (their [`HANDSHAKE_TIMEOUT`] starts
+/// with it). For an endpoint whose clients all connect together — every
+/// sidecar, when an operator replica starts — where each handshake in
+/// flight holds a rustls connection and its buffers: thousands at once were
+/// most of a replica's peak memory (decision 0066).
+pub async fn serve_tls_bounded<F, Fut>(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    what: &'static str,
+    stop: CancellationToken,
+    connections: Connections,
+    at_once: usize,
+    serve_conn: F,
+) where
+    F: Fn(TlsStream<TcpStream>, SocketAddr) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let bound = Arc::new(Semaphore::new(at_once.max(1)));
+    serve_tls_inner(
+        listener,
+        acceptor,
+        what,
+        stop,
+        connections,
+        Some(bound),
+        serve_conn,
+    )
+    .await;
+}
+
+async fn serve_tls_inner<F, Fut>(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    what: &'static str,
+    stop: CancellationToken,
+    connections: Connections,
+    bound: Option<Arc<Semaphore>>,
+    serve_conn: F,
+) where
+    F: Fn(TlsStream<TcpStream>, SocketAddr) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     let serve_conn = Arc::new(serve_conn);
     serve_plain(listener, what, stop, connections, move |tcp, peer| {
         let acceptor = acceptor.clone();
         let serve_conn = serve_conn.clone();
+        let bound = bound.clone();
         async move {
+            // Never closed, so acquiring only waits; released when the
+            // handshake is over, whatever its outcome.
+            let turn = match bound {
+                Some(bound) => bound.acquire_owned().await.ok(),
+                None => None,
+            };
             // Boxed: a connection's task is sized for its largest state, and
             // the handshake's (a whole rustls connection inline, and the
             // timer) would otherwise stay allocated for as long as the
             // connection lives, which for a config stream is its sidecar's
             // life (decision 0066).
             let tls = Box::pin(handshake(&acceptor, tcp, peer, what)).await;
+            drop(turn);
             if let Some(tls) = tls {
                 serve_conn(tls, peer).await;
             }

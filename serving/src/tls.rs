@@ -177,6 +177,15 @@ mod tests {
     }
 
     async fn server(store: Arc<CertStore>) -> (SocketAddr, CancellationToken) {
+        server_bounded(store, None).await
+    }
+
+    /// With `Some(n)`: [`crate::accept::serve_tls_bounded`], `n` handshakes
+    /// at once.
+    async fn server_bounded(
+        store: Arc<CertStore>,
+        at_once: Option<usize>,
+    ) -> (SocketAddr, CancellationToken) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let acceptor = TlsAcceptor::from(Arc::new(
@@ -184,23 +193,59 @@ mod tests {
         ));
         let stop = CancellationToken::new();
         let conn_stop = stop.clone();
-        tokio::spawn(serve_tls(
-            listener,
-            acceptor,
-            "test",
-            stop.clone(),
-            Connections::Owned,
-            move |tls, peer| {
-                crate::http::serve_connection(
-                    tls,
-                    |_req| async { crate::http::response(StatusCode::OK, "text/plain", "tls\n") },
-                    conn_stop.clone(),
-                    "test",
-                    peer,
-                )
-            },
-        ));
+        let serve = move |tls, peer| {
+            crate::http::serve_connection(
+                tls,
+                |_req| async { crate::http::response(StatusCode::OK, "text/plain", "tls\n") },
+                conn_stop.clone(),
+                "test",
+                peer,
+            )
+        };
+        match at_once {
+            None => tokio::spawn(serve_tls(
+                listener,
+                acceptor,
+                "test",
+                stop.clone(),
+                Connections::Owned,
+                serve,
+            )),
+            Some(n) => tokio::spawn(crate::accept::serve_tls_bounded(
+                listener,
+                acceptor,
+                "test",
+                stop.clone(),
+                Connections::Owned,
+                n,
+                serve,
+            )),
+        };
         (addr, stop)
+    }
+
+    #[tokio::test]
+    async fn a_bounded_endpoint_handshakes_the_next_client_only_when_a_turn_is_free() {
+        let store = CertStore::new();
+        let (cert, key) = self_signed("one.test");
+        store.store_pem(&cert, &key).unwrap();
+        let (addr, stop) = server_bounded(store, Some(1)).await;
+        // A client that connects and never says hello holds the only turn.
+        let stalled = TcpStream::connect(addr).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let connector = client(&cert);
+        let waiting = tokio::spawn(async move { fetch(addr, &connector, "one.test").await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiting.is_finished(), "handshaken while the turn was held");
+        // It gives up: its handshake fails, and the turn goes to the next.
+        drop(stalled);
+        let answer = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("served once the turn was free")
+            .unwrap()
+            .unwrap();
+        assert!(answer.ends_with("tls\n"), "{answer}");
+        stop.cancel();
     }
 
     async fn fetch(

@@ -106,6 +106,11 @@ pub struct PushServer<C> {
     pub ping_interval: std::time::Duration,
 }
 
+/// TLS handshakes in progress at once on the config push endpoint: when
+/// every sidecar reconnects together, the rest wait accepted, holding a
+/// socket each instead of a rustls connection mid-handshake (decision 0066).
+pub const HANDSHAKING_AT_ONCE: usize = 64;
+
 /// Streams authenticated at once ([`PushServer::authenticating`]).
 pub const AUTHENTICATING_AT_ONCE: usize = 32;
 
@@ -376,12 +381,13 @@ pub async fn serve<C: Cluster>(
 ) -> std::io::Result<()> {
     let never = tokio_util::sync::CancellationToken::new();
     let owned = baton_serving::accept::Connections::Owned;
-    baton_serving::accept::serve_tls(
+    baton_serving::accept::serve_tls_bounded(
         listener,
         acceptor,
         "config push",
         never,
         owned,
+        HANDSHAKING_AT_ONCE,
         move |tls, peer| -> futures::future::BoxFuture<'static, ()> {
             let server = server.clone();
             // Each transport's future boxed on its own: a connection's task
