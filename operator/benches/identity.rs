@@ -30,7 +30,11 @@
 //!      and then paced at `BATON_BENCH_RATE` per second (default 3,000):
 //!      the server's CPU counted from the moment every connection is open,
 //!      so the handshakes are not in it, and the CSR latency measured by
-//!      the client under that load.
+//!      the client under that load;
+//!    - *held framed streams* (decision 0066): the same on the config push
+//!      endpoint's framed transport, what current sidecars hold: each
+//!      stream authenticated (HELLO, OPEN) before the measurement, then one
+//!      SIGN frame per stream, answered by SIGNED.
 //!
 //!    For each: wall time and certificates/s as the client sees them,
 //!    client latency p50/p99/max, and the **server thread's own CPU time**
@@ -49,6 +53,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
+use baton_config::framed::{self, FrameDecoder, Kind};
 use baton_operator::identity::authority::{Authority, generate_root};
 use baton_operator::identity::cluster::{Cluster, PodState};
 use baton_operator::identity::issue::{
@@ -58,6 +63,10 @@ use baton_operator::identity::metrics::IdentityMetrics;
 use baton_operator::identity::rate_limit::RateLimit;
 use baton_operator::identity::server::{ServingCert, acceptor, serve};
 use baton_operator::identity::service::{IdentityService, ServiceConfig};
+use baton_operator::mesh::compile::MeshParams;
+use baton_operator::mesh::hub::Hub;
+use baton_operator::mesh::metrics::PushMetrics;
+use baton_operator::mesh::server::{PushServer, acceptor as push_acceptor, serve as push_serve};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -65,6 +74,7 @@ use rcgen::SigningKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use time::OffsetDateTime;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const AUDIENCE: &str = "identity.baton.dev";
 
@@ -205,6 +215,9 @@ enum Burst {
     /// One HTTP/2 connection per CSR, all opened before the server's CPU
     /// is counted; the CSRs sent at once (`None`) or one every `Some(gap)`.
     Held(Option<Duration>),
+    /// [`Burst::Held`] on the config push endpoint's framed transport: one
+    /// authenticated config stream per CSR, each CSR a SIGN frame.
+    HeldFramed(Option<Duration>),
 }
 
 struct Measured {
@@ -244,6 +257,37 @@ fn served_burst(
             ready_tx.send((cpu_start, task)).unwrap();
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+                if let Burst::HeldFramed(_) = burst {
+                    // The config push endpoint as the operator composes it:
+                    // its certificate requests answered by the same service.
+                    let server = Arc::new(PushServer {
+                        hub: Arc::new(Hub::new(
+                            MeshParams {
+                                trust_domain: "cluster.local".into(),
+                                cluster_domain: "cluster.local".into(),
+                                identity: None,
+                                default_authorization: Default::default(),
+                            },
+                            PushMetrics::default(),
+                        )),
+                        cluster: InMemory,
+                        audience: AUDIENCE.into(),
+                        trust_domain: "cluster.local".into(),
+                        authenticating: baton_operator::mesh::server::authenticating(),
+                        ping_interval: baton_config::framed::PING_INTERVAL,
+                        sign: Some(Arc::new(move |req| {
+                            let service = server_service.clone();
+                            Box::pin(async move {
+                                baton_operator::identity::server::sign(&service, &req).await
+                            })
+                        })),
+                    });
+                    tokio::select! {
+                        r = push_serve(listener, acceptor, server) => { r.unwrap(); }
+                        _ = stop_rx => {}
+                    }
+                    return;
+                }
                 tokio::select! {
                     r = serve(listener, acceptor, server_service, "/v1/sign") => { r.unwrap(); }
                     _ = stop_rx => {}
@@ -268,6 +312,12 @@ fn served_burst(
         if let Burst::Held(gap) = burst {
             let (results, csr_cpu, csr_wall) =
                 held_burst(addr, client_config, bodies, gap, &server_task).await;
+            held_phase = Some((csr_cpu, csr_wall));
+            return results;
+        }
+        if let Burst::HeldFramed(gap) = burst {
+            let (results, csr_cpu, csr_wall) =
+                held_framed_burst(addr, client_config, bodies, gap, &server_task).await;
             held_phase = Some((csr_cpu, csr_wall));
             return results;
         }
@@ -299,7 +349,9 @@ fn served_burst(
                             )
                             .await
                         }
-                        (Burst::Held(_), _) => unreachable!("served by held_burst"),
+                        (Burst::Held(_) | Burst::HeldFramed(_), _) => {
+                            unreachable!("served by held_burst and held_framed_burst")
+                        }
                         (_, None) => {
                             post_new_connection(
                                 addr,
@@ -445,6 +497,153 @@ async fn held_burst(
     let wall = start.elapsed();
     let used = cpu_ns_of(server_task).saturating_sub(cpu_at_open);
     drop(open_senders);
+    (out, used, wall)
+}
+
+/// One framed config stream, authenticated: HELLO sent, OPEN read.
+async fn open_framed(
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+    i: usize,
+) -> Result<(FramedTls, FrameDecoder), String> {
+    let mut tls = tls_connect(addr, config).await?;
+    let hello = framed::Hello {
+        token: format!("t{i}"),
+        pod: format!("bench/p{i}"),
+        version: 0,
+        capabilities: String::new(),
+    };
+    let io = |e: std::io::Error| e.to_string();
+    tls.write_all(&framed::encode_json(Kind::Hello, &hello))
+        .await
+        .map_err(io)?;
+    tls.flush().await.map_err(io)?;
+    let mut decoder = FrameDecoder::new(baton_config::push::MAX_FRAME);
+    match next_frame(&mut tls, &mut decoder).await? {
+        (Kind::Open, _) => Ok((tls, decoder)),
+        (kind, payload) => Err(format!(
+            "{kind:?} instead of OPEN: {}",
+            String::from_utf8_lossy(&payload)
+        )),
+    }
+}
+
+type FramedTls = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
+
+async fn next_frame(
+    tls: &mut FramedTls,
+    decoder: &mut FrameDecoder,
+) -> Result<(Kind, Bytes), String> {
+    let mut buf = [0u8; 4096];
+    loop {
+        match decoder.next_frame().map_err(|e| e.to_string())? {
+            Some(framed::Frame::Known(kind, payload)) => return Ok((kind, payload)),
+            Some(framed::Frame::Unknown(k)) => return Err(format!("unknown kind {k}")),
+            None => {}
+        }
+        let n = tls.read(&mut buf).await.map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("the operator closed the stream".into());
+        }
+        decoder.extend(&buf[..n]);
+    }
+}
+
+/// [`held_burst`] on framed config streams: every stream opened and
+/// authenticated first, then one SIGN per stream, at once or one every
+/// `gap`; the streams stay open until every answer is in.
+async fn held_framed_burst(
+    addr: SocketAddr,
+    config: &Arc<rustls::ClientConfig>,
+    bodies: &[Bytes],
+    gap: Option<Duration>,
+    server_task: &std::path::Path,
+) -> (Vec<Result<Duration, String>>, u64, Duration) {
+    let open = Arc::new(tokio::sync::Semaphore::new(64));
+    let opening: Vec<_> = (0..bodies.len())
+        .map(|i| {
+            let (config, open) = (config.clone(), open.clone());
+            tokio::spawn(async move {
+                let _permit = open.acquire_owned().await.map_err(|e| e.to_string())?;
+                open_framed(addr, config, i).await
+            })
+        })
+        .collect();
+    let mut streams = Vec::with_capacity(bodies.len());
+    for o in opening {
+        streams.push(o.await.map_err(|e| e.to_string()).and_then(|r| r));
+    }
+    // Let the server finish the authentications: idle means its CPU time
+    // stops moving.
+    let mut last = cpu_ns_of(server_task);
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = cpu_ns_of(server_task);
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    let cpu_at_open = cpu_ns_of(server_task);
+    let start = tokio::time::Instant::now();
+    let tasks: Vec<_> = streams
+        .into_iter()
+        .zip(bodies)
+        .enumerate()
+        .map(|(i, (stream, body))| {
+            let body = body.clone();
+            let at = start + gap.map_or(Duration::ZERO, |g| g * i as u32);
+            tokio::spawn(async move {
+                let (mut tls, mut decoder) = stream?;
+                tokio::time::sleep_until(at).await;
+                let sent = Instant::now();
+                let sign = framed::Sign {
+                    id: 1,
+                    token: format!("t{i}"),
+                    request: body,
+                };
+                tls.write_all(&sign.encode())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                tls.flush().await.map_err(|e| e.to_string())?;
+                loop {
+                    let (kind, payload) = next_frame(&mut tls, &mut decoder).await?;
+                    if kind != Kind::Signed {
+                        continue;
+                    }
+                    let signed = framed::Signed::decode(payload).map_err(|e| e.to_string())?;
+                    if signed.status != 200 {
+                        return Err(format!(
+                            "{}: {}",
+                            signed.status,
+                            String::from_utf8_lossy(&signed.body)
+                        ));
+                    }
+                    // The stream goes back with the latency: open until the
+                    // CPU is read, as a sidecar's stays.
+                    return Ok((sent.elapsed(), tls));
+                }
+            })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(tasks.len());
+    let mut open_streams = Vec::with_capacity(tasks.len());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for task in tasks {
+        let left = deadline.saturating_duration_since(Instant::now());
+        out.push(match tokio::time::timeout(left, task).await {
+            Ok(Ok(Ok((latency, tls)))) => {
+                open_streams.push(tls);
+                Ok(latency)
+            }
+            Ok(Ok(Err(e))) => Err(e),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("timed out".into()),
+        });
+    }
+    let wall = start.elapsed();
+    let used = cpu_ns_of(server_task).saturating_sub(cpu_at_open);
+    drop(open_streams);
     (out, used, wall)
 }
 
@@ -645,9 +844,45 @@ fn main() {
         .find(|l| l.starts_with("certificates_issued_total"))
         .unwrap_or("certificates_issued_total ?");
     println!("server metrics: {issued}");
-    if [&stock_hs, &handshake, &fresh, &reused, &held, &paced]
-        .iter()
-        .any(|m| !m.failures.is_empty())
+    // Decision 0066: the same on framed config streams, what current
+    // sidecars hold.
+    let mut framed_config = (*h2).clone();
+    framed_config.alpn_protocols = vec![framed::ALPN.to_vec()];
+    let framed_config = Arc::new(framed_config);
+    let push_acceptor = push_acceptor(serving.clone());
+    let held_framed = served_burst(
+        &service,
+        &push_acceptor,
+        &framed_config,
+        &bodies,
+        Burst::HeldFramed(None),
+    );
+    report("  held framed, at once      ", n, &held_framed, sign_rate);
+    let paced_framed = served_burst(
+        &service,
+        &push_acceptor,
+        &framed_config,
+        &bodies,
+        Burst::HeldFramed(Some(Duration::from_secs(1) / rate)),
+    );
+    report(
+        &format!("  held framed, {rate}/s      "),
+        n,
+        &paced_framed,
+        sign_rate,
+    );
+    if [
+        &stock_hs,
+        &handshake,
+        &fresh,
+        &reused,
+        &held,
+        &paced,
+        &held_framed,
+        &paced_framed,
+    ]
+    .iter()
+    .any(|m| !m.failures.is_empty())
     {
         std::process::exit(1);
     }
