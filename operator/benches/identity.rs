@@ -408,6 +408,42 @@ fn served_burst(
     }
 }
 
+/// The server's thread idle: its CPU time stops moving (at most 1 s).
+async fn settle(server_task: &std::path::Path) {
+    let mut last = cpu_ns_of(server_task);
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = cpu_ns_of(server_task);
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+}
+
+/// Each held request's latency (120 s for them all), and the connections
+/// they came back with, kept open until the caller has read the CPU.
+async fn collect_held<T>(
+    tasks: Vec<tokio::task::JoinHandle<Result<(Duration, T), String>>>,
+) -> (Vec<Result<Duration, String>>, Vec<T>) {
+    let mut out = Vec::with_capacity(tasks.len());
+    let mut open = Vec::with_capacity(tasks.len());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for task in tasks {
+        let left = deadline.saturating_duration_since(Instant::now());
+        out.push(match tokio::time::timeout(left, task).await {
+            Ok(Ok(Ok((latency, conn)))) => {
+                open.push(conn);
+                Ok(latency)
+            }
+            Ok(Ok(Err(e))) => Err(e),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("timed out".into()),
+        });
+    }
+    (out, open)
+}
+
 /// The held-connections burst: opens one HTTP/2 connection per body (at
 /// most 64 handshakes in flight), waits for the server to go idle, reads its
 /// CPU time, then sends one CSR per connection — all at once, or one every
@@ -444,17 +480,8 @@ async fn held_burst(
     for c in connecting {
         senders.push(c.await.map_err(|e| e.to_string()).and_then(|r| r));
     }
-    // Let the server finish the connections' SETTINGS exchange: idle means
-    // its CPU time stops moving.
-    let mut last = cpu_ns_of(server_task);
-    for _ in 0..50 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let now = cpu_ns_of(server_task);
-        if now == last {
-            break;
-        }
-        last = now;
-    }
+    // Let the server finish the connections' SETTINGS exchange.
+    settle(server_task).await;
     let cpu_at_open = cpu_ns_of(server_task);
     let start = tokio::time::Instant::now();
     let tasks: Vec<_> = senders
@@ -479,24 +506,10 @@ async fn held_burst(
             })
         })
         .collect();
-    let mut out = Vec::with_capacity(tasks.len());
-    let mut open_senders = Vec::with_capacity(tasks.len());
-    let deadline = Instant::now() + Duration::from_secs(120);
-    for task in tasks {
-        let left = deadline.saturating_duration_since(Instant::now());
-        out.push(match tokio::time::timeout(left, task).await {
-            Ok(Ok(Ok((latency, sender)))) => {
-                open_senders.push(sender);
-                Ok(latency)
-            }
-            Ok(Ok(Err(e))) => Err(e),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("timed out".into()),
-        });
-    }
+    let (out, open) = collect_held(tasks).await;
     let wall = start.elapsed();
     let used = cpu_ns_of(server_task).saturating_sub(cpu_at_open);
-    drop(open_senders);
+    drop(open);
     (out, used, wall)
 }
 
@@ -573,17 +586,8 @@ async fn held_framed_burst(
     for o in opening {
         streams.push(o.await.map_err(|e| e.to_string()).and_then(|r| r));
     }
-    // Let the server finish the authentications: idle means its CPU time
-    // stops moving.
-    let mut last = cpu_ns_of(server_task);
-    for _ in 0..50 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let now = cpu_ns_of(server_task);
-        if now == last {
-            break;
-        }
-        last = now;
-    }
+    // Let the server finish the authentications.
+    settle(server_task).await;
     let cpu_at_open = cpu_ns_of(server_task);
     let start = tokio::time::Instant::now();
     let tasks: Vec<_> = streams
@@ -626,24 +630,10 @@ async fn held_framed_burst(
             })
         })
         .collect();
-    let mut out = Vec::with_capacity(tasks.len());
-    let mut open_streams = Vec::with_capacity(tasks.len());
-    let deadline = Instant::now() + Duration::from_secs(120);
-    for task in tasks {
-        let left = deadline.saturating_duration_since(Instant::now());
-        out.push(match tokio::time::timeout(left, task).await {
-            Ok(Ok(Ok((latency, tls)))) => {
-                open_streams.push(tls);
-                Ok(latency)
-            }
-            Ok(Ok(Err(e))) => Err(e),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("timed out".into()),
-        });
-    }
+    let (out, open) = collect_held(tasks).await;
     let wall = start.elapsed();
     let used = cpu_ns_of(server_task).saturating_sub(cpu_at_open);
-    drop(open_streams);
+    drop(open);
     (out, used, wall)
 }
 
